@@ -1,0 +1,47 @@
+"""Pure planning core of the prefill runtime: frozen values and pure functions.
+
+Imports the standard library, attrs and cattrs only: no torch, no ttnn, no
+numpy, no I/O, no clocks, no environment, no global mutable state.
+"""
+
+from .batch import PrefillBatch, PrefillRow
+from .errors import *  # noqa: F401,F403 (the hierarchy is public API)
+from .errors import __all__ as _error_names
+from .layout import PageTableLayout
+from .manifest import WarmupManifest, manifest_for
+from .plan import plan_prefill
+from .policy import PrefillPolicy
+from .prepared import PreparedPrefill, prepare_prefill
+from .request import PrefillChunk, PrefillRequest, RequestKind
+from .sampling import SamplingParams, SamplingPath
+from .serialize import converter, from_json, to_json
+from .signatures import PrefillProgramSignature, PrefillTraceSignature, TensorSpec
+from .tables import SKIP, PageTableView, TableRole, materialize_table
+
+__all__ = [
+    "PageTableLayout",
+    "PageTableView",
+    "PrefillBatch",
+    "PrefillChunk",
+    "PrefillPolicy",
+    "PrefillProgramSignature",
+    "PrefillRequest",
+    "PrefillRow",
+    "PrefillTraceSignature",
+    "PreparedPrefill",
+    "RequestKind",
+    "SKIP",
+    "SamplingParams",
+    "SamplingPath",
+    "TableRole",
+    "TensorSpec",
+    "WarmupManifest",
+    "converter",
+    "from_json",
+    "manifest_for",
+    "materialize_table",
+    "plan_prefill",
+    "prepare_prefill",
+    "to_json",
+    *_error_names,
+]

@@ -1,0 +1,121 @@
+"""The error hierarchy shared by the core and the shell.
+
+Every error a caller can provoke is a ``PrefillError``. Input errors also
+subclass ``ValueError`` so code that already catches ``ValueError`` keeps
+working. Messages are built before the raise and name the row (when there is
+one), the field, the value and the rule that was broken.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "PrefillError",
+    "PrefillInputError",
+    "EmptyBatchError",
+    "InvalidLengthError",
+    "InvalidCachedLengthError",
+    "InvalidSlotError",
+    "InvalidPageTableError",
+    "BlockConflictError",
+    "CapacityError",
+    "InvalidSamplingError",
+    "InvalidPolicyError",
+    "InvalidLayoutError",
+    "PrefillConfigError",
+    "TraceCoverageError",
+    "PrefillStateError",
+    "CleanupError",
+]
+
+
+class PrefillError(Exception):
+    """Root of every error this library raises on purpose."""
+
+
+class PrefillInputError(PrefillError, ValueError):
+    """The caller's input breaks a rule; nothing was changed.
+
+    ``row`` is the caller's row index (``None`` for batch- or policy-level
+    rules) and ``field`` the offending field's name.
+    """
+
+    def __init__(self, message: str, *, row: int | None = None, field: str | None = None):
+        super().__init__(message)
+        self.row = row
+        self.field = field
+
+
+def row_error(cls: type[PrefillInputError], row: int, field: str, value: object, rule: str) -> PrefillInputError:
+    """Builds ``cls`` with the one message shape every row error uses."""
+    msg = f"row {row}: {field}={value!r} is invalid: {rule}"
+    return cls(msg, row=row, field=field)
+
+
+def field_error(cls: type[PrefillInputError], owner: str, field: str, value: object, rule: str) -> PrefillInputError:
+    """Builds ``cls`` for a field of a non-row value (policy, layout, batch)."""
+    msg = f"{owner}.{field}={value!r} is invalid: {rule}"
+    return cls(msg, field=field)
+
+
+class EmptyBatchError(PrefillInputError):
+    """The batch has no rows."""
+
+
+class InvalidLengthError(PrefillInputError):
+    """A prompt length is not a positive integer."""
+
+
+class InvalidCachedLengthError(PrefillInputError):
+    """A cached-prefix length is negative, beyond the prompt, or not block aligned."""
+
+
+class InvalidSlotError(PrefillInputError):
+    """A KV slot is out of range or used by two rows."""
+
+
+class InvalidPageTableError(PrefillInputError):
+    """A row's mapped page-table prefix is too short or names an invalid block."""
+
+
+class BlockConflictError(PrefillInputError):
+    """One KV block would be written by two rows (or twice by one row)."""
+
+
+class CapacityError(PrefillInputError):
+    """A prompt does not fit the page-table layout."""
+
+
+class InvalidSamplingError(PrefillInputError):
+    """A sampling parameter is out of its domain."""
+
+
+class InvalidPolicyError(PrefillInputError):
+    """A prefill policy is inconsistent on its own or with the layout."""
+
+
+class InvalidLayoutError(PrefillInputError):
+    """A page-table layout is inconsistent."""
+
+
+class PrefillConfigError(PrefillError, ValueError):
+    """The runtime's static configuration (model, backend, layout) is inconsistent."""
+
+
+class TraceCoverageError(PrefillError, LookupError):
+    """Traced execution was asked for a shape with no captured trace.
+
+    Raised before any model body runs; the runtime never falls back to eager
+    execution on its own.
+    """
+
+
+class PrefillStateError(PrefillError, RuntimeError):
+    """An object was used in a state that forbids the call (released, consumed)."""
+
+
+class CleanupError(PrefillError, RuntimeError):
+    """Releasing resources failed; ``orphans`` holds what is still alive."""
+
+    def __init__(self, message: str, orphans: tuple = ()):
+        super().__init__(message)
+        self.orphans = tuple(orphans)

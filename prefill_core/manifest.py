@@ -1,0 +1,123 @@
+"""The warm-up manifest: every identity a policy can produce, enumerated.
+
+``manifest_for`` walks the length buckets of a layout's capacity and, per
+bucket, the variants the planner can pick (regular single, each batched
+wave, chunked), crossed with sampling paths and log-prob settings. It uses
+the planner's own geometry rules (``geometry.py``, ``PrefillPolicy``), which
+is what makes it complete: warming every entry leaves nothing to compile at
+serving time. ``observe`` instead records what a real workload used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import attrs
+
+from .geometry import chunked_fill_width, chunked_read_width, regular_table_width
+from .layout import PageTableLayout
+from .policy import PrefillPolicy, check_policy_fits_layout
+from .prepared import PreparedPrefill
+from .request import RequestKind
+from .sampling import SamplingPath
+from .serialize import from_json, to_json
+from .signatures import PrefillProgramSignature, PrefillTraceSignature
+
+__all__ = ["WarmupManifest", "manifest_for", "length_buckets"]
+
+ALL_PATHS = tuple(SamplingPath)
+
+
+def _sorted_unique(values: Iterable) -> tuple:
+    return tuple(sorted(set(values), key=lambda s: s.key))
+
+
+@attrs.frozen
+class WarmupManifest:
+    """Program and trace identities to compile and capture before serving."""
+
+    program_signatures: tuple[PrefillProgramSignature, ...] = ()
+    trace_signatures: tuple[PrefillTraceSignature, ...] = ()
+
+    def covers(self, prepared: PreparedPrefill) -> bool:
+        """Whether warming this manifest leaves nothing to build for ``prepared``."""
+        if prepared.program_signature not in self.program_signatures:
+            return False
+        return prepared.trace_signature is None or prepared.trace_signature in self.trace_signatures
+
+    def observe(self, prepared: Iterable[PreparedPrefill]) -> WarmupManifest:
+        """A manifest that also holds every identity ``prepared`` used."""
+        items = tuple(prepared)
+        programs = self.program_signatures + tuple(p.program_signature for p in items)
+        traces = self.trace_signatures + tuple(p.trace_signature for p in items if p.trace_signature is not None)
+        return WarmupManifest(_sorted_unique(programs), _sorted_unique(traces))
+
+    def to_json(self) -> str:
+        return to_json(self, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> WarmupManifest:
+        return from_json(cls, text)
+
+
+def length_buckets(policy: PrefillPolicy, max_length: int) -> Iterator[tuple[int, int, int]]:
+    """``(padded_length, shortest, longest)`` for every bucket of lengths 1..max_length."""
+    shortest = 1
+    while shortest <= max_length:
+        padded = policy.padded_length(shortest)
+        yield padded, shortest, min(padded, max_length)
+        shortest = padded + 1
+
+
+def _bodies(policy: PrefillPolicy, layout: PageTableLayout) -> Iterator[tuple[PrefillTraceSignature, int, int]]:
+    """Every hidden-body geometry, with the bucket's (shortest, longest) lengths."""
+    bs = layout.block_size
+    for padded, shortest, longest in length_buckets(policy, layout.capacity):
+        if shortest <= policy.max_chunk_length:
+            width = regular_table_width(policy, bs, padded)
+            yield PrefillTraceSignature(RequestKind.REGULAR_SINGLE, 1, padded, width, 0), shortest, longest
+            max_wave = policy.max_wave_for(padded) if policy.batching_enabled else 0
+            for wave in sorted({policy.wave_for(k) for k in range(2, max_wave + 1)}):
+                yield PrefillTraceSignature(RequestKind.REGULAR_BATCHED, wave, padded, width, 0), shortest, longest
+        if longest > policy.max_chunk_length or longest >= bs:
+            chunk = policy.chunk_length(padded)
+            read = chunked_read_width(policy, bs, padded, chunk)
+            fill = chunked_fill_width(policy, bs, chunk)
+            yield PrefillTraceSignature(RequestKind.CHUNKED, 1, chunk, fill, read), shortest, longest
+
+
+def _tiles(policy: PrefillPolicy, body: PrefillTraceSignature, shortest: int, longest: int) -> tuple[int | None, ...]:
+    if not policy.static_last_token_tile or body.variant is not RequestKind.REGULAR_SINGLE:
+        return (None,)
+    longest = min(longest, policy.max_chunk_length)
+    return tuple(sorted({(n - 1) // policy.tile_size * policy.tile_size for n in range(shortest, longest + 1)}))
+
+
+def manifest_for(
+    policy: PrefillPolicy, layout: PageTableLayout, sampling_paths: Iterable[SamplingPath] = ALL_PATHS
+) -> WarmupManifest:
+    """Every program and trace signature ``policy`` can produce on ``layout``."""
+    check_policy_fits_layout(policy, layout)
+    paths = tuple(sampling_paths)
+    programs: list[PrefillProgramSignature] = []
+    traces: list[PrefillTraceSignature] = []
+    for body, shortest, longest in _bodies(policy, layout):
+        if policy.is_trace_eligible(body.chunk_length):
+            traces.append(body)
+        for path in paths:
+            device_samples = path in (SamplingPath.ARGMAX, SamplingPath.TOPK)
+            for logprobs in (False, True) if device_samples and policy.max_logprobs else (False,):
+                for tile in _tiles(policy, body, shortest, longest):
+                    programs.append(
+                        PrefillProgramSignature(
+                            body.variant,
+                            body.padded_batch,
+                            body.chunk_length,
+                            body.page_table_width,
+                            body.read_table_width,
+                            path,
+                            logprobs,
+                            tile,
+                        )
+                    )
+    return WarmupManifest(_sorted_unique(programs), _sorted_unique(traces))

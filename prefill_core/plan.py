@@ -1,0 +1,137 @@
+"""The planner: a caller's batch -> ordered, immutable ``PrefillRequest``s.
+
+Rules (each is a property in tests/core/test_plan_properties.py):
+
+1. Every row lands in exactly one request; ``source_rows`` maps back.
+2. A wave's padded batch is the smallest supported wave >= its active rows;
+   a bucket larger than its largest usable wave splits into several waves.
+3. Rows batch together only when they share a padded length and a sampling
+   kind (logits or sampled), are uncached, fit one chunk, and the policy
+   allows batching; every other row is a sequential single request. This is
+   a planning fallback: it changes geometry, never results.
+4. A chunked request is a single row whose length exceeds the max chunk or
+   that has a cached prefix. Its chunks start at the cached offset and step by
+   the chunk length at absolute positions, stopping after the chunk holding
+   the last token. A fully cached row re-runs its final block read-only.
+5. Output order: batched waves first (by their first source row), then
+   singles by source row.
+
+Planning reads lengths, offsets and block ids, never token contents.
+"""
+
+from __future__ import annotations
+
+from .batch import PrefillBatch, PrefillRow
+from .geometry import chunked_fill_width, chunked_read_width, regular_table_width
+from .layout import PageTableLayout
+from .policy import PrefillPolicy
+from .request import PrefillRequest, RequestKind
+from .tables import SKIP, PageTableView, TableRole
+from .validate import check_inputs
+
+__all__ = ["plan_prefill", "CHUNKED_FILLER"]
+
+CHUNKED_FILLER = 0
+"""Block id in unmapped columns of a chunked full-request table (never attended)."""
+
+
+def plan_prefill(batch: PrefillBatch, policy: PrefillPolicy, layout: PageTableLayout) -> tuple[PrefillRequest, ...]:
+    """Plans ``batch``; raises a ``PrefillInputError`` subclass on any bad input."""
+    check_inputs(batch, policy, layout)
+    rows = batch.rows
+    buckets: dict[tuple[int, bool], list[int]] = {}
+    singles: list[int] = []
+    for index, row in enumerate(rows):
+        if _is_batchable(row, policy):
+            key = (policy.padded_length(row.length), row.sampling is None)
+            buckets.setdefault(key, []).append(index)
+        else:
+            singles.append(index)
+    waves: list[PrefillRequest] = []
+    for (padded_length, _), members in buckets.items():
+        max_wave = policy.max_wave_for(padded_length)
+        if len(members) < 2 or max_wave < 2:
+            singles.extend(members)
+            continue
+        for first in range(0, len(members), max_wave):
+            group = members[first : first + max_wave]
+            if len(group) == 1:
+                singles.append(group[0])
+            else:
+                waves.append(_regular_request(rows, group, padded_length, policy, layout))
+    waves.sort(key=lambda request: request.source_rows[0])
+    singles.sort()
+    return tuple(waves) + tuple(_single_request(rows, index, policy, layout) for index in singles)
+
+
+def _is_batchable(row: PrefillRow, policy: PrefillPolicy) -> bool:
+    return policy.batching_enabled and row.cached == 0 and row.length <= policy.max_chunk_length
+
+
+def _single_request(rows, index: int, policy: PrefillPolicy, layout: PageTableLayout) -> PrefillRequest:
+    row = rows[index]
+    if row.cached == 0 and row.length <= policy.max_chunk_length:
+        return _regular_request(rows, [index], policy.padded_length(row.length), policy, layout)
+    return _chunked_request(row, index, policy, layout)
+
+
+def _regular_request(rows, members: list[int], padded_length: int, policy: PrefillPolicy, layout: PageTableLayout) -> PrefillRequest:
+    bs = layout.block_size
+    group = [rows[i] for i in members]
+    padded_batch = 1 if len(members) == 1 else policy.wave_for(len(members))
+    real_blocks = tuple(-(-row.length // bs) for row in group) + (0,) * (padded_batch - len(group))
+    table = PageTableView(TableRole.REGULAR, regular_table_width(policy, bs, padded_length), real_blocks, SKIP)
+    return PrefillRequest(
+        kind=RequestKind.REGULAR_SINGLE if len(members) == 1 else RequestKind.REGULAR_BATCHED,
+        source_rows=tuple(members),
+        slots=tuple(row.slot for row in group),
+        lengths=tuple(row.length for row in group),
+        cached=(0,) * len(group),
+        blocks=tuple(row.blocks for row in group),
+        sampling=tuple(row.sampling for row in group),
+        padded_batch=padded_batch,
+        padded_length=padded_length,
+        chunk_length=padded_length,
+        block_size=bs,
+        first_chunk_start=0,
+        num_chunks=1,
+        fill_table=table,
+        final_fill_table=table,
+        read_table=None,
+    )
+
+
+def _chunked_request(row: PrefillRow, index: int, policy: PrefillPolicy, layout: PageTableLayout) -> PrefillRequest:
+    bs = layout.block_size
+    length, cached = row.length, row.cached
+    padded_length = policy.padded_length(length)
+    chunk_length = policy.chunk_length(padded_length)
+    read_width = chunked_read_width(policy, bs, padded_length, chunk_length)
+    read_table = PageTableView(TableRole.CHUNKED_FULL, read_width, (-(-length // bs),), CHUNKED_FILLER)
+    fill_width = chunked_fill_width(policy, bs, chunk_length)
+    # A fully cached row still owes its last-token output: re-run its final
+    # block, writing nothing (vLLM recomputes the last token the same way).
+    first_start = cached if cached < length else length - bs
+    # Chunks step by chunk_length from first_start and stop after the one
+    # holding the last token: arithmetic, so the cost never grows with tokens.
+    num_chunks = -(-(length - first_start) // chunk_length)
+    final_start = first_start + (num_chunks - 1) * chunk_length
+    final_written = -(-(length - final_start) // bs) if final_start >= cached else 0
+    return PrefillRequest(
+        kind=RequestKind.CHUNKED,
+        source_rows=(index,),
+        slots=(row.slot,),
+        lengths=(length,),
+        cached=(cached,),
+        blocks=(row.blocks,),
+        sampling=(row.sampling,),
+        padded_batch=1,
+        padded_length=padded_length,
+        chunk_length=chunk_length,
+        block_size=bs,
+        first_chunk_start=first_start,
+        num_chunks=num_chunks,
+        fill_table=PageTableView(TableRole.FILL_ONLY, fill_width, (chunk_length // bs,), SKIP),
+        final_fill_table=PageTableView(TableRole.FILL_ONLY, fill_width, (final_written,), SKIP),
+        read_table=read_table,
+    )

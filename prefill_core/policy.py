@@ -1,0 +1,153 @@
+"""Static prefill policy and the pure geometry rules derived from it.
+
+Theory of operation
+-------------------
+A policy is every planning choice that tt-metal hard-codes, made a field:
+
+* Padded length: the first ladder rung >= n, else the next power of two
+  (tt-metal's ladder is 128, 1024, then powers of two).
+* Chunk length for a padded length P: the largest multiple of
+  ``chunk_quantum`` that is <= min(P, max_chunk_length) and divides P; when
+  none exists (P below the quantum, or an odd rung), min(P, max_chunk_length).
+* Wave: the smallest supported wave >= the active row count. A bucket's
+  largest usable wave also respects ``max_batch_size``, ``lane_size`` and
+  ``padded_batch * padded_length < max_batched_tokens``.
+* Page-table widths are rounded up to ``table_width_multiple`` (8).
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from .errors import InvalidPolicyError, field_error
+from .layout import PageTableLayout
+
+__all__ = ["PrefillPolicy", "check_policy_fits_layout", "round_up"]
+
+
+def round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def _fail(field: str, value: object, rule: str) -> InvalidPolicyError:
+    return field_error(InvalidPolicyError, "PrefillPolicy", field, value, rule)
+
+
+def _positive_int(instance, attribute, value):
+    if type(value) is not int or value <= 0:
+        raise _fail(attribute.name, value, "must be a positive int")
+
+
+def _non_negative_int(instance, attribute, value):
+    if type(value) is not int or value < 0:
+        raise _fail(attribute.name, value, "must be a non-negative int")
+
+
+def _is_power_of_two(value: int) -> bool:
+    return type(value) is int and value > 0 and not value & (value - 1)
+
+
+def _waves(instance, attribute, value):
+    if not isinstance(value, tuple) or not value:
+        raise _fail(attribute.name, value, "must be a non-empty tuple of ints")
+    for wave in value:
+        if not _is_power_of_two(wave):
+            raise _fail(attribute.name, value, f"wave {wave!r} is not a power of two")
+    if any(a >= b for a, b in zip(value, value[1:])):
+        raise _fail(attribute.name, value, "waves must be strictly increasing")
+
+
+def _ladder(instance, attribute, value):
+    if not isinstance(value, tuple) or any(type(v) is not int for v in value):
+        raise _fail(attribute.name, value, "must be a tuple of ints")
+    if any(v <= 0 or v % instance.tile_size for v in value):
+        raise _fail(attribute.name, value, f"every rung must be a positive multiple of tile_size={instance.tile_size}")
+    if any(a >= b for a, b in zip(value, value[1:])):
+        raise _fail(attribute.name, value, "ladder must be strictly increasing")
+
+
+def _optional_lengths(instance, attribute, value):
+    if value is None:
+        return
+    if not isinstance(value, tuple) or any(type(v) is not int or v <= 0 for v in value):
+        raise _fail(attribute.name, value, "must be None or a tuple of positive ints")
+
+
+@attrs.frozen
+class PrefillPolicy:
+    """Every planning rule as a value. Defaults follow tt-metal's measured choices."""
+
+    tile_size: int = attrs.field(default=32, validator=_positive_int)
+    waves: tuple[int, ...] = attrs.field(default=(1, 2, 4, 8, 16, 32), validator=_waves)
+    length_ladder: tuple[int, ...] = attrs.field(default=(128, 1024), validator=_ladder)
+    max_chunk_length: int = attrs.field(default=2048, validator=_positive_int)
+    chunk_quantum: int = attrs.field(default=2048, validator=_positive_int)
+    batching_enabled: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
+    max_batch_size: int = attrs.field(default=32, validator=_positive_int)
+    lane_size: int = attrs.field(default=32, validator=_positive_int)
+    max_batched_tokens: int = attrs.field(default=128 * 1024, validator=_positive_int)
+    table_width_multiple: int = attrs.field(default=8, validator=_positive_int)
+    device_top_k_cap: int = attrs.field(default=32, validator=_positive_int)
+    max_logprobs: int = attrs.field(default=20, validator=_non_negative_int)
+    allow_forced_argmax: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
+    static_last_token_tile: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    trace_lengths: tuple[int, ...] | None = attrs.field(default=None, validator=_optional_lengths)
+
+    def __attrs_post_init__(self):
+        if self.max_chunk_length % self.tile_size:
+            raise _fail("max_chunk_length", self.max_chunk_length, f"must be a multiple of tile_size={self.tile_size}")
+
+    # -- geometry rules -------------------------------------------------
+    def padded_length(self, num_tokens: int) -> int:
+        """Physical token count for a prompt of ``num_tokens`` tokens."""
+        for rung in self.length_ladder:
+            if num_tokens <= rung:
+                return rung
+        floor = self.length_ladder[-1] if self.length_ladder else self.tile_size
+        return 1 << (max(num_tokens, floor) - 1).bit_length()
+
+    def chunk_length(self, padded_length: int) -> int:
+        """Tokens per model-body step for a chunked request of ``padded_length``."""
+        limit = min(padded_length, self.max_chunk_length)
+        quantum = self.chunk_quantum
+        for candidate in range(limit - limit % quantum, 0, -quantum):
+            if padded_length % candidate == 0:
+                return candidate
+        return limit
+
+    def wave_for(self, num_active: int) -> int:
+        """Smallest supported wave holding ``num_active`` rows."""
+        for wave in self.waves:
+            if wave >= num_active:
+                return wave
+        msg = f"no supported wave holds {num_active} rows (largest is {self.waves[-1]})"
+        raise AssertionError(msg)
+
+    def max_wave_for(self, padded_length: int) -> int:
+        """Largest wave a bucket of ``padded_length`` may use (0 if none)."""
+        best = 0
+        for wave in self.waves:
+            if wave <= self.max_batch_size and wave <= self.lane_size and wave * padded_length < self.max_batched_tokens:
+                best = wave
+        return best
+
+    def table_width(self, num_blocks: int) -> int:
+        """Page-table width holding ``num_blocks`` columns, rounded up."""
+        return round_up(max(num_blocks, 1), self.table_width_multiple)
+
+    def is_trace_eligible(self, invocation_length: int) -> bool:
+        return self.trace_lengths is None or invocation_length in self.trace_lengths
+
+
+def check_policy_fits_layout(policy: PrefillPolicy, layout: PageTableLayout) -> None:
+    """Raises ``InvalidPolicyError`` when a chunk or padded length is not block aligned."""
+    bs = layout.block_size
+    for field in ("max_chunk_length", "chunk_quantum"):
+        value = getattr(policy, field)
+        if value % bs:
+            raise _fail(field, value, f"must be a multiple of the block size {bs}")
+    for rung in policy.length_ladder:
+        if rung % bs:
+            raise _fail("length_ladder", policy.length_ladder, f"rung {rung} is not a multiple of the block size {bs}")
+    if not policy.length_ladder and policy.tile_size % bs:
+        raise _fail("tile_size", policy.tile_size, f"with an empty ladder it must be a multiple of the block size {bs}")

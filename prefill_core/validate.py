@@ -1,0 +1,124 @@
+"""Rules a batch must satisfy against a layout and policy (beyond its own).
+
+Each check raises a named ``PrefillInputError`` subclass whose message names
+the row, the field, the value and the rule; nothing is planned on failure.
+The block checks use C-level builtins (min, max, set) so their cost grows
+with mapped blocks at a small constant, never with tokens.
+"""
+
+from __future__ import annotations
+
+from array import array
+
+from .batch import PrefillBatch, PrefillRow
+from .errors import (
+    BlockConflictError,
+    CapacityError,
+    InvalidCachedLengthError,
+    InvalidPageTableError,
+    InvalidSlotError,
+    PrefillInputError,
+    row_error,
+)
+from .layout import PageTableLayout
+from .policy import PrefillPolicy, check_policy_fits_layout
+from .sampling import check_sampling
+
+__all__ = ["check_inputs", "written_block_range"]
+
+
+def written_block_range(row: PrefillRow, block_size: int) -> tuple[int, int]:
+    """Columns ``[lo, hi)`` of the row's page table that prefill writes."""
+    return row.cached // block_size, -(-row.length // block_size)
+
+
+def _check_arguments(batch: object, policy: object, layout: object) -> None:
+    for name, value, kind in (("batch", batch, PrefillBatch), ("policy", policy, PrefillPolicy), ("layout", layout, PageTableLayout)):
+        if not isinstance(value, kind):
+            msg = f"{name} must be a {kind.__name__}, got {type(value).__name__}"
+            raise PrefillInputError(msg, field=name)
+
+
+def _check_mapped_prefix(index: int, row: PrefillRow, layout: PageTableLayout) -> None:
+    need = layout.blocks_for(row.length)
+    blocks = row.blocks
+    if len(blocks) < need:
+        rule = f"the mapped prefix needs ceil(length={row.length} / block_size={layout.block_size}) = {need} entries"
+        raise row_error(InvalidPageTableError, index, "blocks", f"<{len(blocks)} entries>", rule)
+    prefix = blocks[:need]
+    # array("I") rejects negative ids in C, twice as fast as min() here.
+    try:
+        array("I", prefix)
+        in_range = max(prefix) < layout.num_blocks
+    except OverflowError:
+        in_range = False
+    if not in_range:
+        column = next(j for j, b in enumerate(prefix) if not 0 <= b < layout.num_blocks)
+        rule = f"mapped entries must be block ids in [0, num_blocks={layout.num_blocks})"
+        raise row_error(InvalidPageTableError, index, f"blocks[{column}]", prefix[column], rule)
+
+
+def _check_row(index: int, row: PrefillRow, policy: PrefillPolicy, layout: PageTableLayout) -> None:
+    bs = layout.block_size
+    if row.cached % bs:
+        raise row_error(InvalidCachedLengthError, index, "cached", row.cached, f"must be a multiple of block_size={bs}")
+    if row.slot >= policy.lane_size:
+        raise row_error(InvalidSlotError, index, "slot", row.slot, f"must be < lane_size={policy.lane_size}")
+    if row.length > layout.capacity:
+        rule = f"must be <= the layout's capacity {layout.capacity} (block_size * max_num_blocks_per_seq)"
+        raise row_error(CapacityError, index, "length", row.length, rule)
+    _check_mapped_prefix(index, row, layout)
+    if row.sampling is not None:
+        check_sampling(index, row.sampling, policy.max_logprobs)
+
+
+def _locate_conflict(batch: PrefillBatch, block_size: int) -> None:
+    """Slow path, run only once a conflict is known: finds and raises it."""
+    writer: dict[int, int] = {}
+    for index, row in enumerate(batch.rows):
+        lo, hi = written_block_range(row, block_size)
+        own: set[int] = set()
+        for column in range(lo, hi):
+            block = row.blocks[column]
+            other = writer.setdefault(block, index)
+            if other == index and block not in own:
+                own.add(block)
+                continue
+            if other == index:
+                rule = "the row writes this block at two positions; a block holds one run of positions"
+            else:
+                rule = f"block {block} is also written by row {other}; one block takes one writer"
+            raise row_error(BlockConflictError, index, f"blocks[{column}]", block, rule)
+    for index, row in enumerate(batch.rows):
+        for column in range(row.cached // block_size):
+            other = writer.get(row.blocks[column])
+            if other is not None:
+                rule = f"this cached block would be overwritten by row {other}"
+                raise row_error(BlockConflictError, index, f"blocks[{column}]", row.blocks[column], rule)
+    raise AssertionError("a conflict was detected but not located")
+
+
+def _check_block_conflicts(batch: PrefillBatch, block_size: int) -> None:
+    """No block is written twice, and no written block is another read's cached prefix.
+
+    Cached-prefix blocks may be shared between rows: they are only read.
+    """
+    written: list[int] = []
+    cached: list[int] = []
+    for row in batch.rows:
+        lo, hi = written_block_range(row, block_size)
+        written += row.blocks[lo:hi]
+        if lo:
+            cached += row.blocks[:lo]
+    unique = set(written)
+    if len(unique) != len(written) or not unique.isdisjoint(cached):
+        _locate_conflict(batch, block_size)
+
+
+def check_inputs(batch: PrefillBatch, policy: PrefillPolicy, layout: PageTableLayout) -> None:
+    """Raises the first broken rule as a ``PrefillInputError`` subclass."""
+    _check_arguments(batch, policy, layout)
+    check_policy_fits_layout(policy, layout)
+    for index, row in enumerate(batch.rows):
+        _check_row(index, row, policy, layout)
+    _check_block_conflicts(batch, layout.block_size)
