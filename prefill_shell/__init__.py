@@ -1,0 +1,1 @@
+"""Imperative shell of the prefill runtime: every device touch lives here."""

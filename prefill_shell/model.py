@@ -1,0 +1,93 @@
+"""The model protocol: what the runtime borrows from a model, and nothing more.
+
+The runtime never builds a model. It calls a hidden-body step over a padded
+wave of rows (regular or chunked prefill, writing paged KV) and an LM head
+over the rows it picked out. Anything that implements these two calls with
+the semantics below can be driven by the runtime, eagerly or under a captured
+CUDA graph / ttnn trace.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+import attrs
+
+if TYPE_CHECKING:
+    import torch
+
+    from prefill_shell.reference.kv_cache import PagedKVCache
+
+__all__ = ["ModelSpec", "PrefillModel"]
+
+
+def _positive_int(_instance: object, attribute: attrs.Attribute, value: int) -> None:
+    if not isinstance(value, int) or value <= 0:
+        raise ValueError(f"ModelSpec.{attribute.name}={value!r} is invalid: must be a positive int")
+
+
+@attrs.frozen
+class ModelSpec:
+    """Architecture facts the runtime needs to size buffers and KV pools.
+
+    ``dtype`` is a torch dtype name such as ``"float32"`` or ``"bfloat16"``:
+    a string keeps this value free of torch so it can be logged and compared.
+    """
+
+    vocab_size: int = attrs.field(validator=_positive_int)
+    hidden_size: int = attrs.field(validator=_positive_int)
+    num_layers: int = attrs.field(validator=_positive_int)
+    num_heads: int = attrs.field(validator=_positive_int)
+    num_kv_heads: int = attrs.field(validator=_positive_int)
+    head_dim: int = attrs.field(validator=_positive_int)
+    max_position: int = attrs.field(validator=_positive_int)
+    dtype: str = "float32"
+
+
+@runtime_checkable
+class PrefillModel(Protocol):
+    """A model body with paged KV that the prefill runtime can drive.
+
+    ``forward_hidden`` must be capturable in a CUDA graph: no host syncs, no
+    data-dependent shapes. Every varying quantity (``start``, tables) is a
+    device tensor so a replay picks up new values from the same buffers.
+    """
+
+    spec: ModelSpec
+
+    def forward_hidden(
+        self,
+        tokens: torch.Tensor,
+        start: torch.Tensor,
+        fill_table: torch.Tensor,
+        read_table: torch.Tensor | None,
+        kv: PagedKVCache,
+    ) -> torch.Tensor:
+        """Runs the model body over one wave and writes its K/V into ``kv``.
+
+        Args:
+            tokens: int64 ``[B, S]``; ``S`` is a multiple of the KV block size.
+                Padding rows and tails hold token 0.
+            start: int64 ``[B]``; absolute position of ``tokens[:, 0]``
+                (0 for regular prefill, the chunk start for chunked prefill).
+            fill_table: int32 ``[B, Wf]``; column ``j`` is the block that
+                receives positions ``start + j*bs .. start + (j+1)*bs - 1``.
+                ``-1`` writes nothing. Only columns ``j < min(Wf, S // bs)``
+                are used.
+            read_table: ``None`` for regular prefill (plain causal attention
+                over the ``S`` fresh tokens; ``start`` is 0), or int32
+                ``[B, Wr]`` for chunked prefill: column ``j`` is absolute block
+                ``j`` of the row, all entries non-negative (unmapped columns
+                hold a filler id). The chunk's K/V is written first, then K/V
+                for positions ``[0, Wr*bs)`` is gathered through this table and
+                attended with the absolute causal mask ``key_pos <= start + i``.
+            kv: the paged KV pool to write into and read from.
+
+        Returns:
+            ``[B, S, hidden_size]`` after the final norm, in the model dtype.
+        """
+        ...
+
+    def lm_head(self, hidden_rows: torch.Tensor) -> torch.Tensor:
+        """Maps ``[N, hidden_size]`` rows to float32 logits ``[N, vocab_size]``."""
+        ...

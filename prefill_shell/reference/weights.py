@@ -1,0 +1,112 @@
+"""Getting weights into and out of ``PagedLlama``: HF folders and seeded presets.
+
+A Hugging Face Llama folder is ``config.json`` plus either one
+``model.safetensors`` or shards listed in ``model.safetensors.index.json``.
+``save_hf_folder`` writes the single-file form with HF tensor names, so
+``transformers.LlamaForCausalLM.from_pretrained`` loads the same weights.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import attrs
+import torch
+from safetensors.torch import load_file, save_file
+
+from prefill_core.errors import PrefillConfigError
+from prefill_shell.reference.config import Llama3RopeScaling, LlamaSpec, read_config_json
+from prefill_shell.reference.llama import PagedLlama, llama_weight_shapes
+
+__all__ = ["PRESETS", "load_hf_folder", "random_llama", "save_hf_folder"]
+
+_INDEX = "model.safetensors.index.json"
+_SINGLE = "model.safetensors"
+
+PRESETS: dict[str, LlamaSpec] = {
+    # Smallest model that still has GQA, several layers and every RoPE band.
+    "tiny": LlamaSpec(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2,
+        num_heads=4, num_kv_heads=2, head_dim=16, rms_norm_eps=1e-5, rope_theta=500000.0,
+        rope_scaling=Llama3RopeScaling(8.0, 1.0, 4.0, 512), max_position_embeddings=4096,
+    ),
+    # Realistic vocab and head_dim for timing the runtime, still quick on CPU.
+    "bench": LlamaSpec(
+        vocab_size=32000, hidden_size=512, intermediate_size=1376, num_layers=4,
+        num_heads=8, num_kv_heads=4, head_dim=64, rms_norm_eps=1e-5, rope_theta=500000.0,
+        rope_scaling=Llama3RopeScaling(8.0, 1.0, 4.0, 2048), max_position_embeddings=16384,
+    ),
+    # Sized so a 5000-token prefill takes about a second on two CPU cores.
+    "demo": LlamaSpec(
+        vocab_size=32000, hidden_size=256, intermediate_size=688, num_layers=4,
+        num_heads=4, num_kv_heads=2, head_dim=64, rms_norm_eps=1e-5, rope_theta=500000.0,
+        rope_scaling=Llama3RopeScaling(8.0, 1.0, 4.0, 1024), max_position_embeddings=8192,
+    ),
+}
+
+
+def random_llama(
+    seed: int, preset: str = "tiny", device: torch.device | str = "cpu", **overrides: object
+) -> PagedLlama:
+    """A ``PagedLlama`` with seeded random weights for a named preset.
+
+    ``overrides`` replace preset fields (e.g. ``tie_word_embeddings=True``).
+    The same seed and preset always give the same weights.
+    """
+    if preset not in PRESETS:
+        raise PrefillConfigError(f"preset={preset!r} is invalid: expected one of {sorted(PRESETS)}")
+    spec = attrs.evolve(PRESETS[preset], **overrides)
+    gen = torch.Generator().manual_seed(seed)
+    weights = {}
+    for name, shape in llama_weight_shapes(spec).items():
+        if len(shape) == 1:
+            # Norm weights near 1 but not equal, so a missed norm scale shows up.
+            weights[name] = 1.0 + 0.1 * torch.randn(shape, generator=gen)
+        else:
+            # Fan-in scaling keeps activations O(1) through the layers.
+            weights[name] = torch.randn(shape, generator=gen) / shape[1] ** 0.5
+    return PagedLlama(spec, weights, device=device)
+
+
+def load_hf_folder(folder: str | Path, device: torch.device | str = "cpu", dtype: str | None = None) -> PagedLlama:
+    """Loads a local Hugging Face Llama folder (single or sharded safetensors).
+
+    ``dtype`` (e.g. ``"float32"``) overrides the checkpoint's stored dtype.
+    """
+    folder = Path(folder)
+    spec = read_config_json(folder)
+    if dtype is not None:
+        spec = attrs.evolve(spec, dtype=dtype)
+    wanted = set(llama_weight_shapes(spec))
+    weights: dict[str, torch.Tensor] = {}
+    for shard in _shard_files(folder):
+        for name, tensor in load_file(str(shard)).items():
+            if name in wanted:
+                weights[name] = tensor
+    return PagedLlama(spec, weights, device=device)
+
+
+def _shard_files(folder: Path) -> list[Path]:
+    index = folder / _INDEX
+    if index.is_file():
+        with index.open(encoding="utf-8") as fh:
+            weight_map = json.load(fh)["weight_map"]
+        return [folder / name for name in sorted(set(weight_map.values()))]
+    single = folder / _SINGLE
+    if single.is_file():
+        return [single]
+    raise PrefillConfigError(f"{folder} holds neither {_SINGLE} nor {_INDEX}")
+
+
+def save_hf_folder(model: PagedLlama, folder: str | Path) -> Path:
+    """Writes ``config.json`` and ``model.safetensors`` in HF Llama naming; returns the folder."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    with (folder / "config.json").open("w", encoding="utf-8") as fh:
+        json.dump(model.config.to_hf_dict(), fh, indent=2, sort_keys=True)
+    # safetensors rejects shared storage, and tied checkpoints omit lm_head anyway
+    # (state_dict already leaves it out), so every tensor here is distinct.
+    tensors = {name: t.detach().to("cpu").contiguous() for name, t in model.state_dict().items()}
+    save_file(tensors, str(folder / _SINGLE), metadata={"format": "pt"})
+    return folder
