@@ -1,0 +1,10 @@
+"""Backends: the device operations the runtime needs, on torch or ttnn.
+
+``TtnnBackend`` lives in ``prefill_shell.backends.ttnn_backend`` and is
+imported only on request, so nothing on the torch path imports ttnn.
+"""
+
+from .base import Backend, LogProbs, TraceHandle
+from .torch_backend import TorchBackend
+
+__all__ = ["Backend", "LogProbs", "TorchBackend", "TraceHandle"]

@@ -1,0 +1,122 @@
+"""``TorchBackend``: the backend seam on torch, CPU or CUDA.
+
+Traces: on CUDA a trace is a ``torch.cuda.CUDAGraph`` (one memory pool shared
+by every capture, warm run before capture). On CPU there is no graph, so a
+replay re-runs the captured body, which writes the same persistent buffers:
+ownership and overwrite behaviour are those of a device trace.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from prefill_core.errors import PrefillStateError
+
+from ..ledger import DeviceTensor, Ownership, ResourceLedger
+from ..sampling_helpers import sample_row, top_logprobs
+from .base import LogProbs, TraceHandle
+
+__all__ = ["TorchBackend"]
+
+
+class TorchBackend:
+    """Device operations on one torch device."""
+
+    name = "torch"
+
+    def __init__(self, device: str | torch.device = "cpu"):
+        self.device = torch.device(device)
+        self.ledger = ResourceLedger()
+        self.is_cuda = self.device.type == "cuda"
+        self._graph_pool = torch.cuda.graph_pool_handle() if self.is_cuda else None
+        self.captures = 0
+
+    # -- memory ---------------------------------------------------------
+    def upload(self, host: torch.Tensor, name: str, ownership: Ownership) -> DeviceTensor:
+        value = host.to(self.device, non_blocking=True) if self.is_cuda else host.clone()
+        return self.ledger.register(value, name, ownership)
+
+    def refresh(self, host: torch.Tensor, target: DeviceTensor) -> None:
+        dest = target.value
+        if dest.shape != host.shape or dest.dtype != host.dtype:
+            msg = f"refresh of {target.name}: host {tuple(host.shape)}/{host.dtype} != device {tuple(dest.shape)}/{dest.dtype}"
+            raise PrefillStateError(msg)
+        dest.copy_(host, non_blocking=self.is_cuda)
+
+    def adopt(self, value: Any, name: str, ownership: Ownership) -> DeviceTensor:
+        return self.ledger.register(value, name, ownership)
+
+    def read(self, handles: list[DeviceTensor]) -> list[torch.Tensor]:
+        if not self.is_cuda:
+            # Host and device share memory: a read must copy, or the next
+            # replay would overwrite what the caller holds.
+            return [h.value.clone() for h in handles]
+        pinned = [h.value.to("cpu", non_blocking=True) for h in handles]
+        torch.cuda.synchronize(self.device)
+        return pinned
+
+    def release(self, handle: DeviceTensor) -> None:
+        self.ledger.retire(handle)
+
+    # -- postprocessing -------------------------------------------------
+    def gather_rows(self, hidden: DeviceTensor, index: DeviceTensor, name: str) -> DeviceTensor:
+        h = hidden.value  # [B, S, H]
+        rows = h[torch.arange(h.shape[0], device=h.device), index.value.long()]  # [B, H]
+        return self.ledger.register(rows, name, Ownership.INVOCATION)
+
+    def argmax(self, logits: DeviceTensor, name: str) -> DeviceTensor:
+        return self.ledger.register(torch.argmax(logits.value, dim=-1), name, Ownership.INVOCATION)
+
+    def sample(self, logits: DeviceTensor, params: tuple, seeds: tuple[int, ...], name: str) -> DeviceTensor:
+        """``params[b]`` is row b's SamplingParams (padding rows repeat row 0)."""
+        values = logits.value
+        tokens = torch.stack([
+            sample_row(values[b], p.top_k, p.top_p, p.temperature, seeds[b]) for b, p in enumerate(params)
+        ])
+        return self.ledger.register(tokens, name, Ownership.INVOCATION)
+
+    def logprobs(self, logits: DeviceTensor, tokens: DeviceTensor, top_n: int, name: str) -> LogProbs:
+        token_lp, ids, values = top_logprobs(logits.value, tokens.value, top_n)
+        reg = self.ledger.register
+        return LogProbs(
+            reg(token_lp, f"{name}.token", Ownership.INVOCATION),
+            None if ids is None else reg(ids, f"{name}.top_ids", Ownership.INVOCATION),
+            None if values is None else reg(values, f"{name}.top_values", Ownership.INVOCATION),
+        )
+
+    # -- traces ---------------------------------------------------------
+    def capture(self, key: str, body: Callable[[], None]) -> TraceHandle:
+        self.captures += 1
+        if not self.is_cuda:
+            body()  # the capture run: compiles nothing, fills the buffers once
+            return TraceHandle(key, body)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            body()  # warm-up outside the graph (cuBLAS handles, allocator)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._graph_pool):
+            body()
+        return TraceHandle(key, graph)
+
+    def replay(self, trace: TraceHandle) -> None:
+        if trace.released:
+            raise PrefillStateError(f"trace {trace.key} was replayed after it was released")
+        if self.is_cuda:
+            trace.payload.replay()
+        else:
+            trace.payload()
+
+    def release_trace(self, trace: TraceHandle) -> None:
+        if trace.released:
+            raise PrefillStateError(f"trace {trace.key} was released twice")
+        trace.released = True
+        trace.payload = None
+
+    def synchronize(self) -> None:
+        if self.is_cuda:
+            torch.cuda.synchronize(self.device)

@@ -1,0 +1,106 @@
+"""Caller tensors -> ``PrefillBatch``, with named errors for every malformed input.
+
+This is the runtime's input boundary: a wrong dtype, rank or shape is a
+``PrefillInputError`` naming the field (and row), never a torch exception.
+Only each row's mapped page-table prefix is read (``ceil(length / block)``
+entries), so vLLM's stale tails never reach the plan or the device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from prefill_core import PageTableLayout, PrefillBatch, PrefillRow, SamplingParams
+from prefill_core.errors import PrefillInputError
+
+__all__ = ["build_batch", "as_token_matrix"]
+
+_INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+
+
+def _fail(field: str, value: object, rule: str) -> PrefillInputError:
+    return PrefillInputError(f"{field}={value} is invalid: {rule}", field=field)
+
+
+def _int_vector(name: str, value, num_rows: int) -> list[int]:
+    if isinstance(value, torch.Tensor):
+        if value.dtype not in _INT_DTYPES or value.dim() != 1:
+            raise _fail(name, f"<tensor {value.dtype} {tuple(value.shape)}>", "must be a 1-D integer tensor")
+        value = value.tolist()
+    if not isinstance(value, Sequence) or isinstance(value, (str, bytes)):
+        raise _fail(name, type(value).__name__, "must be a sequence of ints or a 1-D integer tensor")
+    if len(value) != num_rows:
+        raise _fail(name, f"<{len(value)} values>", f"must hold one value per row ({num_rows} rows)")
+    for row, item in enumerate(value):
+        if type(item) is not int:
+            raise PrefillInputError(f"row {row}: {name}={item!r} is invalid: must be an int", row=row, field=name)
+    return list(value)
+
+
+def as_token_matrix(tokens) -> torch.Tensor:
+    """The caller's tokens as an int64 ``[N, T]`` host tensor (rows right-padded)."""
+    if isinstance(tokens, torch.Tensor):
+        if tokens.dtype not in _INT_DTYPES or tokens.dim() != 2:
+            raise _fail("tokens", f"<tensor {tokens.dtype} {tuple(tokens.shape)}>", "must be a 2-D integer tensor [rows, tokens]")
+        return tokens.to(device="cpu", dtype=torch.int64)
+    if not isinstance(tokens, Sequence) or not tokens:
+        raise _fail("tokens", type(tokens).__name__, "must be a non-empty 2-D integer tensor or a list of token lists")
+    rows = []
+    for row, item in enumerate(tokens):
+        t = torch.as_tensor(item) if not isinstance(item, torch.Tensor) else item
+        if t.dtype not in _INT_DTYPES or t.dim() != 1:
+            raise PrefillInputError(f"row {row}: tokens must be a 1-D list of ints", row=row, field="tokens")
+        rows.append(t.to(torch.int64))
+    width = max(len(r) for r in rows)
+    out = torch.zeros(len(rows), max(width, 1), dtype=torch.int64)
+    for row, t in enumerate(rows):
+        out[row, : len(t)] = t
+    return out
+
+
+def _page_table(page_table, num_rows: int) -> torch.Tensor:
+    if not isinstance(page_table, torch.Tensor) or page_table.dtype not in _INT_DTYPES or page_table.dim() != 2:
+        shown = f"<tensor {page_table.dtype} {tuple(page_table.shape)}>" if isinstance(page_table, torch.Tensor) else type(page_table).__name__
+        raise _fail("page_table", shown, "must be a 2-D integer tensor [rows, blocks]")
+    if page_table.shape[0] != num_rows:
+        raise _fail("page_table", f"<{page_table.shape[0]} rows>", f"must have one row per prompt ({num_rows})")
+    return page_table.to("cpu")
+
+
+def build_batch(
+    tokens: torch.Tensor,
+    page_table,
+    prompt_lengths,
+    cached_lengths,
+    slots,
+    sampling,
+    layout: PageTableLayout,
+) -> PrefillBatch:
+    """A validated ``PrefillBatch`` from caller tensors (``tokens`` already a matrix)."""
+    num_rows = tokens.shape[0]
+    lengths = _int_vector("prompt_lengths", prompt_lengths, num_rows)
+    cached = [0] * num_rows if cached_lengths is None else _int_vector("cached_lengths", cached_lengths, num_rows)
+    slot_ids = list(range(num_rows)) if slots is None else _int_vector("slots", slots, num_rows)
+    params = [None] * num_rows if sampling is None else list(sampling)
+    if len(params) != num_rows:
+        raise _fail("sampling", f"<{len(params)} entries>", f"must hold one entry per row ({num_rows})")
+    table = _page_table(page_table, num_rows)
+    rows = []
+    for row in range(num_rows):
+        length = lengths[row]
+        if length > tokens.shape[1]:
+            raise PrefillInputError(
+                f"row {row}: prompt_lengths={length} is invalid: tokens holds only {tokens.shape[1]} columns",
+                row=row, field="prompt_lengths",
+            )
+        need = layout.blocks_for(max(length, 0))
+        if need > table.shape[1]:
+            rule = f"the mapped prefix needs {need} entries but page_table has {table.shape[1]} columns"
+            raise PrefillInputError(f"row {row}: page_table is invalid: {rule}", row=row, field="page_table")
+        if params[row] is not None and not isinstance(params[row], SamplingParams):
+            raise PrefillInputError(f"row {row}: sampling must be SamplingParams or None", row=row, field="sampling")
+        blocks = tuple(table[row, :need].tolist())
+        rows.append(PrefillRow(length, cached[row], slot_ids[row], blocks, params[row]))
+    return PrefillBatch(tuple(rows))

@@ -1,0 +1,81 @@
+"""``PrefillRuntimeConfig``: the static collaborators of one runtime, validated once."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from prefill_core import PageTableLayout, PrefillPolicy
+from prefill_core.errors import PrefillConfigError, PrefillInputError
+from prefill_core.policy import check_policy_fits_layout
+
+from .backends.base import Backend
+from .model import PrefillModel
+
+__all__ = ["PrefillRuntimeConfig"]
+
+
+def _config_error(field: str, value: object, rule: str) -> PrefillConfigError:
+    return PrefillConfigError(f"PrefillRuntimeConfig.{field}={value!r} is invalid: {rule}")
+
+
+@attrs.frozen
+class PrefillRuntimeConfig:
+    """Model, backend, KV pool, page-table layout and policy of one execution lane.
+
+    ``layout_ceiling`` bounds ``configure_page_table_layout``: a replacement
+    layout may shrink within it, never grow past what the KV pool and the
+    model's positions hold.
+    """
+
+    model: Any = attrs.field(eq=False)
+    backend: Any = attrs.field(eq=False)
+    kv: Any = attrs.field(eq=False)
+    layout: PageTableLayout
+    policy: PrefillPolicy
+    layout_ceiling: PageTableLayout
+
+    @classmethod
+    def resolve(
+        cls,
+        model: PrefillModel,
+        backend: Backend,
+        kv: Any,
+        layout: PageTableLayout | None = None,
+        policy: PrefillPolicy | None = None,
+    ) -> PrefillRuntimeConfig:
+        """Checks every collaborator once; raises ``PrefillConfigError`` naming what is wrong."""
+        if not isinstance(model, PrefillModel):
+            raise _config_error("model", type(model).__name__, "must implement PrefillModel (spec, forward_hidden, lm_head)")
+        if not isinstance(backend, Backend):
+            raise _config_error("backend", type(backend).__name__, "must implement the Backend seam")
+        for name in ("block_size", "num_blocks"):
+            if not isinstance(getattr(kv, name, None), int):
+                raise _config_error("kv", type(kv).__name__, f"must expose an int {name}")
+        ceiling = PageTableLayout(kv.block_size, -(-model.spec.max_position // kv.block_size), kv.num_blocks)
+        config = cls(model, backend, kv, layout or ceiling, policy or PrefillPolicy(), ceiling)
+        config.check_layout(config.layout)
+        return config
+
+    def check_layout(self, layout: PageTableLayout) -> None:
+        """Raises ``PrefillConfigError`` unless ``layout`` fits the ceiling and the policy."""
+        if not isinstance(layout, PageTableLayout):
+            raise _config_error("layout", type(layout).__name__, "must be a PageTableLayout")
+        ceiling = self.layout_ceiling
+        if layout.block_size != ceiling.block_size:
+            raise _config_error("layout.block_size", layout.block_size, f"must equal the KV pool's {ceiling.block_size}")
+        if layout.num_blocks > ceiling.num_blocks:
+            raise _config_error("layout.num_blocks", layout.num_blocks, f"must be <= the KV pool's {ceiling.num_blocks}")
+        if layout.max_num_blocks_per_seq > ceiling.max_num_blocks_per_seq:
+            rule = f"must be <= {ceiling.max_num_blocks_per_seq} (the model's max_position / block_size)"
+            raise _config_error("layout.max_num_blocks_per_seq", layout.max_num_blocks_per_seq, rule)
+        try:
+            check_policy_fits_layout(self.policy, layout)
+        except PrefillInputError as error:
+            raise PrefillConfigError(str(error)) from None
+
+    def with_layout(self, layout: PageTableLayout) -> PrefillRuntimeConfig:
+        """A bounded replacement of this config holding ``layout``."""
+        self.check_layout(layout)
+        return attrs.evolve(self, layout=layout)

@@ -1,0 +1,110 @@
+"""``PrefillInputStager``: caller tensors -> host step values -> device inputs.
+
+Host values are torch CPU tensors built per chunk from the plan and the
+caller's tokens: tokens ``[B, S]`` (int64; zero past each prompt and for
+padding rows), ``start [B]``, ``slots [B]`` (-1 for padding rows), the exact
+fill table ``[B, Wf]`` and, for chunked requests, the read table ``[B, Wr]``
+(int32), and the chunk-relative last-token index ``[B]``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from prefill_core import PrefillChunk, PrefillRequest
+
+from .backends.base import Backend
+from .ledger import DeviceTensor, Ownership
+
+__all__ = ["HostStep", "DeviceStep", "PrefillInputStager", "build_host_steps"]
+
+STEP_FIELDS = ("tokens", "start", "slots", "fill_table", "read_table", "last_index")
+
+
+class HostStep:
+    """Host values of one model-body step (one chunk of one request)."""
+
+    __slots__ = ("chunk", *STEP_FIELDS)
+
+    def __init__(self, chunk: PrefillChunk, tokens, start, slots, fill_table, read_table, last_index):
+        self.chunk = chunk
+        self.tokens = tokens  # [B, S] int64
+        self.start = start  # [B] int64
+        self.slots = slots  # [B] int32
+        self.fill_table = fill_table  # [B, Wf] int32
+        self.read_table = read_table  # [B, Wr] int32 or None
+        self.last_index = last_index  # [B] int64, chunk-relative
+
+
+class DeviceStep:
+    """Device handles of one step, in ``STEP_FIELDS`` order (``read_table`` may be None)."""
+
+    __slots__ = STEP_FIELDS
+
+    def __init__(self, handles: dict[str, DeviceTensor | None]):
+        for name in STEP_FIELDS:
+            setattr(self, name, handles.get(name))
+
+    def handles(self) -> list[DeviceTensor]:
+        return [h for h in (getattr(self, n) for n in STEP_FIELDS) if h is not None]
+
+
+def _token_block(tokens: torch.Tensor, request: PrefillRequest, chunk: PrefillChunk, padded_batch: int) -> torch.Tensor:
+    out = torch.zeros(padded_batch, chunk.length, dtype=torch.int64)
+    width = min(chunk.length, tokens.shape[1] - chunk.start)
+    if width > 0:
+        rows = torch.tensor(request.source_rows)
+        block = tokens[rows, chunk.start : chunk.start + width]  # [A, width]
+        positions = torch.arange(chunk.start, chunk.start + width)
+        lengths = torch.tensor(request.lengths).unsqueeze(1)
+        out[: len(request.source_rows), :width] = block.masked_fill(positions >= lengths, 0)
+    return out
+
+
+def _host_step(tokens: torch.Tensor, request: PrefillRequest, chunk: PrefillChunk) -> HostStep:
+    b, active = request.padded_batch, request.active_batch_size
+    pad = b - active
+    start = torch.full((b,), chunk.start, dtype=torch.int64)
+    slots = torch.tensor(request.slots + (-1,) * pad, dtype=torch.int32)
+    fill = torch.tensor(request.fill_table_of(chunk), dtype=torch.int32)
+    read = None if request.read_table is None else torch.tensor(request.read_table_values(), dtype=torch.int32)
+    # Made chunk-relative only here, at the staging boundary; padding rows
+    # point at token 0 of their (zero) row.
+    last = [p - chunk.start for p in request.last_token_positions] if chunk.is_final else [0] * active
+    last_index = torch.tensor(last + [0] * pad, dtype=torch.int64)
+    return HostStep(chunk, _token_block(tokens, request, chunk, b), start, slots, fill, read, last_index)
+
+
+def build_host_steps(tokens: torch.Tensor, request: PrefillRequest) -> list[HostStep]:
+    """Host values for every chunk of ``request``, in execution order."""
+    return [_host_step(tokens, request, chunk) for chunk in request.chunks]
+
+
+class PrefillInputStager:
+    """Uploads host steps as invocation-owned device inputs, or refreshes persistent ones."""
+
+    def __init__(self, backend: Backend):
+        self.backend = backend
+
+    def stage(self, step: HostStep, acquired: list[DeviceTensor]) -> DeviceStep:
+        """Allocates invocation-owned device inputs for ``step``.
+
+        Each handle is appended to ``acquired`` as soon as it exists, so the
+        caller's failure path releases exactly what was allocated.
+        """
+        handles: dict[str, DeviceTensor | None] = {}
+        for name in STEP_FIELDS:
+            host = getattr(step, name)
+            if host is not None:
+                handles[name] = self.backend.upload(host, name, Ownership.INVOCATION)
+                acquired.append(handles[name])
+        return DeviceStep(handles)
+
+    def refresh(self, step: HostStep, persistent: DeviceStep) -> None:
+        """Copies ``step`` into a trace's persistent inputs in place (no allocation)."""
+        for name in STEP_FIELDS:
+            host, target = getattr(step, name), getattr(persistent, name)
+            if (host is None) != (target is None):
+                raise AssertionError(f"step field {name} does not match the capture schema")
+            if host is not None:
+                self.backend.refresh(host, target)

@@ -1,0 +1,91 @@
+"""``PrefillResultAssembler``: streaming readback in the caller's row order.
+
+For each invocation, in stream order: one synchronized read of every output,
+host-side sampling for ``host``-path rows, then release of that invocation's
+transients, and only then is the next invocation pulled from the stream.
+Streaming is what makes trace replay safe: a replay may overwrite a shared
+output buffer, so a result must be a host copy before the generator advances.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+
+import torch
+
+from prefill_core import SamplingPath
+from prefill_core.errors import PrefillStateError
+
+from .backends.base import Backend
+from .ledger import DeviceTensor
+from .result import InvocationResult, PrefillResult
+from .sampling_helpers import sample_row, top_logprobs
+
+__all__ = ["PrefillResultAssembler"]
+
+
+class PrefillResultAssembler:
+    """Reads, normalizes and releases invocation results one at a time."""
+
+    def __init__(self, backend: Backend, release: Callable[[list[DeviceTensor]], None]):
+        self.backend = backend
+        self._release = release
+
+    def stream(self, invocations: Iterable[InvocationResult]) -> Iterator[PrefillResult]:
+        """Yields each source row's result as its invocation is read (plan order)."""
+        for invocation in invocations:
+            yield from self._collect_one(invocation)
+
+    def assemble(self, invocations: Iterable[InvocationResult], num_rows: int) -> list[PrefillResult]:
+        """Every row's result, in the caller's row order."""
+        results: list[PrefillResult | None] = [None] * num_rows
+        for result in self.stream(invocations):
+            results[result.row] = result
+        missing = [row for row, result in enumerate(results) if result is None]
+        if missing:
+            raise PrefillStateError(f"no result was produced for rows {missing}")
+        return results  # type: ignore[return-value]
+
+    def _collect_one(self, invocation: InvocationResult) -> list[PrefillResult]:
+        if invocation.consumed:
+            raise PrefillStateError("this invocation result was already assembled")
+        invocation.consumed = True
+        names = list(invocation.outputs)
+        try:
+            host = dict(zip(names, self.backend.read([invocation.outputs[n] for n in names])))
+        finally:
+            self._release(invocation.owned)
+        return self._normalize(invocation, host)
+
+    def _normalize(self, invocation: InvocationResult, host: dict[str, torch.Tensor]) -> list[PrefillResult]:
+        prepared = invocation.prepared
+        request = prepared.request
+        if prepared.sampling_path is SamplingPath.HOST:
+            host = self._sample_on_host(invocation, host["logits"])
+        results = []
+        for b, row in enumerate(request.source_rows):
+            params = request.sampling[b]
+            if params is None:
+                results.append(PrefillResult(row, logits=host["logits"][b]))
+                continue
+            top: tuple[tuple[int, float], ...] = ()
+            if params.num_logprobs:
+                ids = host["top_ids"][b, : params.num_logprobs].tolist()
+                values = host["top_logprobs"][b, : params.num_logprobs].tolist()
+                top = tuple(zip(ids, values))
+            token = int(host["tokens"][b])
+            results.append(PrefillResult(row, token=token, logprob=float(host["token_logprob"][b]), top_logprobs=top))
+        return results
+
+    @staticmethod
+    def _sample_on_host(invocation: InvocationResult, logits: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The ``host`` path: device returned logits; sample here with each row's seed."""
+        request = invocation.prepared.request
+        active = logits[: request.active_batch_size]
+        tokens = torch.stack([
+            sample_row(active[b], p.top_k, p.top_p, p.temperature, invocation.seeds[b])
+            for b, p in enumerate(request.sampling)
+        ])
+        top_n = max(p.num_logprobs for p in request.sampling)
+        token_lp, ids, values = top_logprobs(active, tokens, top_n)
+        return {"tokens": tokens, "token_logprob": token_lp, "top_ids": ids, "top_logprobs": values}

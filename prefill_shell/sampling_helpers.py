@@ -1,0 +1,61 @@
+"""Stateless sampling and log-prob helpers shared by the torch backend and host sampling.
+
+One algorithm serves both the device path (torch backend) and the host path
+(rows whose top_k exceeds the device cap), so a row's token depends only on
+its logits, its parameters and its seed, never on the wave it rode in.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["sample_row", "top_logprobs", "resolve_generator"]
+
+
+def resolve_generator(seed: int, device: torch.device) -> torch.Generator:
+    generator = torch.Generator(device=device)
+    generator.manual_seed(seed)
+    return generator
+
+
+def _support_probs(logits: torch.Tensor, top_k: int, top_p: float, temperature: float) -> torch.Tensor:
+    """Probabilities after temperature, top-k and top-p: zero outside the support."""
+    scaled = logits.float() / temperature
+    vocab = scaled.shape[-1]
+    if 0 < top_k < vocab:
+        keep = torch.zeros_like(scaled, dtype=torch.bool)
+        keep[torch.topk(scaled, top_k).indices] = True
+        scaled = scaled.masked_fill(~keep, float("-inf"))
+    probs = torch.softmax(scaled, dim=-1)
+    if top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, descending=True)
+        # Keep the smallest prefix whose mass reaches top_p: drop a token once
+        # the mass before it already reaches top_p (the top token always stays).
+        drop = (torch.cumsum(sorted_probs, dim=-1) - sorted_probs) >= top_p
+        sorted_probs = sorted_probs.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+    return probs
+
+
+def sample_row(logits: torch.Tensor, top_k: int, top_p: float, temperature: float, seed: int) -> torch.Tensor:
+    """One token (0-d int64 tensor, on the logits' device) from ``logits [V]``.
+
+    Greedy when ``temperature == 0`` or ``top_k == 1``. Otherwise an
+    exponential race (argmax of p / E, E ~ Exp(1) from the row's seeded
+    generator), which samples exactly from p with no host sync.
+    """
+    if temperature == 0 or top_k == 1:
+        return torch.argmax(logits, dim=-1)
+    probs = _support_probs(logits, top_k, top_p, temperature)
+    race = torch.empty_like(probs).exponential_(generator=resolve_generator(seed, logits.device))
+    return torch.argmax(probs / race, dim=-1)
+
+
+def top_logprobs(logits: torch.Tensor, tokens: torch.Tensor, top_n: int):
+    """Log-softmax of the raw logits at ``tokens`` and, if ``top_n``, the top-N (ids, values)."""
+    logp = torch.log_softmax(logits.float(), dim=-1)  # [B, V]
+    token_logprob = logp.gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1)
+    if top_n <= 0:
+        return token_logprob, None, None
+    values, ids = torch.topk(logp, top_n, dim=-1)
+    return token_logprob, ids, values
