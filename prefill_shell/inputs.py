@@ -18,7 +18,8 @@ from .ledger import DeviceTensor, Ownership
 
 __all__ = ["HostStep", "DeviceStep", "PrefillInputStager", "build_host_steps"]
 
-STEP_FIELDS = ("tokens", "start", "slots", "fill_table", "read_table", "last_index")
+BODY_FIELDS = ("tokens", "start", "slots", "fill_table", "read_table")
+STEP_FIELDS = (*BODY_FIELDS, "last_index")
 
 
 class HostStep:
@@ -101,8 +102,8 @@ class PrefillInputStager:
         return DeviceStep(handles)
 
     def refresh(self, step: HostStep, persistent: DeviceStep) -> None:
-        """Copies ``step`` into a trace's persistent inputs in place (no allocation)."""
-        for name in STEP_FIELDS:
+        """Copies ``step``'s body inputs into a trace's persistent inputs in place (no allocation)."""
+        for name in BODY_FIELDS:
             host, target = getattr(step, name), getattr(persistent, name)
             if (host is None) != (target is None):
                 raise AssertionError(f"step field {name} does not match the capture schema")

@@ -4,18 +4,26 @@ It owns the boundary between the model body and the host read: pick each
 row's last-token hidden state, apply the LM head, then logits, argmax or
 device top-k sampling, and log-probs. It never reorders rows and never reads
 to the host; that is the result collector's job.
+
+Ownership is decided here. Eager: every output is a new invocation-owned
+tensor. Traced: every output is assigned into the program alias's
+persistent workspace (allocated at warm-up, before any capture), so serving
+allocates nothing and the next replay overwrites the same buffers.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
-from prefill_core import PreparedPrefill, SamplingPath
+import torch
+
+from prefill_core import PreparedPrefill, PrefillProgramSignature, SamplingPath
 
 from .backends.base import Backend
 from .ledger import DeviceTensor, Ownership
 
-__all__ = ["PrefillPostprocessor", "wave_params"]
+__all__ = ["PrefillPostprocessor", "wave_params", "output_specs"]
 
 
 def wave_params(prepared: PreparedPrefill) -> tuple:
@@ -23,6 +31,19 @@ def wave_params(prepared: PreparedPrefill) -> tuple:
     request = prepared.request
     params = request.sampling
     return params + (params[0],) * (request.padded_batch - request.active_batch_size)
+
+
+def output_specs(signature: PrefillProgramSignature, hidden_size: int, vocab_size: int, max_logprobs: int,
+                 hidden_dtype: torch.dtype) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """Shape and dtype of every tensor the postprocessing of ``signature`` produces."""
+    b = signature.padded_batch
+    specs = {"last_index": ((b,), torch.int64), "last_hidden": ((b, hidden_size), hidden_dtype),
+             "logits": ((b, vocab_size), torch.float32)}
+    if not signature.sampling_path.returns_logits:
+        specs.update(tokens=((b,), torch.int64), token_logprob=((b,), torch.float32))
+        if signature.logprobs:
+            specs.update(top_ids=((b, max_logprobs), torch.int64), top_logprobs=((b, max_logprobs), torch.float32))
+    return specs
 
 
 class PrefillPostprocessor:
@@ -34,33 +55,46 @@ class PrefillPostprocessor:
         self.max_logprobs = max_logprobs
 
     def finish(
-        self, prepared: PreparedPrefill, hidden: DeviceTensor, last_index: DeviceTensor, seeds: tuple[int, ...],
+        self,
+        signature: PrefillProgramSignature,
+        params: tuple,
+        hidden: DeviceTensor,
+        last_index: DeviceTensor,
+        seeds: tuple[int, ...],
         acquired: list[DeviceTensor],
+        workspace: dict[str, DeviceTensor] | None = None,
     ) -> dict[str, DeviceTensor]:
-        """Named outputs for the collector; every handle made is appended to ``acquired``.
+        """Named outputs for the collector.
 
         Logits paths (``logits``, ``host``) return ``logits [B, V]``; device
         paths return ``tokens [B]``, ``token_logprob [B]`` and, when the
         program computes log-probs, ``top_ids``/``top_logprobs [B, N]``.
+        ``params`` are per physical row (``wave_params``). Eager outputs are
+        appended to ``acquired``; traced ones live in ``workspace``.
         """
         backend = self.backend
-        rows = backend.gather_rows(hidden, last_index, "last_hidden")  # [B, H]
-        acquired.append(rows)
-        logits = backend.adopt(self._lm_head(rows.value), "logits", Ownership.INVOCATION)  # [B, V]
-        acquired.append(logits)
-        path = prepared.sampling_path
+
+        def emit(name: str, value: Any) -> DeviceTensor:
+            if workspace is not None:
+                backend.assign(workspace[name], value)
+                return workspace[name]
+            handle = backend.adopt(value, name, Ownership.INVOCATION)
+            acquired.append(handle)
+            return handle
+
+        rows = emit("last_hidden", backend.gather_rows(hidden.value, last_index.value))  # [B, H]
+        logits = emit("logits", self._lm_head(rows.value))  # [B, V] float32
+        path = signature.sampling_path
         if path.returns_logits:
             return {"logits": logits}
         if path is SamplingPath.ARGMAX:
-            tokens = backend.argmax(logits, "tokens")
+            tokens = emit("tokens", backend.argmax(logits.value))
         else:
-            tokens = backend.sample(logits, wave_params(prepared), seeds, "tokens")
-        acquired.append(tokens)
-        top_n = self.max_logprobs if prepared.program_signature.logprobs else 0
-        logprobs = backend.logprobs(logits, tokens, top_n, "logprobs")
-        acquired.extend(logprobs.handles())
-        outputs = {"tokens": tokens, "token_logprob": logprobs.token_logprob}
-        if logprobs.top_ids is not None:
-            outputs["top_ids"] = logprobs.top_ids
-            outputs["top_logprobs"] = logprobs.top_logprobs
+            tokens = emit("tokens", backend.sample(logits.value, params, seeds))
+        top_n = self.max_logprobs if signature.logprobs else 0
+        token_lp, top_ids, top_values = backend.logprobs(logits.value, tokens.value, top_n)
+        outputs = {"tokens": tokens, "token_logprob": emit("token_logprob", token_lp)}
+        if top_ids is not None:
+            outputs["top_ids"] = emit("top_ids", top_ids)
+            outputs["top_logprobs"] = emit("top_logprobs", top_values)
         return outputs

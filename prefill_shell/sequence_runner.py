@@ -16,7 +16,7 @@ from prefill_core import PreparedPrefill
 from .backends.base import Backend
 from .inputs import DeviceStep, HostStep, PrefillInputStager
 from .ledger import DeviceTensor, Ownership
-from .postprocess import PrefillPostprocessor
+from .postprocess import PrefillPostprocessor, wave_params
 from .result import InvocationResult
 
 __all__ = ["PrefillSequenceRunner"]
@@ -50,7 +50,9 @@ class PrefillSequenceRunner:
                 hidden = self.backend.adopt(self._body(inputs), "hidden", Ownership.INVOCATION)
                 acquired.append(hidden)
                 self._release([h for h in inputs.handles() if h is not inputs.last_index])
-            outputs = self.postprocessor.finish(prepared, hidden, inputs.last_index, seeds, acquired)
+            outputs = self.postprocessor.finish(
+                prepared.program_signature, wave_params(prepared), hidden, inputs.last_index, seeds, acquired
+            )
         except BaseException as primary:
             self._release(acquired, primary=primary)
             raise

@@ -4,7 +4,7 @@
 imported only on request, so nothing on the torch path imports ttnn.
 """
 
-from .base import Backend, LogProbs, TraceHandle
+from .base import Backend, TraceHandle
 from .torch_backend import TorchBackend
 
-__all__ = ["Backend", "LogProbs", "TorchBackend", "TraceHandle"]
+__all__ = ["Backend", "TorchBackend", "TraceHandle"]

@@ -17,7 +17,7 @@ import torch
 
 from ..ledger import DeviceTensor, Ownership, ResourceLedger
 
-__all__ = ["Backend", "TraceHandle", "LogProbs"]
+__all__ = ["Backend", "TraceHandle"]
 
 
 class TraceHandle:
@@ -29,20 +29,6 @@ class TraceHandle:
         self.key = key
         self.payload = payload
         self.released = False
-
-
-class LogProbs:
-    """Device tensors of one log-prob computation (``[B]``, ``[B, N]``, ``[B, N]``)."""
-
-    __slots__ = ("token_logprob", "top_ids", "top_logprobs")
-
-    def __init__(self, token_logprob: DeviceTensor, top_ids: DeviceTensor | None, top_logprobs: DeviceTensor | None):
-        self.token_logprob = token_logprob
-        self.top_ids = top_ids
-        self.top_logprobs = top_logprobs
-
-    def handles(self) -> list[DeviceTensor]:
-        return [h for h in (self.token_logprob, self.top_ids, self.top_logprobs) if h is not None]
 
 
 @runtime_checkable
@@ -68,22 +54,28 @@ class Backend(Protocol):
     def release(self, handle: DeviceTensor) -> None:
         """Frees ``handle``; may raise, leaving the handle live (an orphan to retry)."""
 
-    # -- postprocessing -------------------------------------------------
-    def gather_rows(self, hidden: DeviceTensor, index: DeviceTensor, name: str) -> DeviceTensor:
+    def assign(self, target: DeviceTensor, value: Any) -> None:
+        """Device-to-device copy of ``value`` into the existing ``target`` (no allocation)."""
+
+    # -- postprocessing: raw device values in, raw device values out -----
+    # The postprocessor decides ownership: eager results are registered as
+    # invocation transients, traced results are assigned into an alias's
+    # persistent workspace.
+    def gather_rows(self, hidden: Any, index: Any) -> Any:
         """``hidden[b, index[b]]`` for every row b: ``[B, S, H] -> [B, H]``."""
 
-    def argmax(self, logits: DeviceTensor, name: str) -> DeviceTensor:
+    def argmax(self, logits: Any) -> Any:
         """Greedy tokens ``[B]`` from logits ``[B, V]``."""
 
-    def sample(self, logits: DeviceTensor, params: tuple, seeds: tuple[int, ...], name: str) -> DeviceTensor:
+    def sample(self, logits: Any, params: tuple, seeds: tuple[int, ...]) -> Any:
         """Per-row top-k/top-p/temperature sampling with per-row seeds: ``[B]`` tokens.
 
         ``params[b]`` is physical row b's ``SamplingParams``; padding rows
         repeat row 0 (a single row's K/P/T is broadcast to the wave).
         """
 
-    def logprobs(self, logits: DeviceTensor, tokens: DeviceTensor, top_n: int, name: str) -> LogProbs:
-        """Log-softmax at ``tokens`` and (``top_n > 0``) the top-N table."""
+    def logprobs(self, logits: Any, tokens: Any, top_n: int) -> tuple[Any, Any, Any]:
+        """Raw log-softmax at ``tokens`` ``[B]`` and (``top_n > 0``) top-N ids/values ``[B, N]``."""
 
     # -- traces ---------------------------------------------------------
     def capture(self, key: str, body) -> TraceHandle:

@@ -17,7 +17,7 @@ from prefill_core.errors import PrefillStateError
 
 from ..ledger import DeviceTensor, Ownership, ResourceLedger
 from ..sampling_helpers import sample_row, top_logprobs
-from .base import LogProbs, TraceHandle
+from .base import TraceHandle
 
 __all__ = ["TorchBackend"]
 
@@ -61,31 +61,21 @@ class TorchBackend:
     def release(self, handle: DeviceTensor) -> None:
         self.ledger.retire(handle)
 
+    def assign(self, target: DeviceTensor, value: Any) -> None:
+        target.value.copy_(value)
+
     # -- postprocessing -------------------------------------------------
-    def gather_rows(self, hidden: DeviceTensor, index: DeviceTensor, name: str) -> DeviceTensor:
-        h = hidden.value  # [B, S, H]
-        rows = h[torch.arange(h.shape[0], device=h.device), index.value.long()]  # [B, H]
-        return self.ledger.register(rows, name, Ownership.INVOCATION)
+    def gather_rows(self, hidden: Any, index: Any) -> Any:
+        return hidden[torch.arange(hidden.shape[0], device=hidden.device), index.long()]  # [B, H]
 
-    def argmax(self, logits: DeviceTensor, name: str) -> DeviceTensor:
-        return self.ledger.register(torch.argmax(logits.value, dim=-1), name, Ownership.INVOCATION)
+    def argmax(self, logits: Any) -> Any:
+        return torch.argmax(logits, dim=-1)
 
-    def sample(self, logits: DeviceTensor, params: tuple, seeds: tuple[int, ...], name: str) -> DeviceTensor:
-        """``params[b]`` is row b's SamplingParams (padding rows repeat row 0)."""
-        values = logits.value
-        tokens = torch.stack([
-            sample_row(values[b], p.top_k, p.top_p, p.temperature, seeds[b]) for b, p in enumerate(params)
-        ])
-        return self.ledger.register(tokens, name, Ownership.INVOCATION)
+    def sample(self, logits: Any, params: tuple, seeds: tuple[int, ...]) -> Any:
+        return torch.stack([sample_row(logits[b], p.top_k, p.top_p, p.temperature, seeds[b]) for b, p in enumerate(params)])
 
-    def logprobs(self, logits: DeviceTensor, tokens: DeviceTensor, top_n: int, name: str) -> LogProbs:
-        token_lp, ids, values = top_logprobs(logits.value, tokens.value, top_n)
-        reg = self.ledger.register
-        return LogProbs(
-            reg(token_lp, f"{name}.token", Ownership.INVOCATION),
-            None if ids is None else reg(ids, f"{name}.top_ids", Ownership.INVOCATION),
-            None if values is None else reg(values, f"{name}.top_values", Ownership.INVOCATION),
-        )
+    def logprobs(self, logits: Any, tokens: Any, top_n: int) -> tuple[Any, Any, Any]:
+        return top_logprobs(logits, tokens, top_n)
 
     # -- traces ---------------------------------------------------------
     def capture(self, key: str, body: Callable[[], None]) -> TraceHandle:

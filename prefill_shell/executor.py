@@ -1,0 +1,127 @@
+"""``PrefillExecutor``: program/trace registries, warm-up, and eager or traced dispatch.
+
+The seed leaves this to a model executor; it is here so the library is usable
+on its own. Rules:
+
+* Warm-up from a ``WarmupManifest`` first runs every program signature
+  eagerly (on a device this compiles it), then allocates every alias
+  workspace, then captures every trace signature, largest first. Nothing
+  compiles or allocates after the first capture.
+* Traced dispatch preflights the whole call: if any request lacks a trace or
+  workspace, ``TraceCoverageError`` names the signature and the request
+  before any model body runs. There is no silent eager fallback.
+* ``mode``: ``"traced"``, ``"eager"``, or ``"auto"`` (traced when every
+  request is covered, else eager). An eager run of a program signature the
+  registry has not seen counts as a compile (``compile_count``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from prefill_core import PrefillProgramSignature, SamplingParams, SamplingPath, WarmupManifest
+from prefill_core.errors import PrefillInputError, TraceCoverageError
+
+from .ledger import DeviceTensor, Ownership
+from .result import InvocationResult, PrefillResult
+from .runtime import PrefillRuntime, PreparedBatch
+from .trace import PrefillTraceLifecycle, warmup_step
+
+__all__ = ["PrefillExecutor", "MODES"]
+
+MODES = ("auto", "eager", "traced")
+
+
+def _warmup_params(signature: PrefillProgramSignature) -> tuple:
+    b = signature.padded_batch
+    if signature.sampling_path is SamplingPath.LOGITS:
+        return (None,) * b
+    if signature.sampling_path is SamplingPath.ARGMAX:
+        return (SamplingParams.greedy(),) * b
+    return (SamplingParams(top_k=2, top_p=0.9),) * b
+
+
+class PrefillExecutor:
+    """Owns the program registry and the trace lifecycle of one runtime."""
+
+    def __init__(self, runtime: PrefillRuntime):
+        self.runtime = runtime
+        model = runtime.config.model
+        self.lifecycle = PrefillTraceLifecycle(
+            runtime.backend, runtime.stager, runtime.postprocessor, runtime._body, model.spec,
+            getattr(model, "dtype", torch.float32),
+        )
+        self.compiled: set[PrefillProgramSignature] = set()
+        self.compile_count = 0
+
+    # -- warm-up --------------------------------------------------------
+    def compile(self, signature: PrefillProgramSignature) -> None:
+        """Runs ``signature``'s body and postprocessing once on inputs that write no KV."""
+        if signature in self.compiled:
+            return
+        runtime = self.runtime
+        step = warmup_step(signature.body)
+        acquired: list[DeviceTensor] = []
+        try:
+            inputs = runtime.stager.stage(step, acquired)
+            hidden = runtime.backend.adopt(runtime._body(inputs), "hidden", Ownership.INVOCATION)
+            acquired.append(hidden)
+            params = _warmup_params(signature)
+            runtime.postprocessor.finish(signature, params, hidden, inputs.last_index, (0,) * len(params), acquired)
+        finally:
+            runtime.release(acquired)
+        self.compiled.add(signature)
+        self.compile_count += 1
+
+    def warm_up(self, manifest: WarmupManifest) -> None:
+        """Compile every program, allocate every workspace, then capture every trace."""
+        for signature in manifest.program_signatures:
+            self.compile(signature)
+        captured = set(manifest.trace_signatures)
+        for signature in manifest.program_signatures:
+            if signature.body in captured:
+                self.lifecycle.allocate_workspace(signature)
+        order = sorted(captured, key=lambda s: (s.padded_batch * s.chunk_length, s.key), reverse=True)
+        for body in order:
+            self.lifecycle.capture(body)
+
+    # -- dispatch -------------------------------------------------------
+    def invocations(self, batch: PreparedBatch, mode: str = "auto") -> Iterator[InvocationResult]:
+        """Invocations in plan order; a traced call is preflighted before anything runs."""
+        if mode not in MODES:
+            raise PrefillInputError(f"mode={mode!r} is invalid: must be one of {MODES}", field="mode")
+        gaps = [(p, self.lifecycle.missing(p)) for p in batch.prepared]
+        gaps = [(p, why) for p, why in gaps if why is not None]
+        if mode == "traced" and gaps:
+            prepared, why = gaps[0]
+            msg = (f"traced prefill of rows {prepared.request.source_rows} is not covered: {why}; "
+                   f"program {prepared.program_signature.key}; warm up a manifest that holds it or run mode='eager'")
+            raise TraceCoverageError(msg)
+        traced = mode == "traced" or (mode == "auto" and not gaps)
+        return self._run(batch, traced)
+
+    def _run(self, batch: PreparedBatch, traced: bool) -> Iterator[InvocationResult]:
+        runtime = self.runtime
+        for index, prepared in enumerate(batch.prepared):
+            seeds = runtime.resolve_seeds(prepared)
+            steps = list(batch.steps[index])
+            if traced:
+                yield self.lifecycle.replay(prepared, steps, seeds)
+                continue
+            if prepared.program_signature not in self.compiled:
+                self.compiled.add(prepared.program_signature)
+                self.compile_count += 1  # a program first seen while serving: a late compile
+            yield runtime.runner.run(prepared, steps, seeds)
+
+    def prefill(self, tokens, page_table, prompt_lengths, cached_lengths=None, slots=None, sampling=None,
+                mode: str = "auto") -> list[PrefillResult]:
+        """prepare + (traced or eager) invoke + streaming assemble, in caller row order."""
+        batch = self.runtime.prepare(tokens, page_table, prompt_lengths, cached_lengths, slots, sampling)
+        return self.runtime.assemble(self.invocations(batch, mode), batch.num_rows)
+
+    def close(self) -> None:
+        """Releases every trace and workspace, then the runtime's orphans."""
+        self.lifecycle.release_all(self.runtime.release)
+        self.runtime.cleanup()
