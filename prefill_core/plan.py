@@ -4,7 +4,9 @@ Rules (each is a property in tests/core/test_plan_properties.py):
 
 1. Every row lands in exactly one request; ``source_rows`` maps back.
 2. A wave's padded batch is the smallest supported wave >= its active rows;
-   a bucket larger than its largest usable wave splits into several waves.
+   a bucket larger than its largest usable wave splits into several waves
+   (and, unless the policy pads partial waves, a partial wave splits into
+   exact supported sizes).
 3. Rows batch together only when they share a padded length and a sampling
    kind (logits or sampled), are uncached, fit one chunk, and the policy
    allows batching; every other row is a sequential single request. This is
@@ -54,11 +56,13 @@ def plan_prefill(batch: PrefillBatch, policy: PrefillPolicy, layout: PageTableLa
             singles.extend(members)
             continue
         for first in range(0, len(members), max_wave):
-            group = members[first : first + max_wave]
-            if len(group) == 1:
-                singles.append(group[0])
-            else:
-                waves.append(_regular_request(rows, group, padded_length, policy, layout))
+            rest = members[first : first + max_wave]
+            for size in policy.split_wave(len(rest)):
+                group, rest = rest[:size], rest[size:]
+                if len(group) == 1:
+                    singles.append(group[0])
+                else:
+                    waves.append(_regular_request(rows, group, padded_length, policy, layout))
     waves.sort(key=lambda request: request.source_rows[0])
     singles.sort()
     return tuple(waves) + tuple(_single_request(rows, index, policy, layout) for index in singles)

@@ -12,6 +12,9 @@ A policy is every planning choice that tt-metal hard-codes, made a field:
 * Wave: the smallest supported wave >= the active row count. A bucket's
   largest usable wave also respects ``max_batch_size``, ``lane_size`` and
   ``padded_batch * padded_length < max_batched_tokens``.
+  A bucket's last, partial wave is padded up (``pad_partial_waves``, tt-metal's
+  choice: fewer invocations) or split into exact smaller waves (no padding
+  rows: better where every padded row is real work, as on a CPU).
 * Page-table widths are rounded up to ``table_width_multiple`` (8).
 """
 
@@ -41,6 +44,11 @@ def _positive_int(instance, attribute, value):
 def _non_negative_int(instance, attribute, value):
     if type(value) is not int or value < 0:
         raise _fail(attribute.name, value, "must be a non-negative int")
+
+
+def _bool(instance, attribute, value):
+    if type(value) is not bool:
+        raise _fail(attribute.name, value, "must be a bool")
 
 
 def _is_power_of_two(value: int) -> bool:
@@ -82,15 +90,16 @@ class PrefillPolicy:
     length_ladder: tuple[int, ...] = attrs.field(default=(128, 1024), validator=_ladder)
     max_chunk_length: int = attrs.field(default=2048, validator=_positive_int)
     chunk_quantum: int = attrs.field(default=2048, validator=_positive_int)
-    batching_enabled: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
+    batching_enabled: bool = attrs.field(default=True, validator=_bool)
     max_batch_size: int = attrs.field(default=32, validator=_positive_int)
     lane_size: int = attrs.field(default=32, validator=_positive_int)
     max_batched_tokens: int = attrs.field(default=128 * 1024, validator=_positive_int)
+    pad_partial_waves: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
     table_width_multiple: int = attrs.field(default=8, validator=_positive_int)
     device_top_k_cap: int = attrs.field(default=32, validator=_positive_int)
     max_logprobs: int = attrs.field(default=20, validator=_non_negative_int)
-    allow_forced_argmax: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
-    static_last_token_tile: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    allow_forced_argmax: bool = attrs.field(default=True, validator=_bool)
+    static_last_token_tile: bool = attrs.field(default=False, validator=_bool)
     trace_lengths: tuple[int, ...] | None = attrs.field(default=None, validator=_optional_lengths)
 
     def __attrs_post_init__(self):
@@ -130,6 +139,17 @@ class PrefillPolicy:
             if wave <= self.max_batch_size and wave <= self.lane_size and wave * padded_length < self.max_batched_tokens:
                 best = wave
         return best
+
+    def split_wave(self, num_rows: int) -> list[int]:
+        """Sizes of the waves ``num_rows`` bucket rows (<= the largest usable wave) run as."""
+        if self.pad_partial_waves or num_rows in self.waves:
+            return [num_rows]
+        sizes = []
+        while num_rows:
+            size = max(w for w in self.waves if w <= num_rows) if min(self.waves) <= num_rows else num_rows
+            sizes.append(size)
+            num_rows -= size
+        return sizes
 
     def table_width(self, num_blocks: int) -> int:
         """Page-table width holding ``num_blocks`` columns, rounded up."""

@@ -28,13 +28,10 @@ __all__ = ["PagedLlama", "llama_weight_shapes", "rope_inv_freq"]
 
 class _Layer(NamedTuple):
     attn_norm: torch.Tensor
-    q: torch.Tensor
-    k: torch.Tensor
-    v: torch.Tensor
+    qkv: torch.Tensor  # [q_out + 2 * kv_out, hidden]: one matmul for Q, K and V
     o: torch.Tensor
     mlp_norm: torch.Tensor
-    gate: torch.Tensor
-    up: torch.Tensor
+    gate_up: torch.Tensor  # [2 * intermediate, hidden]: one matmul for gate and up
     down: torch.Tensor
 
 
@@ -87,6 +84,8 @@ def rope_inv_freq(spec: LlamaSpec) -> torch.Tensor:
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)  # one fused kernel
     # Normalise in float32 whatever the model dtype, as HF does, then scale.
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
@@ -143,17 +142,30 @@ class PagedLlama:
             out[name] = tensor.to(device=self.device, dtype=self.dtype).contiguous()
         return out
 
+    def _fuse(self, names: list[str]) -> torch.Tensor:
+        """Concatenates weights by rows and re-points each name at a view of the result.
+
+        Fewer, larger matmuls run faster; the views keep ``state_dict`` (and
+        so ``save_hf_folder``) in HF naming without a second copy.
+        """
+        fused = torch.cat([self.weights[n] for n in names])
+        first = 0
+        for name in names:
+            rows = self.weights[name].shape[0]
+            self.weights[name] = fused[first : first + rows]
+            first += rows
+        return fused
+
     def _layer(self, i: int) -> _Layer:
         p, w = f"model.layers.{i}.", self.weights
+        qkv = self._fuse([p + f"self_attn.{n}_proj.weight" for n in "qkv"])
+        gate_up = self._fuse([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"])
         return _Layer(
             attn_norm=w[p + "input_layernorm.weight"],
-            q=w[p + "self_attn.q_proj.weight"],
-            k=w[p + "self_attn.k_proj.weight"],
-            v=w[p + "self_attn.v_proj.weight"],
+            qkv=qkv,
             o=w[p + "self_attn.o_proj.weight"],
             mlp_norm=w[p + "post_attention_layernorm.weight"],
-            gate=w[p + "mlp.gate_proj.weight"],
-            up=w[p + "mlp.up_proj.weight"],
+            gate_up=gate_up,
             down=w[p + "mlp.down_proj.weight"],
         )
 
@@ -213,9 +225,11 @@ class PagedLlama:
     ) -> torch.Tensor:
         spec = self.spec
         batch, seq, _ = x.shape
-        q = F.linear(x, layer.q).view(batch, seq, spec.num_heads, spec.head_dim).transpose(1, 2)  # [B, H, S, D]
-        k = F.linear(x, layer.k).view(batch, seq, spec.num_kv_heads, spec.head_dim).transpose(1, 2)  # [B, Hkv, S, D]
-        v = F.linear(x, layer.v).view(batch, seq, spec.num_kv_heads, spec.head_dim).transpose(1, 2)
+        q_width, kv_width = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+        q, k, v = F.linear(x, layer.qkv).split((q_width, kv_width, kv_width), dim=-1)
+        q = q.reshape(batch, seq, spec.num_heads, spec.head_dim).transpose(1, 2)  # [B, H, S, D]
+        k = k.reshape(batch, seq, spec.num_kv_heads, spec.head_dim).transpose(1, 2)  # [B, Hkv, S, D]
+        v = v.reshape(batch, seq, spec.num_kv_heads, spec.head_dim).transpose(1, 2)
         q, k = _apply_rope(q, *rope), _apply_rope(k, *rope)
         # Write before reading so a chunk attends to its own keys through the pool.
         kv.fill(index, k, v, fill_table)
@@ -231,7 +245,8 @@ class PagedLlama:
 
     @staticmethod
     def _mlp(layer: _Layer, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(F.silu(F.linear(x, layer.gate)) * F.linear(x, layer.up), layer.down)
+        gate, up = F.linear(x, layer.gate_up).chunk(2, dim=-1)
+        return F.linear(F.silu(gate) * up, layer.down)
 
     @torch.inference_mode()
     def lm_head(self, hidden_rows: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,191 @@
+"""Prefill tokens/s: this runtime vs transformers on the same weights and prompts.
+
+Model: the reference "bench" Llama (4 layers, 512 wide, GQA 8/4, vocab
+32000), float32, random seeded weights, on the CPU. Cases: 1 x 128, 32 x 128,
+1 x 4096, and 32 prompts of 64-1024 tokens. Measurements alternate between
+the two systems inside one run (medians of repeats), so machine noise hits
+both alike. Transformers runs as a knowledgeable user would: use_cache=True,
+logits_to_keep=1, and for mixed lengths the faster of one prompt at a time
+or one left-padded batch. A plain torch.mm probe at the model's shapes gives
+the machine's matmul rate; the share is model FLOP/s on real tokens over it.
+
+    python benchmarks/prefill_throughput.py [--quick] [--repeats N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from prefill_core import PageTableLayout, PrefillPolicy  # noqa: E402
+from prefill_shell.backends import TorchBackend  # noqa: E402
+from prefill_shell.config import PrefillRuntimeConfig  # noqa: E402
+from prefill_shell.reference import random_llama, save_hf_folder  # noqa: E402
+from prefill_shell.runtime import PrefillRuntime  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+# A CPU-minded policy: finer length rungs (little padding), one chunk up to
+# 4096 tokens, and waves split exactly instead of padded (on a CPU every
+# padded row is pure extra work). tt-metal's default ladder would pad every
+# 129-1024-token prompt to 1024.
+CPU_POLICY = PrefillPolicy(
+    length_ladder=tuple(range(64, 1025, 64)), max_chunk_length=4096, chunk_quantum=2048, pad_partial_waves=False
+)
+
+
+def cases(quick: bool) -> dict[str, list[int]]:
+    gen = torch.Generator().manual_seed(1234)
+    mixed = torch.randint(64, 1025, (32,), generator=gen).tolist()
+    out = {"1x128": [128], "32x128": [128] * 32, "1x4096": [4096], "mixed32_64-1024": mixed}
+    if quick:
+        out["32x128"] = [128] * 8
+        out["mixed32_64-1024"] = mixed[:8]
+        del out["1x4096"]
+    return out
+
+
+def flops_per_token(spec, context: int) -> float:
+    """Multiply-adds x 2 of one token through the body (projections, MLP, causal attention)."""
+    h, d = spec.hidden_size, spec.head_dim
+    proj = h * (spec.num_heads * d) * 2 + h * (spec.num_kv_heads * d) * 2
+    mlp = 3 * h * spec.intermediate_size
+    attention = 2 * spec.num_heads * d * (context / 2)
+    return 2.0 * spec.num_layers * (proj + mlp + attention)
+
+
+def workload_flops(spec, lengths: list[int]) -> float:
+    return sum(n * flops_per_token(spec, n) for n in lengths) + 2.0 * len(lengths) * spec.hidden_size * spec.vocab_size
+
+
+def matmul_probe(spec, repeats: int) -> float:
+    """FLOP/s of torch.mm at the model's MLP shape (1024 tokens): the machine's ceiling."""
+    a = torch.randn(1024, spec.hidden_size)
+    b = torch.randn(spec.hidden_size, spec.intermediate_size)
+    torch.mm(a, b)
+    times = []
+    for _ in range(repeats * 5):
+        t = time.perf_counter()
+        torch.mm(a, b)
+        times.append(time.perf_counter() - t)
+    return 2.0 * 1024 * spec.hidden_size * spec.intermediate_size / statistics.median(times)
+
+
+class Ours:
+    def __init__(self, model, lengths: list[int]):
+        bs = 64
+        blocks = [-(-n // bs) for n in lengths]
+        total = sum(blocks)
+        kv = model.new_kv_cache(total, bs)
+        layout = PageTableLayout(bs, max(blocks) + 1, total)
+        self.runtime = PrefillRuntime(PrefillRuntimeConfig.resolve(model, TorchBackend(), kv, layout, CPU_POLICY))
+        self.table = torch.full((len(lengths), max(blocks)), -1, dtype=torch.int32)
+        first = 0
+        for row, n in enumerate(blocks):
+            self.table[row, :n] = torch.arange(first, first + n)
+            first += n
+        self.lengths = lengths
+
+    def __call__(self, tokens: torch.Tensor) -> list:
+        return self.runtime.prefill(tokens, self.table, self.lengths)
+
+    def padding_efficiency(self, tokens: torch.Tensor) -> float:
+        prepared = self.runtime.prepare(tokens, self.table, self.lengths).prepared
+        return sum(p.request.real_tokens for p in prepared) / sum(p.request.computed_tokens for p in prepared)
+
+
+class Transformers:
+    def __init__(self, folder: Path, lengths: list[int]):
+        from transformers import LlamaForCausalLM
+
+        self.model = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+        self.lengths = lengths
+
+    def one_at_a_time(self, tokens: torch.Tensor) -> list:
+        with torch.inference_mode():
+            return [self.model(tokens[i : i + 1, :n], use_cache=True, logits_to_keep=1).logits for i, n in enumerate(self.lengths)]
+
+    def padded_batch(self, tokens: torch.Tensor) -> list:
+        longest = max(self.lengths)
+        ids = torch.zeros(len(self.lengths), longest, dtype=torch.int64)
+        mask = torch.zeros_like(ids)
+        for i, n in enumerate(self.lengths):  # left padding: the last column is every row's last token
+            ids[i, longest - n :] = tokens[i, :n]
+            mask[i, longest - n :] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        with torch.inference_mode():
+            return self.model(ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1).logits
+
+
+def timed(fn, *args) -> float:
+    t = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - t
+
+
+def run(quick: bool, repeats: int) -> dict:
+    torch.set_num_threads(2)
+    model = random_llama(0, "bench")
+    spec = model.config
+    metrics, units, rows = {}, {}, []
+    with tempfile.TemporaryDirectory() as tmp:
+        save_hf_folder(model, tmp)
+        probe = matmul_probe(spec, repeats)
+        for name, lengths in cases(quick).items():
+            tokens = torch.randint(1, spec.vocab_size, (len(lengths), max(lengths)), generator=torch.Generator().manual_seed(7))
+            ours, hf = Ours(model, lengths), Transformers(Path(tmp), lengths)
+            hf_modes = {"one_at_a_time": hf.one_at_a_time}
+            if len(set(lengths)) > 1 or len(lengths) > 1:
+                hf_modes["padded_batch"] = hf.padded_batch
+            samples = {"ours": [], **{m: [] for m in hf_modes}}
+            ours(tokens)  # warm
+            for fn in hf_modes.values():
+                fn(tokens)
+            for _ in range(repeats):  # interleaved
+                samples["ours"].append(timed(ours, tokens))
+                for mode, fn in hf_modes.items():
+                    samples[mode].append(timed(fn, tokens))
+            real = sum(lengths)
+            med = {k: statistics.median(v) for k, v in samples.items()}
+            hf_best = min((m for m in hf_modes), key=lambda m: med[m])
+            ours_tps, hf_tps = real / med["ours"], real / med[hf_best]
+            share = workload_flops(spec, lengths) / med["ours"] / probe
+            eff = ours.padding_efficiency(tokens)
+            rows.append((name, ours_tps, hf_tps, hf_best, ours_tps / hf_tps, eff, share))
+            metrics.update({f"{name}.ours_tok_s": ours_tps, f"{name}.hf_tok_s": hf_tps,
+                            f"{name}.ratio": ours_tps / hf_tps, f"{name}.padding_efficiency": eff,
+                            f"{name}.probe_share": share})
+            units.update({f"{name}.ours_tok_s": "tokens/s", f"{name}.hf_tok_s": "tokens/s", f"{name}.ratio": "x",
+                          f"{name}.padding_efficiency": "real/computed", f"{name}.probe_share": "fraction"})
+    metrics["matmul_probe_gflops"] = probe / 1e9
+    units["matmul_probe_gflops"] = "GFLOP/s"
+    print(f"matmul probe (torch.mm 1024x{spec.hidden_size}x{spec.intermediate_size}, 2 threads): {probe / 1e9:.1f} GFLOP/s")
+    print(f"{'case':<18} {'ours tok/s':>11} {'HF tok/s':>10} {'HF mode':>14} {'ratio':>6} {'pad eff':>8} {'probe share':>11}  target")
+    for name, o, h, mode, ratio, eff, share in rows:
+        target = ">=1.0x" + (", share>=80%" if name.startswith("mixed") else "")
+        print(f"{name:<18} {o:>11,.0f} {h:>10,.0f} {mode:>14} {ratio:>5.2f}x {eff:>8.1%} {share:>11.1%}  {target}")
+    return {"benchmark": "prefill_throughput", "metrics": metrics, "units": units}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="fewer cases and repeats (under a minute)")
+    parser.add_argument("--repeats", type=int, default=None)
+    args = parser.parse_args()
+    repeats = args.repeats or (3 if args.quick else 7)
+    result = run(args.quick, repeats)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "prefill_throughput.json").write_text(json.dumps(result, indent=1, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()
