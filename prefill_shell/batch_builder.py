@@ -87,20 +87,22 @@ def build_batch(
     if len(params) != num_rows:
         raise _fail("sampling", f"<{len(params)} entries>", f"must hold one entry per row ({num_rows})")
     table = _page_table(page_table, num_rows)
-    rows = []
-    for row in range(num_rows):
-        length = lengths[row]
-        if length > tokens.shape[1]:
-            raise PrefillInputError(
-                f"row {row}: prompt_lengths={length} is invalid: tokens holds only {tokens.shape[1]} columns",
-                row=row, field="prompt_lengths",
-            )
-        need = layout.blocks_for(max(length, 0))
-        if need > table.shape[1]:
-            rule = f"the mapped prefix needs {need} entries but page_table has {table.shape[1]} columns"
+    bs, columns = layout.block_size, tokens.shape[1]
+    need = [-(-max(length, 0) // bs) for length in lengths]
+    for row, length in enumerate(lengths):
+        if length > columns:
+            rule = f"tokens holds only {columns} columns"
+            raise PrefillInputError(f"row {row}: prompt_lengths={length} is invalid: {rule}", row=row, field="prompt_lengths")
+        if need[row] > table.shape[1]:
+            rule = f"the mapped prefix needs {need[row]} entries but page_table has {table.shape[1]} columns"
             raise PrefillInputError(f"row {row}: page_table is invalid: {rule}", row=row, field="page_table")
         if params[row] is not None and not isinstance(params[row], SamplingParams):
             raise PrefillInputError(f"row {row}: sampling must be SamplingParams or None", row=row, field="sampling")
-        blocks = tuple(table[row, :need].tolist())
-        rows.append(PrefillRow(length, cached[row], slot_ids[row], blocks, params[row]))
+    # One host conversion of the mapped columns; stale tails past each row's
+    # prefix are never read.
+    mapped = table[:, : max(need, default=0)].tolist()
+    rows = [
+        PrefillRow(lengths[row], cached[row], slot_ids[row], tuple(mapped[row][: need[row]]), params[row])
+        for row in range(num_rows)
+    ]
     return PrefillBatch(tuple(rows))

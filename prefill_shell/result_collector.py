@@ -27,7 +27,7 @@ __all__ = ["PrefillResultAssembler"]
 class PrefillResultAssembler:
     """Reads, normalizes and releases invocation results one at a time."""
 
-    def __init__(self, backend: Backend, release: Callable[[list[DeviceTensor]], None]):
+    def __init__(self, backend: Backend, release: Callable[..., None]):
         self.backend = backend
         self._release = release
 
@@ -53,8 +53,11 @@ class PrefillResultAssembler:
         names = list(invocation.outputs)
         try:
             host = dict(zip(names, self.backend.read([invocation.outputs[n] for n in names])))
-        finally:
-            self._release(invocation.owned)
+        except BaseException as primary:
+            # Release failures ride on the read error as notes, never replace it.
+            self._release(invocation.owned, primary=primary)
+            raise
+        self._release(invocation.owned)
         return self._normalize(invocation, host)
 
     def _normalize(self, invocation: InvocationResult, host: dict[str, torch.Tensor]) -> list[PrefillResult]:
@@ -62,19 +65,18 @@ class PrefillResultAssembler:
         request = prepared.request
         if prepared.sampling_path is SamplingPath.HOST:
             host = self._sample_on_host(invocation, host["logits"])
+        if prepared.sampling_path is SamplingPath.LOGITS:
+            logits = host["logits"]
+            return [PrefillResult(row, logits=logits[b]) for b, row in enumerate(request.source_rows)]
+        # One host conversion per output, not one tensor index per row.
+        tokens, token_lp = host["tokens"].tolist(), host["token_logprob"].tolist()
+        top_ids = host["top_ids"].tolist() if host.get("top_ids") is not None else None
+        top_values = host["top_logprobs"].tolist() if host.get("top_logprobs") is not None else None
         results = []
         for b, row in enumerate(request.source_rows):
-            params = request.sampling[b]
-            if params is None:
-                results.append(PrefillResult(row, logits=host["logits"][b]))
-                continue
-            top: tuple[tuple[int, float], ...] = ()
-            if params.num_logprobs:
-                ids = host["top_ids"][b, : params.num_logprobs].tolist()
-                values = host["top_logprobs"][b, : params.num_logprobs].tolist()
-                top = tuple(zip(ids, values))
-            token = int(host["tokens"][b])
-            results.append(PrefillResult(row, token=token, logprob=float(host["token_logprob"][b]), top_logprobs=top))
+            n = request.sampling[b].num_logprobs
+            top = tuple(zip(top_ids[b][:n], top_values[b][:n])) if n else ()
+            results.append(PrefillResult(row, token=tokens[b], logprob=token_lp[b], top_logprobs=top))
         return results
 
     @staticmethod
