@@ -94,7 +94,7 @@ class PrefillPolicy:
     max_batch_size: int = attrs.field(default=32, validator=_positive_int)
     lane_size: int = attrs.field(default=32, validator=_positive_int)
     max_batched_tokens: int = attrs.field(default=128 * 1024, validator=_positive_int)
-    pad_partial_waves: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
+    pad_partial_waves: bool = attrs.field(default=True, validator=_bool)
     table_width_multiple: int = attrs.field(default=8, validator=_positive_int)
     device_top_k_cap: int = attrs.field(default=32, validator=_positive_int)
     max_logprobs: int = attrs.field(default=20, validator=_non_negative_int)

@@ -70,10 +70,18 @@ def _is_real(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def _is_finite(value: int | float) -> bool:
+    """``math.isfinite`` that calls an int too large for a float infinite instead of raising."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 def check_sampling(row: int, params: SamplingParams, max_logprobs: int) -> None:
     """Raises ``InvalidSamplingError`` naming ``row`` for the first bad field."""
     t, k, p = params.temperature, params.top_k, params.top_p
-    if not _is_real(t) or not math.isfinite(t) or t < 0:
+    if not _is_real(t) or not _is_finite(t) or t < 0:
         raise _bad(row, "temperature", t, "must be a finite number >= 0")
     if type(k) is not int or k < 0:
         raise _bad(row, "top_k", k, "must be an int >= 0 (0 = no limit)")
