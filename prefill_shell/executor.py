@@ -22,7 +22,7 @@ from collections.abc import Iterator
 import torch
 
 from prefill_core import PrefillProgramSignature, SamplingParams, SamplingPath, WarmupManifest
-from prefill_core.errors import PrefillInputError, TraceCoverageError
+from prefill_core.errors import PrefillInputError, PrefillStateError, TraceCoverageError
 
 from .ledger import DeviceTensor, Ownership
 from .result import InvocationResult, PrefillResult
@@ -55,6 +55,7 @@ class PrefillExecutor:
         )
         self.compiled: set[PrefillProgramSignature] = set()
         self.compile_count = 0
+        self._closed = False
 
     # -- warm-up --------------------------------------------------------
     def compile(self, signature: PrefillProgramSignature) -> None:
@@ -77,6 +78,7 @@ class PrefillExecutor:
 
     def warm_up(self, manifest: WarmupManifest) -> None:
         """Compile every program, allocate every workspace, then capture every trace."""
+        self._check_open()
         for signature in manifest.program_signatures:
             self.compile(signature)
         captured = set(manifest.trace_signatures)
@@ -90,6 +92,7 @@ class PrefillExecutor:
     # -- dispatch -------------------------------------------------------
     def invocations(self, batch: PreparedBatch, mode: str = "auto") -> Iterator[InvocationResult]:
         """Invocations in plan order; a traced call is preflighted before anything runs."""
+        self._check_open()
         if mode not in MODES:
             raise PrefillInputError(f"mode={mode!r} is invalid: must be one of {MODES}", field="mode")
         gaps = [(p, self.lifecycle.missing(p)) for p in batch.prepared]
@@ -105,6 +108,7 @@ class PrefillExecutor:
     def _run(self, batch: PreparedBatch, traced: bool) -> Iterator[InvocationResult]:
         runtime = self.runtime
         for index, prepared in enumerate(batch.prepared):
+            self._check_open()  # a stream opened before close() must not outlive it
             seeds = runtime.resolve_seeds(prepared)
             steps = list(batch.steps[index])
             if traced:
@@ -122,6 +126,11 @@ class PrefillExecutor:
         return self.runtime.assemble(self.invocations(batch, mode), batch.num_rows)
 
     def close(self) -> None:
-        """Releases every trace and workspace, then the runtime's orphans."""
+        """Releases every trace and workspace, then the runtime's orphans; refuses further calls."""
+        self._closed = True
         self.lifecycle.release_all(self.runtime.release)
         self.runtime.cleanup()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise PrefillStateError("this PrefillExecutor was closed: its traces were released; build a new one")

@@ -1,0 +1,163 @@
+"""Eager vs traced prefill latency per invocation, on the reference "bench" Llama.
+
+Cases (greedy sampling, so each invocation ends in argmax + the token's
+log-prob on the device):
+
+* ``1x128``: one 128-token row;
+* ``32x128``: a wave of 32 rows of 128 tokens;
+* ``chunk2048@4096``: a 4096-token row with 2048 tokens cached, so one
+  2048-token chunk reads a 4096-token context.
+
+Each case is prepared once and warmed (compile + capture) before timing; a
+measurement is one invocation plus its streaming readback (prepare excluded).
+Eager and traced measurements alternate inside one run, and which goes first
+flips every repeat, so machine noise hits both alike; medians are reported
+with the traced/eager latency ratio.
+
+Targets: on CPU a replay re-runs the captured body, so traced may cost at
+most 1.10x eager; on CUDA (``--device cuda``, CUDA graphs) traced 1x128
+must be at least 2x faster than eager.
+
+    python benchmarks/trace_replay.py [--quick] [--repeats N] [--device cpu|cuda]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from prefill_core import PageTableLayout, PrefillPolicy, SamplingParams, WarmupManifest  # noqa: E402
+from prefill_shell.backends import TorchBackend  # noqa: E402
+from prefill_shell.config import PrefillRuntimeConfig  # noqa: E402
+from prefill_shell.executor import PrefillExecutor  # noqa: E402
+from prefill_shell.reference import random_llama  # noqa: E402
+from prefill_shell.runtime import PrefillRuntime  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+BLOCK = 64
+LAYOUT = PageTableLayout(BLOCK, 4096 // BLOCK, 192)
+"""Capacity 4096 tokens; 192 blocks hold the 32-row wave (64 blocks) or the long row (64)."""
+
+CPU_MAX_RATIO = 1.10
+CUDA_MIN_SPEEDUP = 2.0
+
+# (name, prompt lengths, cached lengths, repeats per mode: full, quick)
+CASES = (
+    ("1x128", [128], [0], 40, 6),
+    ("32x128", [128] * 32, [0] * 32, 9, 2),
+    ("chunk2048@4096", [4096], [2048], 9, 2),
+)
+
+
+def _call(lengths: list[int], cached: list[int], seed: int) -> dict:
+    """Seeded tokens and disjoint blocks for one prefill call."""
+    gen = torch.Generator().manual_seed(seed)
+    need = [-(-n // BLOCK) for n in lengths]
+    tokens = torch.randint(1, 32000, (len(lengths), max(lengths)), generator=gen)
+    table = torch.full((len(lengths), max(need)), -1, dtype=torch.int32)
+    first = 0
+    for row, n in enumerate(need):
+        table[row, :n] = torch.arange(first, first + n, dtype=torch.int32)
+        first += n
+    return {"tokens": tokens, "page_table": table, "prompt_lengths": lengths, "cached_lengths": cached,
+            "sampling": [SamplingParams.greedy()] * len(lengths)}
+
+
+def _timed_ms(executor: PrefillExecutor, batch, mode: str) -> float:
+    runtime = executor.runtime
+    runtime.backend.synchronize()
+    start = time.perf_counter()
+    runtime.assemble(executor.invocations(batch, mode), batch.num_rows)  # reads back: synchronizes
+    return (time.perf_counter() - start) * 1e3
+
+
+def run(device: str, quick: bool, repeats: int | None) -> dict[str, dict[str, float]]:
+    torch.manual_seed(0)
+    model = random_llama(0, "bench", device=device)
+    kv = model.new_kv_cache(LAYOUT.num_blocks, LAYOUT.block_size)
+    config = PrefillRuntimeConfig.resolve(model, TorchBackend(device), kv, layout=LAYOUT, policy=PrefillPolicy())
+    runtime = PrefillRuntime(config)
+    executor = PrefillExecutor(runtime)
+    batches = {name: runtime.prepare(**_call(lengths, cached, seed=i))
+               for i, (name, lengths, cached, _, _) in enumerate(CASES)}
+    manifest = WarmupManifest().observe(p for b in batches.values() for p in b.prepared)
+    executor.warm_up(manifest)
+    out: dict[str, dict[str, float]] = {}
+    try:
+        for name, _, _, full, fast in CASES:
+            batch = batches[name]
+            count = repeats or (fast if quick else full)
+            if not quick:  # warm-up already ran both paths once; this settles allocator caches
+                for mode in ("eager", "traced"):
+                    _timed_ms(executor, batch, mode)
+            times = {"eager": [], "traced": []}
+            for i in range(count):
+                order = ("eager", "traced") if i % 2 == 0 else ("traced", "eager")
+                for mode in order:
+                    times[mode].append(_timed_ms(executor, batch, mode))
+            eager, traced = statistics.median(times["eager"]), statistics.median(times["traced"])
+            out[name] = {"eager_ms": eager, "traced_ms": traced, "ratio": traced / eager, "repeats": count}
+    finally:
+        executor.close()
+        runtime.close()
+    return out
+
+
+def _target(name: str, row: dict[str, float], cuda: bool) -> tuple[str, bool | None]:
+    if not cuda:
+        return f"traced <= {CPU_MAX_RATIO:.2f}x eager", row["ratio"] <= CPU_MAX_RATIO
+    if name == "1x128":
+        return f"traced >= {CUDA_MIN_SPEEDUP:.0f}x faster", row["eager_ms"] / row["traced_ms"] >= CUDA_MIN_SPEEDUP
+    return "-", None
+
+
+def _print_table(rows: dict[str, dict[str, float]], device: str) -> None:
+    cuda = device.startswith("cuda")
+    header = f"{'case':<16} {'eager ms':>10} {'traced ms':>10} {'traced/eager':>13}  {'target':<24} met"
+    print(f"trace_replay on {device} (bench preset: 4 layers, 512 wide; medians)")
+    print(header)
+    print("-" * len(header))
+    for name, row in rows.items():
+        target, met = _target(name, row, cuda)
+        mark = "-" if met is None else ("yes" if met else "NO")
+        print(f"{name:<16} {row['eager_ms']:>10.2f} {row['traced_ms']:>10.2f} {row['ratio']:>12.3f}x  {target:<24} {mark}")
+
+
+def _write_json(name: str, rows: dict[str, dict[str, float]]) -> Path:
+    units = {"eager_ms": "ms", "traced_ms": "ms", "ratio": "x", "repeats": "count"}
+    metrics, unit_of = {}, {}
+    for case, row in rows.items():
+        for key, value in row.items():
+            metrics[f"{case}.{key}"] = value
+            unit_of[f"{case}.{key}"] = units[key]
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps({"benchmark": name, "metrics": metrics, "units": unit_of}, indent=1, sort_keys=True))
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda (CUDA graphs)")
+    parser.add_argument("--quick", action="store_true", help="fewer repeats: under a minute on CPU")
+    parser.add_argument("--repeats", type=int, default=None, help="measurements per mode and case")
+    args = parser.parse_args()
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error("--device cuda needs a CUDA GPU")
+    rows = run(args.device, args.quick, args.repeats)
+    _print_table(rows, args.device)
+    name = "trace_replay_cuda" if args.device.startswith("cuda") else "trace_replay"
+    print(f"wrote {_write_json(name, rows)}")
+
+
+if __name__ == "__main__":
+    main()
