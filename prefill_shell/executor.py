@@ -51,7 +51,7 @@ class PrefillExecutor:
         model = runtime.config.model
         self.lifecycle = PrefillTraceLifecycle(
             runtime.backend, runtime.stager, runtime.postprocessor, runtime._body, model.spec,
-            getattr(model, "dtype", torch.float32),
+            getattr(model, "dtype", torch.float32), runtime.release,
         )
         self.compiled: set[PrefillProgramSignature] = set()
         self.compile_count = 0
@@ -128,7 +128,7 @@ class PrefillExecutor:
     def close(self) -> None:
         """Releases every trace and workspace, then the runtime's orphans; refuses further calls."""
         self._closed = True
-        self.lifecycle.release_all(self.runtime.release)
+        self.lifecycle.release_all()
         self.runtime.cleanup()
 
     def _check_open(self) -> None:

@@ -23,7 +23,7 @@ import attrs
 import torch
 
 from prefill_core import PrefillProgramSignature, PrefillTraceSignature, PreparedPrefill
-from prefill_core.errors import TraceCoverageError
+from prefill_core.errors import CleanupError, TraceCoverageError
 from prefill_core.signatures import capture_schema, workspace_fingerprint
 
 from .backends.base import Backend, TraceHandle
@@ -77,8 +77,9 @@ class PrefillTraceLifecycle:
     """Captures traces, keeps per-alias workspaces, and replays prepared requests."""
 
     def __init__(self, backend: Backend, stager: PrefillInputStager, postprocessor: PrefillPostprocessor,
-                 body: Callable, model_spec, hidden_dtype: torch.dtype):
+                 body: Callable, model_spec, hidden_dtype: torch.dtype, release: Callable[..., None]):
         self.backend = backend
+        self._release = release
         self.stager = stager
         self.postprocessor = postprocessor
         self._body = body
@@ -97,30 +98,39 @@ class PrefillTraceLifecycle:
             return
         specs = output_specs(signature, self._spec.hidden_size, self._spec.vocab_size,
                              self.postprocessor.max_logprobs, self._hidden_dtype)
-        self.workspaces[key] = {
-            name: self.backend.upload(torch.zeros(shape, dtype=dtype), f"ws.{name}", Ownership.WORKSPACE)
-            for name, (shape, dtype) in specs.items()
-        }
+        workspace: dict[str, DeviceTensor] = {}
+        try:
+            for name, (shape, dtype) in specs.items():
+                workspace[name] = self.backend.upload(torch.zeros(shape, dtype=dtype), f"ws.{name}", Ownership.WORKSPACE)
+        except BaseException as primary:
+            self._release(list(workspace.values()), primary=primary)
+            raise
+        self.workspaces[key] = workspace
 
     def capture(self, body_signature: PrefillTraceSignature) -> CapturedTrace:
         """Allocates the persistent inputs and output of ``body_signature`` and captures it."""
         if body_signature in self.traces:
             return self.traces[body_signature]
         step = warmup_step(body_signature)
-        handles = {}
-        for name in BODY_FIELDS:
-            host = getattr(step, name)
-            if host is not None:
-                handles[name] = self.backend.upload(host, f"trace.{name}", Ownership.TRACE)
-        inputs = DeviceStep(handles)
-        b, s = body_signature.padded_batch, body_signature.chunk_length
-        hidden_host = torch.zeros(b, s, self._spec.hidden_size, dtype=self._hidden_dtype)
-        hidden = self.backend.upload(hidden_host, "trace.hidden", Ownership.TRACE)
+        handles: dict[str, DeviceTensor] = {}
+        try:
+            for name in BODY_FIELDS:
+                host = getattr(step, name)
+                if host is not None:
+                    handles[name] = self.backend.upload(host, f"trace.{name}", Ownership.TRACE)
+            b, s = body_signature.padded_batch, body_signature.chunk_length
+            hidden_host = torch.zeros(b, s, self._spec.hidden_size, dtype=self._hidden_dtype)
+            handles["hidden"] = self.backend.upload(hidden_host, "trace.hidden", Ownership.TRACE)
+            inputs, hidden = DeviceStep(handles), handles["hidden"]
 
-        def replay_body() -> None:
-            self.backend.assign(hidden, self._body(inputs))
+            def replay_body() -> None:
+                self.backend.assign(hidden, self._body(inputs))
 
-        handle = self.backend.capture(body_signature.key, replay_body)
+            handle = self.backend.capture(body_signature.key, replay_body)
+        except BaseException as primary:
+            # A failed capture leaves nothing behind: its buffers go back now.
+            self._release(list(handles.values()), primary=primary)
+            raise
         trace = CapturedTrace(body_signature, inputs, hidden, handle)
         self.traces[body_signature] = trace
         return trace
@@ -159,13 +169,25 @@ class PrefillTraceLifecycle:
             nested_persistent=("last_index", "last_hidden", "logits", "tokens", "token_logprob", "top_ids", "top_logprobs"),
         )
 
-    def release_all(self, release: Callable[..., None]) -> None:
-        """Releases every trace, its persistent tensors, and every workspace."""
-        for trace in self.traces.values():
+    def release_all(self) -> None:
+        """Releases every trace, its persistent tensors, and every workspace.
+
+        A trace whose release fails keeps its buffers (the device may still
+        reference them) and stays registered, so a later call retries it;
+        ``CleanupError`` reports it.
+        """
+        failures = []
+        for signature, trace in list(self.traces.items()):
             if not trace.handle.released:
-                self.backend.release_trace(trace.handle)
-            release(trace.inputs.handles() + [trace.hidden])
-        for workspace in self.workspaces.values():
-            release(list(workspace.values()))
-        self.traces.clear()
-        self.workspaces.clear()
+                try:
+                    self.backend.release_trace(trace.handle)
+                except Exception as failure:  # noqa: BLE001 (reported below, retried later)
+                    failures.append(f"{signature.key}: {failure!r}")
+                    continue
+            self._release(trace.inputs.handles() + [trace.hidden])
+            del self.traces[signature]
+        for key, workspace in list(self.workspaces.items()):
+            self._release(list(workspace.values()))
+            del self.workspaces[key]
+        if failures:
+            raise CleanupError(f"{len(failures)} traces could not be released: {failures}")

@@ -1,0 +1,152 @@
+"""Fault sweeps: fail every device call of a run, one at a time, and measure the damage.
+
+For a scenario (a call on a fresh runtime over a randomly filled KV pool)
+``sweep`` first counts the run's fault points, then for each point N runs it
+again failing call N (and the next two releases, so cleanup fails too) and
+records: whether the caller saw the injected error itself, whether cleanup
+failures rode along as notes, live tensors left after ``cleanup``/``close``,
+KV bytes changed outside the call's own blocks, and whether the same runtime
+then served the call again with the oracle's results.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import attrs
+import torch
+
+from prefill_core import PageTableLayout, PrefillPolicy, SamplingParams, WarmupManifest
+
+from ..backends import TorchBackend
+from ..config import PrefillRuntimeConfig
+from ..executor import PrefillExecutor
+from ..runtime import PrefillRuntime
+from .faults import FaultInjectingBackend, FaultInjectingModel, FaultPlan, InjectedFault
+
+__all__ = ["Scenario", "SweepReport", "SCENARIOS", "sweep"]
+
+BLOCK, POOL = 16, 64
+POLICY = PrefillPolicy(length_ladder=(32, 64), max_chunk_length=64, chunk_quantum=64, waves=(1, 2, 4), max_logprobs=3)
+
+
+@attrs.frozen
+class Scenario:
+    """One call: rows' lengths, cached prefixes, sampling, and eager or traced."""
+
+    name: str
+    lengths: tuple[int, ...]
+    cached: tuple[int, ...]
+    sampling: tuple
+    traced: bool = False
+
+
+SCENARIOS = (
+    Scenario("eager wave", (20, 50, 64), (0, 0, 0), (None, None, None)),
+    Scenario("eager chunked+cached", (150, 100), (0, 32), (None, None)),
+    Scenario("eager sampled", (40, 60, 33), (0, 0, 0),
+             (SamplingParams(top_k=5, seed=3, num_logprobs=2), SamplingParams.greedy(num_logprobs=3),
+              SamplingParams(temperature=0.7, top_k=0, seed=9, num_logprobs=1))),
+    Scenario("traced wave+chunked", (20, 50, 150), (0, 0, 0),
+             (SamplingParams(top_k=4, seed=1), SamplingParams(top_k=4, seed=2), SamplingParams.greedy())),
+)
+
+
+@attrs.frozen
+class SweepReport:
+    scenario: str
+    fault_points: int
+    faults_raised: int
+    errors_unchanged: int
+    release_faults_kept_as_orphans: int
+    runs_with_cleanup_notes: int
+    leaked_tensors: int
+    kv_bytes_corrupted: int
+    wrong_results_after_fault: int
+
+
+class _Harness:
+    """A runtime over a random KV pool, plus the call's inputs."""
+
+    def __init__(self, model, scenario: Scenario, plan: FaultPlan):
+        self.scenario = scenario
+        self.kv = model.new_kv_cache(POOL, BLOCK)
+        gen = torch.Generator().manual_seed(0)
+        for pool in (*self.kv.keys, *self.kv.values):
+            pool.copy_(torch.randn(pool.shape, generator=gen))
+        backend = FaultInjectingBackend(TorchBackend(), plan)
+        config = PrefillRuntimeConfig.resolve(FaultInjectingModel(model, plan), backend, self.kv,
+                                              PageTableLayout(BLOCK, 16, POOL), POLICY)
+        self.runtime = PrefillRuntime(config)
+        self.executor = PrefillExecutor(self.runtime)
+        need = [-(-n // BLOCK) for n in scenario.lengths]
+        self.table = torch.full((len(need), max(need) + 1), -1, dtype=torch.int32)
+        first = 0
+        for row, n in enumerate(need):
+            self.table[row, :n] = torch.arange(first, first + n)
+            self.table[row, n] = (first + n + 7) % POOL  # stale tail
+            first += n
+        self.tokens = torch.randint(1, 256, (len(need), max(scenario.lengths)), generator=gen)
+        self.owned = set(range(first))
+        self._fill_prefixes()
+
+    def _fill_prefixes(self) -> None:
+        rows = [r for r, c in enumerate(self.scenario.cached) if c]
+        if rows:
+            prefixes = [self.tokens[r, : self.scenario.cached[r]].tolist() for r in rows]
+            self.runtime.prefill(prefixes, self.table[rows], [self.scenario.cached[r] for r in rows])
+
+    def call(self):
+        s = self.scenario
+        cached = list(s.cached)
+        if not s.traced:
+            return self.executor.prefill(self.tokens, self.table, list(s.lengths), cached, sampling=list(s.sampling), mode="eager")
+        batch = self.runtime.prepare(self.tokens, self.table, list(s.lengths), cached, sampling=list(s.sampling))
+        self.executor.warm_up(WarmupManifest().observe(batch.prepared))
+        return self.executor.prefill(self.tokens, self.table, list(s.lengths), cached, sampling=list(s.sampling), mode="traced")
+
+    def blocks_bytes(self) -> torch.Tensor:
+        return self.kv.snapshot().contiguous().view(torch.uint8)
+
+
+def _same(a, b) -> bool:
+    return all(
+        x.row == y.row and x.token == y.token and x.logprob == y.logprob and x.top_logprobs == y.top_logprobs
+        and ((x.logits is None and y.logits is None) or torch.equal(x.logits, y.logits))
+        for x, y in zip(a, b)
+    ) and len(a) == len(b)
+
+
+def sweep(model, scenario: Scenario, limit: int | None = None, on_point: Callable[[int], None] | None = None) -> SweepReport:
+    """Fails each fault point of ``scenario`` in turn (the first ``limit`` if given)."""
+    counter = FaultPlan()
+    oracle = _Harness(model, scenario, counter)
+    counter.arm(None)
+    expected = oracle.call()
+    points = counter.calls
+    raised = unchanged = absorbed = noted = leaked = corrupted = wrong = 0
+    for n in range(1, (points if limit is None else min(points, limit)) + 1):
+        plan = FaultPlan()
+        harness = _Harness(model, scenario, plan)
+        before = harness.blocks_bytes()
+        plan.arm(n, failing_releases=2)
+        try:
+            harness.call()
+        except InjectedFault as error:
+            raised += 1
+            unchanged += error is plan.fired
+            noted += any("cleanup" in note for note in getattr(error, "__notes__", ()))
+        else:
+            # Only a failed release is not the caller's error: it must be an orphan.
+            absorbed += plan.log[n - 1].startswith("release:") and bool(harness.runtime.orphans)
+        plan.arm(None)
+        harness.runtime.cleanup()
+        after = harness.blocks_bytes()
+        outside = [b for b in range(POOL) if b not in harness.owned]
+        corrupted += int((before[:, :, outside] != after[:, :, outside]).sum())
+        wrong += not _same(harness.call(), expected)
+        harness.executor.close()
+        leaked += len(harness.runtime.backend.ledger.live())
+        if on_point is not None:
+            on_point(n)
+    return SweepReport(scenario.name, points, raised, unchanged, absorbed, noted, leaked, corrupted, wrong)
