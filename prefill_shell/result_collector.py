@@ -17,7 +17,6 @@ from prefill_core import SamplingPath
 from prefill_core.errors import PrefillStateError
 
 from .backends.base import Backend
-from .ledger import DeviceTensor
 from .result import InvocationResult, PrefillResult
 from .sampling_helpers import sample_row, top_logprobs
 
