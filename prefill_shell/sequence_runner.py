@@ -45,7 +45,8 @@ class PrefillSequenceRunner:
             hidden = inputs = None
             for step in steps:
                 if hidden is not None:
-                    self._release([hidden])  # a non-final chunk's output is never read
+                    # A non-final chunk's output and last-token index are never read.
+                    self._release([hidden, inputs.last_index])
                 inputs = self.stager.stage(step, acquired)
                 hidden = self.backend.adopt(self._body(inputs), "hidden", Ownership.INVOCATION)
                 acquired.append(hidden)
