@@ -1,0 +1,168 @@
+"""Host staging cost: the ttnn backend's host tensors vs the torch backend's upload, per step.
+
+Cases (each one ``HostStep`` built by the runtime's own planner and stager):
+
+* ``wave32x128``: a regular wave of 32 rows of 128 tokens;
+* ``chunk2048``: one 2048-token chunk of a 4096-token row with 2048 cached
+  (tokens, start, slots, fill table, read table, last index);
+* ``slots32``: one int32 ``[32]`` vector alone: the per-tensor floor.
+
+``ttnn`` is ``ttnn_staging.stage_step``: every field as a real ttnn host
+tensor in the device contract (uint32 tokens, int32 tables and vectors),
+everything ``TtnnBackend.upload`` does before ``ttnn.to_device``. ``torch``
+is ``TorchBackend.upload`` of the same fields on CPU (a copy each, plus the
+ledger entry). Measurements alternate, and which goes first flips every
+repeat; medians in microseconds. Target: ttnn staging within 2x of torch.
+
+    python benchmarks/staging.py [--quick] [--repeats N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/_report.py
+
+from prefill_core import PageTableLayout, PrefillBatch, PrefillPolicy, PrefillRow, plan_prefill  # noqa: E402
+from prefill_shell.backends import TorchBackend  # noqa: E402
+from prefill_shell.inputs import STEP_FIELDS, build_host_steps  # noqa: E402
+from prefill_shell.ledger import Ownership  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+BLOCK = 64
+LAYOUT = PageTableLayout(BLOCK, 4096 // BLOCK, 192)
+MAX_RATIO = 2.0
+
+# (name, prompt lengths, cached lengths): whole steps, held to the 2x target
+CASES = (
+    ("wave32x128", [128] * 32, [0] * 32),
+    ("chunk2048", [4096], [2048]),
+)
+
+
+STEP_CASES = tuple(name for name, _, _ in CASES)
+
+
+def host_step(lengths: list[int], cached: list[int]):
+    """The single step of the first request the planner makes for these rows."""
+    rows, first = [], 0
+    for slot, (length, done) in enumerate(zip(lengths, cached)):
+        need = -(-length // BLOCK)
+        rows.append(PrefillRow(length, done, slot, tuple(range(first, first + need))))
+        first += need
+    (request,) = plan_prefill(PrefillBatch(tuple(rows)), PrefillPolicy(), LAYOUT)
+    tokens = torch.randint(1, 32000, (len(lengths), max(lengths)), generator=torch.Generator().manual_seed(0))
+    steps = build_host_steps(tokens, request)
+    return steps[-1]
+
+
+def _timed_us(stage, step) -> float:
+    start = time.perf_counter()
+    staged = stage(step)
+    elapsed = (time.perf_counter() - start) * 1e6
+    del staged  # freed outside the timed region for both backends
+    return elapsed
+
+
+def _torch_stager(backend: TorchBackend, fields: tuple[str, ...]):
+    def stage(step) -> list:
+        return [backend.upload(getattr(step, n), n, Ownership.INVOCATION) for n in fields]
+    return stage
+
+
+def _ttnn_slots_stager(ttnn_staging):
+    """The per-tensor floor: one int32 [B] vector (no range check), as staged in every step."""
+    return lambda step: ttnn_staging.stage_int_vector(step.slots, name="slots")
+
+
+def run(repeats: int) -> dict[str, dict[str, float]]:
+    from prefill_shell.backends import ttnn_staging  # imports ttnn (a few seconds)
+
+    backend = TorchBackend("cpu")
+    steps = {name: host_step(lengths, cached) for name, lengths, cached in CASES}
+    cases = {name: (ttnn_staging.stage_step, _torch_stager(backend, _fields(step))) for name, step in steps.items()}
+    cases["slots32"] = (_ttnn_slots_stager(ttnn_staging), _torch_stager(backend, ("slots",)))
+    steps["slots32"] = steps["wave32x128"]
+    out = {}
+    for name, (ttnn_stage, torch_stage) in cases.items():
+        step, times = steps[name], {"ttnn": [], "torch": []}
+        stagers = {"ttnn": ttnn_stage, "torch": torch_stage}
+        for _ in range(20):  # first-call costs (allocator, ttnn type caches) are not staging
+            _release(backend), _timed_us(ttnn_stage, step), _timed_us(torch_stage, step)
+        for i in range(repeats):
+            for which in ("ttnn", "torch") if i % 2 == 0 else ("torch", "ttnn"):
+                times[which].append(_timed_us(stagers[which], step))
+            _release(backend)
+        ttnn_us, torch_us = statistics.median(times["ttnn"]), statistics.median(times["torch"])
+        out[name] = {"ttnn_us": ttnn_us, "torch_us": torch_us, "ratio": ttnn_us / torch_us, "repeats": repeats}
+    return out
+
+
+def _fields(step) -> tuple[str, ...]:
+    return tuple(n for n in STEP_FIELDS if getattr(step, n) is not None)
+
+
+def _release(backend: TorchBackend) -> None:
+    for handle in backend.ledger.live():
+        backend.release(handle)
+
+
+def _metrics(rows: dict[str, dict[str, float]]) -> list:
+    """Per case: ttnn and torch medians, their ratio (target 2x for whole steps) and the repeat count."""
+    try:
+        from _report import Metric
+    except ImportError:  # the shared helper is optional: same fields, no table helper
+        from collections import namedtuple
+
+        Metric = namedtuple("Metric", "key value unit target note", defaults=(None, ""))  # noqa: N806
+    out = []
+    for case, row in rows.items():
+        target = MAX_RATIO if case in STEP_CASES else None
+        out += [
+            Metric(f"{case}.ttnn_us", row["ttnn_us"], "us", note="ttnn_staging host tensors"),
+            Metric(f"{case}.torch_us", row["torch_us"], "us", note="TorchBackend.upload on CPU"),
+            Metric(f"{case}.ratio", row["ratio"], "x", target, "ttnn / torch"),
+            Metric(f"{case}.repeats", row["repeats"], "count"),
+        ]
+    return out
+
+
+def _write(metrics: list) -> None:
+    try:
+        from _report import report
+    except ImportError:
+        report = None
+    if report is not None:
+        report("staging", metrics)
+        return
+    for m in metrics:
+        verdict = "" if m.target is None else ("ok" if m.value <= m.target else "OVER")
+        print(f"{m.key:<22} {m.value:>10.2f} {m.unit:<5} {'' if m.target is None else m.target:>5} {verdict:<4} {m.note}")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / "staging.json"
+    payload = {"benchmark": "staging", "metrics": {m.key: m.value for m in metrics},
+               "units": {m.key: m.unit for m in metrics}}
+    path.write_text(json.dumps(payload, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {path}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repeats: well under a minute")
+    parser.add_argument("--repeats", type=int, default=None, help="measurements per backend and case")
+    args = parser.parse_args()
+    rows = run(args.repeats or (200 if args.quick else 2000))
+    print("staging: host microseconds per step (medians, interleaved)")
+    _write(_metrics(rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,283 @@
+"""``TtnnBackend``: the backend seam on ttnn, over one Tenstorrent ``MeshDevice``.
+
+How each seam operation maps onto ttnn:
+
+* ``upload``: host staging (``ttnn_staging``: the dtype/layout/shape contract)
+  then ``ttnn.to_device`` into DRAM; the handle is registered in the ledger.
+* ``refresh``: the same staging, then ``ttnn.copy_host_to_device_tensor``
+  into the existing tensor (shape, dtype and layout are checked first: the
+  op requires them equal). Allocates nothing, so it is safe between replays.
+* ``assign``: conforms the fresh value to the target's layout, shape and
+  dtype, then ``ttnn.copy(value, target)``. ``ttnn.assign`` is
+  bfloat16-only, ``ttnn.copy`` takes any dtype. The value is consumed: it and
+  every conversion are deallocated (``force=False``: a buffer someone else
+  still references is left to them).
+* ``read``: ``ttnn.from_device(t, blocking=False)`` for every handle, one
+  ``ttnn.synchronize_device``, then host conversion. Logits compose across the
+  mesh with ``logits_composer`` (vocab-sharded: ``ConcatMeshToTensor(mesh,
+  dim=3)``); replicated outputs are read from replica ``dp_lane``. Values come
+  back in the runtime's host contract: ids int64, values float32, ``[B]`` and
+  ``[B, N]`` shapes.
+* ``release``: ``ttnn.deallocate`` first, then the ledger retires the
+  handle: a failed free leaves it live, so the runtime keeps it as an orphan.
+* ``gather_rows``: untilizes ``hidden [B, 1, S, H]`` into a row table
+  ``[B*S, H]`` and gathers rows ``b*S + index[b]`` with ``ttnn.embedding``
+  (one program keyed on ``B*S``, whatever the per-row positions).
+* ``argmax``: ``ttnn.argmax(dim=3)`` on row-major logits (the multi-core path).
+* ``sample``: ``ttnn.topk(k=32)`` then ``ttnn.sampling`` with per-row K, P
+  and 1/T tensors staged for the call. ``ttnn.sampling`` takes one seed per
+  call, so a wave draws from ``seeds[0]``: tokens are reproducible per
+  (wave, seed), not per row as on the torch backend.
+* ``logprobs``: ``ttnn.moreh_logsoftmax``, ``ttnn.gather`` at the tokens,
+  ``ttnn.topk`` for the top-N table.
+* Traces: a warm run of the body outside any capture (it compiles the
+  trace's own copy programs: nothing may compile during capture), then
+  ``begin_trace_capture(mesh, cq_id=0)`` / body / ``end_trace_capture``;
+  replay is ``execute_trace(mesh, id, cq_id=0, blocking=False)``.
+
+Device postprocessing needs full-vocabulary logits on every device: with
+``logits_composer`` set (vocab-sharded LM head) they are all-gathered first.
+
+``ttnn`` is imported when a backend is built (or passed in as
+``ttnn_module``, which is how the recording tests observe every device call);
+nothing on the torch path imports this module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from prefill_core.errors import PrefillConfigError, PrefillStateError
+
+from ..ledger import DeviceTensor, Ownership, ResourceLedger
+from . import ttnn_staging
+from .base import TraceHandle
+
+__all__ = ["TtnnBackend", "host_contract"]
+
+_ID_ROLES = frozenset({"tokens", "top_ids", "last_index"})
+_VECTOR_ROLES = frozenset({"tokens", "token_logprob", "last_index"})
+_ROW_ROLES = frozenset({"logits", "top_ids", "top_logprobs", "last_hidden"})
+SAMPLING_CANDIDATES = 32
+"""Top-k candidates handed to ``ttnn.sampling`` (its k is at most 32, so top-32 loses nothing)."""
+
+
+def _role(name: str) -> str:
+    return name.rsplit(".", 1)[-1]
+
+
+def host_contract(name: str, value: torch.Tensor) -> torch.Tensor:
+    """A read-back tensor in the runtime's host form: ``[B]``/``[B, N]``/``[B, S, H]``, int64 ids, float32 values."""
+    role = _role(name)
+    if role in _VECTOR_ROLES:
+        value = value.reshape(-1)
+    elif role in _ROW_ROLES:
+        value = value.reshape(-1, value.shape[-1])
+    elif role == "hidden":
+        value = value.reshape(value.shape[0], -1, value.shape[-1])
+    return value.to(torch.int64 if role in _ID_ROLES else torch.float32)
+
+
+class TtnnBackend:
+    """Device operations of the prefill runtime on one ttnn ``MeshDevice``."""
+
+    name = "ttnn"
+    max_device_top_k = ttnn_staging.MAX_DEVICE_TOP_K
+
+    def __init__(self, mesh_device: Any, *, dp_lane: int = 0, logits_composer: Any = None, ttnn_module: Any = None):
+        if ttnn_module is None:
+            import ttnn as ttnn_module  # noqa: PLC0415 (imported only when a ttnn backend is built)
+        self.tt = ttnn_module
+        self.device = mesh_device
+        self.ledger = ResourceLedger()
+        self.num_devices = int(mesh_device.get_num_devices())
+        if not 0 <= dp_lane < self.num_devices:
+            raise PrefillConfigError(f"TtnnBackend.dp_lane={dp_lane!r} is invalid: the mesh has {self.num_devices} devices")
+        self.dp_lane = dp_lane
+        self.logits_composer = logits_composer
+        self.captures = 0
+        self._replicate = self.tt.ReplicateTensorToMesh(mesh_device)
+        sharded = logits_composer is not None
+        self._logits_mapper = self.tt.ShardTensorToMesh(mesh_device, dim=3) if sharded else self._replicate
+
+    # -- memory ---------------------------------------------------------
+    def _stage(self, name: str, host: torch.Tensor) -> Any:
+        mapper = self._logits_mapper if _role(name) == "logits" else self._replicate
+        return ttnn_staging.stage_named(name, host, mapper)
+
+    def upload(self, host: torch.Tensor, name: str, ownership: Ownership) -> DeviceTensor:
+        staged = self._stage(name, host)
+        value = self.tt.to_device(staged, self.device, memory_config=self.tt.DRAM_MEMORY_CONFIG)
+        return self.ledger.register(value, name, ownership)
+
+    def refresh(self, host: torch.Tensor, target: DeviceTensor) -> None:
+        staged, dest = self._stage(target.name, host), target.value
+        if _spec(staged) != _spec(dest):
+            msg = f"refresh of {target.name}: host {_spec(staged)} != device {_spec(dest)} (shape, dtype, layout)"
+            raise PrefillStateError(msg)
+        self.tt.copy_host_to_device_tensor(staged, dest)
+
+    def adopt(self, value: Any, name: str, ownership: Ownership) -> DeviceTensor:
+        return self.ledger.register(value, name, ownership)
+
+    def read(self, handles: list[DeviceTensor]) -> list[torch.Tensor]:
+        pending = [(h.name, self.tt.from_device(h.value, blocking=False)) for h in handles]
+        self.tt.synchronize_device(self.device)
+        return [host_contract(name, self._to_torch(name, host)) for name, host in pending]
+
+    def _to_torch(self, name: str, host: Any) -> torch.Tensor:
+        if _role(name) == "logits" and self.logits_composer is not None:
+            return self.tt.to_torch(host, mesh_composer=self.logits_composer)
+        if self.num_devices > 1:
+            host = self.tt.get_device_tensors(host)[self.dp_lane]  # replicated: one copy is the value
+        return self.tt.to_torch(host)
+
+    def release(self, handle: DeviceTensor) -> None:
+        self.tt.deallocate(handle.value)  # raises before the ledger changes: the handle stays live
+        self.ledger.retire(handle)
+
+    def assign(self, target: DeviceTensor, value: Any) -> None:
+        dest = target.value
+        source, made = self._conform(value, dest)
+        self.tt.copy(source, dest)
+        if value is not dest:
+            self._free(*made, value)
+
+    def _conform(self, value: Any, dest: Any) -> tuple[Any, list]:
+        """``value`` in ``dest``'s layout, shape and dtype, plus what the conversion allocated."""
+        tt, out, made = self.tt, value, []
+        rm, tile = tt.ROW_MAJOR_LAYOUT, tt.TILE_LAYOUT
+        if out.layout == tile and dest.layout == rm:
+            out = tt.to_layout(out, rm)  # reshape row-major: a view, not a re-tilize
+            made.append(out)
+        if tuple(out.shape) != tuple(dest.shape):
+            out = tt.reshape(out, tuple(dest.shape))
+        if out.dtype != dest.dtype:
+            out = tt.typecast(out, dest.dtype)
+            made.append(out)
+        if out.layout != dest.layout:
+            out = tt.to_layout(out, dest.layout)
+            made.append(out)
+        return out, made
+
+    def _free(self, *tensors: Any) -> None:
+        for tensor in tensors:
+            if tensor is not None:
+                self.tt.deallocate(tensor, force=False)
+
+    # -- postprocessing -------------------------------------------------
+    def gather_rows(self, hidden: Any, index: Any) -> Any:
+        tt = self.tt
+        b = _volume(index.shape)
+        h = hidden.shape[-1]
+        s = _volume(hidden.shape) // (b * h)
+        rows = tt.to_layout(hidden, tt.ROW_MAJOR_LAYOUT)  # untilize
+        table = tt.reshape(rows, (b * s, h))  # [B*S, H]: row b*S + i is token i of row b
+        starts = tt.arange(0, b * s, s, dtype=tt.int32, device=self.device)  # b*S for every row b
+        starts = tt.to_layout(tt.reshape(starts, (1, b)), tt.TILE_LAYOUT)
+        positions = tt.to_layout(tt.reshape(index, (1, b)), tt.TILE_LAYOUT)
+        flat = tt.add(positions, starts)  # int32 [1, B]
+        ids = tt.typecast(tt.to_layout(flat, tt.ROW_MAJOR_LAYOUT), tt.uint32)
+        gathered = tt.embedding(ids, table, layout=tt.TILE_LAYOUT)  # [1, B, H]
+        self._free(ids, flat, positions, starts, rows)
+        return tt.reshape(gathered, (1, 1, b, h))
+
+    def _full_vocab(self, logits: Any) -> tuple[Any, list]:
+        if self.logits_composer is None:
+            return logits, []
+        gathered = self.tt.all_gather(logits, dim=3)
+        return gathered, [gathered]
+
+    def argmax(self, logits: Any) -> Any:
+        tt = self.tt
+        full, made = self._full_vocab(logits)
+        rows = tt.to_layout(full, tt.ROW_MAJOR_LAYOUT)
+        tokens = tt.argmax(rows, dim=3)  # uint32 row-major, one id per row
+        self._free(rows, *made)
+        return tokens
+
+    def sample(self, logits: Any, params: tuple, seeds: tuple[int, ...]) -> Any:
+        tt = self.tt
+        users = logits.shape[-2]
+        if users > SAMPLING_CANDIDATES:
+            raise PrefillConfigError(f"ttnn.sampling serves at most 32 rows per call; this wave has {users}")
+        full, made = self._full_vocab(logits)
+        if full.dtype != tt.bfloat16:
+            full = tt.typecast(full, tt.bfloat16)  # ttnn.sampling reads bfloat16 TILE values
+            made.append(full)
+        values, candidates = tt.topk(full, SAMPLING_CANDIDATES, dim=3)  # [1, 1, B, 32]
+        indices = tt.typecast(tt.to_layout(candidates, tt.ROW_MAJOR_LAYOUT), tt.uint32)
+        k, p, inverse_t = (self.tt.to_device(x, self.device, memory_config=tt.DRAM_MEMORY_CONFIG)
+                           for x in ttnn_staging.stage_sampling(params, self._replicate))
+        tokens = tt.sampling(values, indices, k=k, p=p, temp=inverse_t, seed=int(seeds[0]) & 0xFFFFFFFF)
+        self._free(k, p, inverse_t, indices, candidates, values, *made)
+        return tokens
+
+    def logprobs(self, logits: Any, tokens: Any, top_n: int) -> tuple[Any, Any, Any]:
+        tt = self.tt
+        b = logits.shape[-2]
+        full, made = self._full_vocab(logits)
+        logp = tt.moreh_logsoftmax(full, 3)  # [1, 1, B, V]
+        ids = tt.reshape(tokens, (1, 1, b, 1))
+        if ids.dtype != tt.uint32:
+            ids = tt.typecast(ids, tt.uint32)
+            made.append(ids)
+        index = tt.to_layout(ids, tt.TILE_LAYOUT)  # gather reads TILE uint32 indices
+        token_logprob = tt.gather(logp, 3, index)  # [1, 1, B, 1]
+        top_values = top_ids = None
+        if top_n > 0:
+            top_values, top_ids = tt.topk(logp, top_n, dim=3)  # [1, 1, B, N]
+        self._free(index, logp, *made)
+        return token_logprob, top_ids, top_values
+
+    # -- traces ---------------------------------------------------------
+    def capture(self, key: str, body: Callable[[], None]) -> TraceHandle:
+        tt = self.tt
+        body()  # warm run outside the capture: every program the body runs is compiled now
+        trace_id = tt.begin_trace_capture(self.device, cq_id=0)
+        try:
+            body()
+        except BaseException as primary:
+            _abandon(tt, self.device, trace_id, key, primary)
+            raise
+        tt.end_trace_capture(self.device, trace_id, cq_id=0)
+        self.captures += 1
+        return TraceHandle(key, trace_id)
+
+    def replay(self, trace: TraceHandle) -> None:
+        if trace.released:
+            raise PrefillStateError(f"trace {trace.key} was replayed after it was released")
+        self.tt.execute_trace(self.device, trace.payload, cq_id=0, blocking=False)
+
+    def release_trace(self, trace: TraceHandle) -> None:
+        if trace.released:
+            raise PrefillStateError(f"trace {trace.key} was released twice")
+        self.tt.release_trace(self.device, trace.payload)  # a failure leaves the trace releasable
+        trace.released = True
+        trace.payload = None
+
+    def synchronize(self) -> None:
+        self.tt.synchronize_device(self.device)
+
+
+def _spec(tensor: Any) -> tuple:
+    return tuple(tensor.shape), tensor.dtype, tensor.layout
+
+
+def _volume(shape: Sequence[int]) -> int:
+    out = 1
+    for dim in shape:
+        out *= int(dim)
+    return out
+
+
+def _abandon(tt: Any, device: Any, trace_id: Any, key: str, primary: BaseException) -> None:
+    """Closes and frees a capture whose body failed; cleanup failures ride on ``primary`` as notes."""
+    try:
+        tt.end_trace_capture(device, trace_id, cq_id=0)
+        tt.release_trace(device, trace_id)
+    except Exception as failure:  # noqa: BLE001 (the body's error is the one to raise)
+        primary.add_note(f"cleanup: abandoning the capture of trace {key} failed: {failure!r}")

@@ -1,0 +1,312 @@
+"""Host staging for the ttnn backend: host step values -> ``ttnn.Tensor`` host tensors.
+
+Pure functions, no device. Each turns torch CPU values into a host
+``ttnn.Tensor`` with exactly the dtype, layout and shape the tt-metal prefill
+programs consume, ready for ``ttnn.to_device`` (a new device input) or
+``ttnn.copy_host_to_device_tensor`` (an in-place refresh, which requires the
+same shape, dtype and layout: these functions are the only producer of both,
+so a refresh always matches its target).
+
+Inputs (``B`` padded wave, ``S`` chunk length, ``W`` page-table width):
+
+============  =======  ==========  ===============  ==========================================
+value         dtype    layout      shape            consumer
+============  =======  ==========  ===============  ==========================================
+tokens        uint32   ROW_MAJOR   [1, 1, B, S]     ``ttnn.embedding`` ids; one row is
+                                                    ``[1, 1, 1, S]``, tt_transformers'
+                                                    ``prepare_inputs_prefill`` form; a wave
+                                                    stacks rows on dim 2 (the row-major
+                                                    ``[1, 1, 1, B*S]`` view is a free reshape)
+fill_table    int32    ROW_MAJOR   [B, Wf]          ``paged_fill_cache`` page_table (-1 skips)
+read_table    int32    ROW_MAJOR   [B, Wr]          chunked SDPA ``page_table_tensor``
+start         int32    ROW_MAJOR   [B]              ``chunk_start_idx_tensor`` (``[1]`` for a
+                                                    single-row chunked request)
+slots         int32    ROW_MAJOR   [B]              per-row batch index (``batch_idx_tensor``
+                                                    form); -1 marks a padding row
+last_index    int32    ROW_MAJOR   [B]              chunk-relative last-token row
+top_k         uint32   ROW_MAJOR   [B]              ``ttnn.sampling`` ``k`` (``[num_users]``)
+top_p         bfloat16 ROW_MAJOR   [B]              ``ttnn.sampling`` ``p``
+temperature   bfloat16 ROW_MAJOR   [B]              ``ttnn.sampling`` ``temp``: holds 1/T, the
+                                                    op multiplies logits by it
+hidden        bfloat16 TILE        [B, 1, S, H]     a body activation (the model's output)
+============  =======  ==========  ===============  ==========================================
+
+Chunk starts, slots and tables are tensors, never Python scalars, so a
+captured trace reads them from device memory at replay (ANCHORS "Trace rules").
+
+Outputs of the device postprocessing (the persistent ``ws.*`` workspace of a
+traced program alias) are staged as zeros in the form ``TtnnBackend.assign``
+copies into: ``last_hidden`` bfloat16 TILE ``[1, 1, B, H]``; ``logits``
+float32 TILE ``[1, 1, B, V]``; ``tokens`` uint32 and ``token_logprob``
+float32 ROW_MAJOR ``[1, 1, 1, B]``; ``top_ids`` uint32 and ``top_logprobs``
+float32 ROW_MAJOR ``[1, 1, B, N]``.
+
+Every function takes ``mesh_mapper``: ``None`` for a plain host tensor,
+``ttnn.ReplicateTensorToMesh(mesh)`` (or a shard mapper for vocab-sharded
+logits) to lay the host tensor out for a ``MeshDevice``.
+
+``ttnn`` is imported on first use, so importing this module never loads it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from prefill_core.errors import PrefillInputError
+
+from ..inputs import STEP_FIELDS
+
+__all__ = [
+    "MAX_DEVICE_TOP_K",
+    "WORKSPACE_PREFIX",
+    "TensorContract",
+    "stage_tokens",
+    "stage_page_table",
+    "stage_int_vector",
+    "sampling_vectors",
+    "stage_sampling",
+    "stage_hidden",
+    "stage_output",
+    "stage_named",
+    "stage_step",
+    "contract_of",
+]
+
+MAX_DEVICE_TOP_K = 32
+"""``ttnn.sampling`` accepts k in (0, 32]."""
+
+_UINT32_LIMIT = 1 << 32
+_INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
+
+
+def _ttnn():
+    import ttnn  # noqa: PLC0415 (lazy: only the ttnn backend path pays for it)
+
+    return ttnn
+
+
+class TensorContract:
+    """dtype and layout names of one staged value (``"uint32"``, ``"ROW_MAJOR"``...)."""
+
+    __slots__ = ("dtype", "layout")
+
+    def __init__(self, dtype: str, layout: str):
+        self.dtype = dtype
+        self.layout = layout
+
+    def resolve(self) -> tuple[Any, Any]:
+        ttnn = _ttnn()
+        return getattr(ttnn, self.dtype), getattr(ttnn, f"{self.layout}_LAYOUT")
+
+    def __repr__(self) -> str:
+        return f"TensorContract({self.dtype}, {self.layout})"
+
+
+_NUMPY = {"uint32": np.uint32, "int32": np.int32, "float32": np.float32, "bfloat16": np.float32}
+
+
+def _host(value: torch.Tensor, dtype: str, layout: str, mesh_mapper) -> Any:
+    """A host ``ttnn.Tensor`` of ``value`` with ``dtype`` and ``layout``.
+
+    Row-major values go through numpy into ``ttnn.Tensor`` (which copies):
+    3-4x cheaper than ``ttnn.from_torch``'s DLPack path for these small
+    tensors, and exact (unlike the Python-list constructor, which routes
+    integers through float). Tiled values use ``from_torch``, which tilizes.
+    """
+    if layout == "ROW_MAJOR":
+        source = value.float() if value.dtype == torch.bfloat16 else value
+        return _row_major(source.numpy(), dtype, mesh_mapper)
+    ttnn = _ttnn()
+    return ttnn.from_torch(value, dtype=getattr(ttnn, dtype), layout=ttnn.TILE_LAYOUT, mesh_mapper=mesh_mapper)
+
+
+def _row_major(array: np.ndarray, dtype: str, mesh_mapper) -> Any:
+    ttnn = _ttnn()
+    array = np.ascontiguousarray(array, dtype=_NUMPY[dtype])
+    return ttnn.Tensor(array, getattr(ttnn, dtype), None, ttnn.ROW_MAJOR_LAYOUT, mesh_mapper=mesh_mapper)
+
+
+def _out_of_range(name: str, values: torch.Tensor, low: int, high: int) -> PrefillInputError:
+    bad = values.lt(low) | values.gt(high)
+    where = tuple(int(i) for i in bad.nonzero()[0])
+    msg = f"{name}{list(where)}={int(values[where])} is invalid: must be in [{low}, {high}] for the device dtype"
+    return PrefillInputError(msg, field=name)
+
+
+def _int32_array(name: str, values: torch.Tensor) -> np.ndarray:
+    """``values`` as numpy, refusing what int32 cannot hold (numpy and ttnn would wrap it silently)."""
+    array = values.numpy()
+    if values.dtype != torch.int32 and array.size and (array.min() < _INT32_MIN or array.max() > _INT32_MAX):
+        raise _out_of_range(name, values, _INT32_MIN, _INT32_MAX)
+    return array
+
+
+def _outside_uint32(array: np.ndarray) -> bool:
+    if array.dtype == np.int64:  # one pass for both bounds: a negative id read as unsigned is >= 2**63
+        return bool(array.view(np.uint64).max() >= _UINT32_LIMIT)
+    return bool(array.min() < 0 or array.max() >= _UINT32_LIMIT)
+
+
+# ---------------------------------------------------------------- body inputs
+
+
+def stage_tokens(tokens: torch.Tensor, mesh_mapper=None) -> Any:
+    """int ``[B, S]`` -> uint32 ROW_MAJOR ``[1, 1, B, S]``; ids outside uint32 raise (ttnn would wrap -1)."""
+    b, s = tokens.shape
+    array = np.ascontiguousarray(tokens.numpy()).reshape(1, 1, b, s)
+    if array.size and _outside_uint32(array):
+        raise _out_of_range("tokens", tokens, 0, _UINT32_LIMIT - 1)
+    return _row_major(array, "uint32", mesh_mapper)
+
+
+def stage_page_table(table: torch.Tensor, mesh_mapper=None) -> Any:
+    """int32 ``[B, W]`` (fill or read table, -1 kept) -> int32 ROW_MAJOR ``[B, W]``."""
+    return _row_major(_int32_array("page_table", table), "int32", mesh_mapper)
+
+
+def stage_int_vector(values: torch.Tensor, mesh_mapper=None, *, name: str = "vector") -> Any:
+    """int ``[B]`` (chunk start, slots, last-token index) -> int32 ROW_MAJOR ``[B]``."""
+    return _row_major(_int32_array(name, values).reshape(-1), "int32", mesh_mapper)
+
+
+# ---------------------------------------------------------------- activations
+
+
+def stage_hidden(hidden: torch.Tensor, mesh_mapper=None) -> Any:
+    """A body activation ``[B, S, H]`` -> bfloat16 TILE ``[B, 1, S, H]``.
+
+    Host tilization into a new dtype needs a cluster descriptor without
+    hardware (``TT_METAL_MOCK_CLUSTER_DESC_PATH``); casting to bfloat16 in
+    torch first makes this a layout-only conversion.
+    """
+    b, s, h = hidden.shape
+    return _host(hidden.reshape(b, 1, s, h).to(torch.bfloat16), "bfloat16", "TILE", mesh_mapper)
+
+
+# ---------------------------------------------------------------- sampling inputs
+
+
+def sampling_vectors(params: Sequence) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per physical row ``(k, p, 1/T)`` as torch vectors, the values ``ttnn.sampling`` reads.
+
+    A greedy row (``temperature == 0`` or ``top_k == 1``) becomes ``k=1, p=1,
+    1/T=1``: top-1 sampling is argmax whatever the draw. ``top_k == 0`` (no
+    limit) never reaches the device: the planner routes it to the host path.
+    """
+    rows = []
+    for row, p in enumerate(params):
+        if p.is_greedy:
+            rows.append((1, 1.0, 1.0))
+            continue
+        if not 1 <= p.top_k <= MAX_DEVICE_TOP_K:
+            msg = (f"physical row {row}: sampling.top_k={p.top_k} is invalid for ttnn.sampling: "
+                   f"must be in [1, {MAX_DEVICE_TOP_K}] (set the policy's device_top_k_cap <= {MAX_DEVICE_TOP_K})")
+            raise PrefillInputError(msg, field="sampling.top_k")
+        rows.append((p.top_k, float(p.top_p), 1.0 / p.temperature))
+    k, p, inverse_t = zip(*rows)
+    return (torch.tensor(k, dtype=torch.int64), torch.tensor(p, dtype=torch.float32),
+            torch.tensor(inverse_t, dtype=torch.float32))
+
+
+def stage_sampling(params: Sequence, mesh_mapper=None) -> tuple[Any, Any, Any]:
+    """Per-row ``SamplingParams`` -> (K uint32, P bfloat16, 1/T bfloat16), ROW_MAJOR ``[B]`` each.
+
+    ``params`` are per physical row (padding rows repeat row 0, see
+    ``postprocess.wave_params``). P and 1/T round to bfloat16 (0.9 -> 0.8984).
+    """
+    k, p, inverse_t = sampling_vectors(params)
+    return (
+        _host(k, "uint32", "ROW_MAJOR", mesh_mapper),
+        _host(p, "bfloat16", "ROW_MAJOR", mesh_mapper),
+        _host(inverse_t, "bfloat16", "ROW_MAJOR", mesh_mapper),
+    )
+
+
+# ---------------------------------------------------------------- postprocessing outputs
+
+
+def _vector_out(dtype: str) -> Callable:
+    def stage(host: torch.Tensor, mesh_mapper=None) -> Any:
+        return _host(host.reshape(1, 1, 1, -1).to(_TORCH[dtype]), dtype, "ROW_MAJOR", mesh_mapper)
+
+    return stage
+
+
+def _rows_out(dtype: str, layout: str) -> Callable:
+    def stage(host: torch.Tensor, mesh_mapper=None) -> Any:
+        b, n = host.shape
+        return _host(host.reshape(1, 1, b, n).to(_TORCH[dtype]), dtype, layout, mesh_mapper)
+
+    return stage
+
+
+_TORCH = {"uint32": torch.int64, "float32": torch.float32, "bfloat16": torch.bfloat16, "int32": torch.int32}
+
+_OUTPUTS: dict[str, tuple[Callable, TensorContract]] = {
+    "last_index": (lambda host, mesh_mapper=None: stage_int_vector(host, mesh_mapper, name="last_index"),
+                   TensorContract("int32", "ROW_MAJOR")),
+    "last_hidden": (_rows_out("bfloat16", "TILE"), TensorContract("bfloat16", "TILE")),
+    "logits": (_rows_out("float32", "TILE"), TensorContract("float32", "TILE")),
+    "tokens": (_vector_out("uint32"), TensorContract("uint32", "ROW_MAJOR")),
+    "token_logprob": (_vector_out("float32"), TensorContract("float32", "ROW_MAJOR")),
+    "top_ids": (_rows_out("uint32", "ROW_MAJOR"), TensorContract("uint32", "ROW_MAJOR")),
+    "top_logprobs": (_rows_out("float32", "ROW_MAJOR"), TensorContract("float32", "ROW_MAJOR")),
+}
+
+_INPUTS: dict[str, tuple[Callable, TensorContract]] = {
+    "tokens": (stage_tokens, TensorContract("uint32", "ROW_MAJOR")),
+    "fill_table": (stage_page_table, TensorContract("int32", "ROW_MAJOR")),
+    "read_table": (stage_page_table, TensorContract("int32", "ROW_MAJOR")),
+    "start": (lambda host, mesh_mapper=None: stage_int_vector(host, mesh_mapper, name="start"),
+              TensorContract("int32", "ROW_MAJOR")),
+    "slots": (lambda host, mesh_mapper=None: stage_int_vector(host, mesh_mapper, name="slots"),
+              TensorContract("int32", "ROW_MAJOR")),
+    "last_index": _OUTPUTS["last_index"],
+    "hidden": (stage_hidden, TensorContract("bfloat16", "TILE")),
+}
+
+WORKSPACE_PREFIX = "ws."
+
+
+def _entry(name: str) -> tuple[Callable, TensorContract]:
+    """Runtime tensor names: ``tokens`` (eager input), ``trace.tokens`` (a trace's
+    persistent input), ``ws.tokens`` (a workspace output: the sampled tokens)."""
+    table = _OUTPUTS if name.startswith(WORKSPACE_PREFIX) else _INPUTS
+    role = name.rsplit(".", 1)[-1]
+    if role not in table:
+        kind = "workspace output" if table is _OUTPUTS else "input"
+        raise KeyError(f"no ttnn staging contract for {kind} {name!r} (known: {sorted(table)})")
+    return table[role]
+
+
+def contract_of(name: str) -> TensorContract:
+    """The dtype and layout a runtime tensor named ``name`` has on the device."""
+    return _entry(name)[1]
+
+
+def stage_named(name: str, host: torch.Tensor, mesh_mapper=None) -> Any:
+    """Stages the runtime tensor ``name`` (see ``contract_of``) from its host value."""
+    return _entry(name)[0](host, mesh_mapper)
+
+
+def stage_output(name: str, host: torch.Tensor, mesh_mapper=None) -> Any:
+    """Stages a postprocessing output ``name`` (``logits``, ``tokens``...) as its workspace form."""
+    return stage_named(WORKSPACE_PREFIX + name, host, mesh_mapper)
+
+
+def stage_step(step, mesh_mapper=None) -> dict[str, Any]:
+    """Every present field of a ``HostStep``, by name (``read_table`` only for chunked steps)."""
+    staged = {
+        "tokens": stage_tokens(step.tokens, mesh_mapper),
+        "start": stage_int_vector(step.start, mesh_mapper, name="start"),
+        "slots": stage_int_vector(step.slots, mesh_mapper, name="slots"),
+        "fill_table": stage_page_table(step.fill_table, mesh_mapper),
+        "last_index": stage_int_vector(step.last_index, mesh_mapper, name="last_index"),
+    }
+    if step.read_table is not None:
+        staged["read_table"] = stage_page_table(step.read_table, mesh_mapper)
+    return {name: staged[name] for name in STEP_FIELDS if name in staged}

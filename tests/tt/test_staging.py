@@ -1,0 +1,184 @@
+"""Host staging for the ttnn backend: exact dtypes, layouts, shapes and values for every planned request.
+
+Real ttnn host tensors throughout; tilizing conversions run under the
+one-chip mock cluster descriptor the ``ttnn`` fixture installs.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from prefill_core import PageTableLayout, PrefillBatch, PrefillPolicy, PrefillRow, SamplingParams, plan_prefill
+from prefill_core.errors import PrefillInputError
+from prefill_shell.backends import ttnn_staging
+from prefill_shell.inputs import build_host_steps
+
+POLICY = PrefillPolicy(waves=(1, 2, 4, 8), length_ladder=(64, 128), max_chunk_length=128, chunk_quantum=128,
+                       max_batch_size=8, lane_size=16)
+"""Rows above 128 tokens, and every cached row, are chunked at 128: every request kind occurs at small sizes."""
+
+VOCAB = 50_000
+
+
+@st.composite
+def sampling(draw) -> SamplingParams:
+    return SamplingParams(
+        temperature=draw(st.sampled_from((0.0, 0.7, 1.0, 1.3))),
+        top_k=draw(st.sampled_from((1, 2, 5, 32))),
+        top_p=draw(st.sampled_from((0.5, 0.9, 1.0))),
+        num_logprobs=draw(st.integers(0, 3)),
+    )
+
+
+@st.composite
+def planned(draw):
+    """``(tokens, requests)``: a small valid batch, its caller tokens, and its plan."""
+    bs = draw(st.sampled_from((16, 32)))
+    num_rows = draw(st.integers(1, 6))
+    slots = draw(st.lists(st.integers(0, POLICY.lane_size - 1), min_size=num_rows, max_size=num_rows, unique=True))
+    rows, next_block = [], 0
+    sampled = draw(st.booleans())
+    for slot in slots:
+        length = draw(st.integers(1, 400))
+        cached = draw(st.sampled_from((0, 0, length // bs * bs, (length // bs) // 2 * bs)))
+        need = -(-length // bs)
+        blocks = tuple(range(next_block, next_block + need))
+        next_block += need
+        params = draw(sampling()) if sampled else None
+        rows.append(PrefillRow(length, cached, slot, blocks, params))
+    layout = PageTableLayout(bs, 64, next_block + 1)
+    generator = torch.Generator().manual_seed(draw(st.integers(0, 2**31)))
+    tokens = torch.randint(1, VOCAB, (num_rows, 400), generator=generator)
+    return tokens, plan_prefill(PrefillBatch(tuple(rows)), POLICY, layout)
+
+
+def assert_staged(ttnn, tensor, dtype, layout, shape, expected: torch.Tensor) -> None:
+    assert tensor.dtype == dtype
+    assert tensor.layout == layout
+    assert tuple(tensor.shape) == tuple(shape)
+    if layout == ttnn.ROW_MAJOR_LAYOUT:
+        assert tuple(tensor.padded_shape) == tuple(shape)  # row-major tensors carry no padding
+    back = ttnn.to_torch(tensor)
+    assert back.shape == expected.shape
+    assert torch.equal(back.to(expected.dtype), expected), "the host round trip must be exact"
+
+
+@given(case=planned())
+def test_every_step_of_every_planned_request_is_staged_in_the_ttnn_contract(ttnn, case):
+    """tokens uint32 [1,1,B,S]; tables int32 [B,W]; start/slots/last_index int32 [B]; all values exact."""
+    tokens, requests = case
+    rm = ttnn.ROW_MAJOR_LAYOUT
+    for request in requests:
+        for step in build_host_steps(tokens, request):
+            b, s = step.tokens.shape
+            staged = ttnn_staging.stage_step(step)
+            assert set(staged) == {"tokens", "start", "slots", "fill_table", "last_index"} | (
+                {"read_table"} if request.kind.is_chunked else set())
+            assert_staged(ttnn, staged["tokens"], ttnn.uint32, rm, (1, 1, b, s), step.tokens.reshape(1, 1, b, s))
+            assert_staged(ttnn, staged["fill_table"], ttnn.int32, rm, tuple(step.fill_table.shape), step.fill_table)
+            if step.read_table is not None:
+                assert_staged(ttnn, staged["read_table"], ttnn.int32, rm, tuple(step.read_table.shape), step.read_table)
+            for name in ("start", "slots", "last_index"):
+                host = getattr(step, name)
+                assert_staged(ttnn, staged[name], ttnn.int32, rm, (b,), host.to(torch.int32))
+
+
+@given(case=planned())
+def test_sampling_params_of_every_wave_stage_as_k_uint32_p_and_inverse_t_bfloat16(ttnn, case):
+    """K uint32, P and 1/T bfloat16, ROW_MAJOR [B]; padding rows repeat row 0; greedy rows are k=1, p=1, 1/T=1."""
+    _, requests = case
+    rm = ttnn.ROW_MAJOR_LAYOUT
+    for request in requests:
+        if request.sampling[0] is None:
+            continue
+        pad = request.padded_batch - request.active_batch_size
+        params = request.sampling + (request.sampling[0],) * pad
+        k, p, inverse_t = ttnn_staging.stage_sampling(params)
+        b = request.padded_batch
+        greedy = [q.is_greedy for q in params]
+        want_k = torch.tensor([1 if g else q.top_k for g, q in zip(greedy, params)])
+        want_p = torch.tensor([1.0 if g else q.top_p for g, q in zip(greedy, params)]).bfloat16()
+        want_t = torch.tensor([1.0 if g else 1 / q.temperature for g, q in zip(greedy, params)]).bfloat16()
+        assert_staged(ttnn, k, ttnn.uint32, rm, (b,), want_k)
+        assert_staged(ttnn, p, ttnn.bfloat16, rm, (b,), want_p)
+        assert_staged(ttnn, inverse_t, ttnn.bfloat16, rm, (b,), want_t)
+
+
+@pytest.mark.parametrize(("b", "s", "h"), [(1, 128, 64), (3, 40, 96), (2, 32, 4096)])
+def test_hidden_activation_tilizes_to_bfloat16_tile_b_1_s_h(ttnn, b, s, h):
+    """A body activation [B, S, H] stages as bfloat16 TILE [B, 1, S, H], padded to whole tiles, values exact."""
+    x = torch.randn(b, s, h, generator=torch.Generator().manual_seed(b * s))
+    staged = ttnn_staging.stage_hidden(x)
+    assert (staged.dtype, staged.layout) == (ttnn.bfloat16, ttnn.TILE_LAYOUT)
+    assert tuple(staged.shape) == (b, 1, s, h)
+    assert tuple(staged.padded_shape) == (b, 1, -(-s // 32) * 32, -(-h // 32) * 32)
+    assert torch.equal(ttnn.to_torch(staged), x.reshape(b, 1, s, h).bfloat16())
+
+
+def test_float32_to_bfloat16_tilization_runs_under_the_mock_cluster(ttnn):
+    """The conversion that needs a cluster descriptor (a new dtype into TILE) works with the shipped mock."""
+    x = torch.randn(1, 1, 40, 64, generator=torch.Generator().manual_seed(0))
+    staged = ttnn.from_torch(x, dtype=ttnn.bfloat16, layout=ttnn.TILE_LAYOUT)
+    assert tuple(staged.padded_shape) == (1, 1, 64, 64)
+    assert torch.equal(ttnn.to_torch(staged), x.bfloat16())
+
+
+WORKSPACE = {
+    # name: (host shape, device dtype, device layout, device shape)
+    "last_index": ((4,), "int32", "ROW_MAJOR", (4,)),
+    "last_hidden": ((4, 64), "bfloat16", "TILE", (1, 1, 4, 64)),
+    "logits": ((4, 256), "float32", "TILE", (1, 1, 4, 256)),
+    "tokens": ((4,), "uint32", "ROW_MAJOR", (1, 1, 1, 4)),
+    "token_logprob": ((4,), "float32", "ROW_MAJOR", (1, 1, 1, 4)),
+    "top_ids": ((4, 5), "uint32", "ROW_MAJOR", (1, 1, 4, 5)),
+    "top_logprobs": ((4, 5), "float32", "ROW_MAJOR", (1, 1, 4, 5)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(WORKSPACE))
+def test_workspace_outputs_stage_in_the_form_the_device_ops_produce(ttnn, name):
+    """Every ``ws.*`` buffer has the dtype, layout and shape ``TtnnBackend.assign`` copies into."""
+    host_shape, dtype, layout, shape = WORKSPACE[name]
+    staged = ttnn_staging.stage_output(name, torch.zeros(host_shape))
+    assert staged.dtype == getattr(ttnn, dtype)
+    assert staged.layout == getattr(ttnn, f"{layout}_LAYOUT")
+    assert tuple(staged.shape) == shape
+    contract = ttnn_staging.contract_of(f"ws.{name}")
+    assert (contract.dtype, contract.layout) == (dtype, layout)
+
+
+def test_trace_inputs_stage_like_eager_inputs(ttnn):
+    """``trace.tokens`` and ``tokens`` share one contract, so a refresh always matches its target."""
+    host = torch.arange(8).reshape(2, 4)
+    a, b = ttnn_staging.stage_named("tokens", host), ttnn_staging.stage_named("trace.tokens", host)
+    assert (tuple(a.shape), a.dtype, a.layout) == (tuple(b.shape), b.dtype, b.layout)
+
+
+def test_negative_tokens_are_refused_instead_of_wrapping(ttnn):
+    """uint32 staging would turn -1 into 4294967295; it raises a PrefillInputError naming tokens."""
+    with pytest.raises(PrefillInputError, match=r"tokens\[0, 2\]=-1") as info:
+        ttnn_staging.stage_tokens(torch.tensor([[1, 2, -1]]))
+    assert info.value.field == "tokens"
+
+
+def test_int32_vectors_beyond_int32_are_refused_instead_of_wrapping(ttnn):
+    """A chunk start past 2**31 - 1 would wrap in int32: it raises a PrefillInputError naming the field."""
+    with pytest.raises(PrefillInputError, match=r"start\[1\]=2147483648") as info:
+        ttnn_staging.stage_int_vector(torch.tensor([0, 2**31]), name="start")
+    assert info.value.field == "start"
+
+
+def test_top_k_beyond_the_ttnn_sampling_limit_is_refused(ttnn):
+    """ttnn.sampling takes k in [1, 32]: a larger top_k names the field."""
+    with pytest.raises(PrefillInputError, match="top_k=33") as info:
+        ttnn_staging.stage_sampling((SamplingParams(top_k=33),))
+    assert info.value.field == "sampling.top_k"
+
+
+def test_unknown_tensor_names_have_no_contract(ttnn):
+    """A name outside the contract is a KeyError naming it, never a guess."""
+    with pytest.raises(KeyError, match="ws.bogus"):
+        ttnn_staging.stage_named("ws.bogus", torch.zeros(2))
