@@ -15,7 +15,7 @@ import torch
 from prefill_core import PageTableLayout, PrefillBatch, PrefillRow, SamplingParams
 from prefill_core.errors import PrefillInputError
 
-__all__ = ["build_batch", "as_token_matrix"]
+__all__ = ["build_batch", "as_token_matrix", "check_token_ids"]
 
 _INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 
@@ -106,3 +106,15 @@ def build_batch(
         for row in range(num_rows)
     ]
     return PrefillBatch(tuple(rows))
+
+
+def check_token_ids(tokens: torch.Tensor, batch: PrefillBatch, vocab_size: int) -> None:
+    """Every prompt token (past each row's length anything goes) is in ``[0, vocab_size)``."""
+    lengths = torch.tensor([row.length for row in batch.rows]).unsqueeze(1)
+    inside = torch.arange(tokens.shape[1]).unsqueeze(0) < lengths  # [N, T]
+    bad = inside & ((tokens < 0) | (tokens >= vocab_size))
+    if bool(bad.any()):
+        row, column = (int(i) for i in bad.nonzero()[0])
+        value = int(tokens[row, column])
+        rule = f"token ids must lie in [0, vocab_size={vocab_size})"
+        raise PrefillInputError(f"row {row}: tokens[{column}]={value} is invalid: {rule}", row=row, field="tokens")

@@ -54,7 +54,12 @@ class PrefillRuntimeConfig:
             if not isinstance(getattr(kv, name, None), int):
                 raise _config_error("kv", type(kv).__name__, f"must expose an int {name}")
         ceiling = PageTableLayout(kv.block_size, -(-model.spec.max_position // kv.block_size), kv.num_blocks)
-        config = cls(model, backend, kv, layout or ceiling, policy or PrefillPolicy(), ceiling)
+        policy = policy or PrefillPolicy()
+        device_cap = getattr(backend, "max_device_top_k", None)
+        if device_cap is not None and policy.device_top_k_cap > device_cap:
+            rule = f"must be <= the backend's max_device_top_k={device_cap}; larger top_k rows sample on the host"
+            raise _config_error("policy.device_top_k_cap", policy.device_top_k_cap, rule)
+        config = cls(model, backend, kv, layout or ceiling, policy, ceiling)
         config.check_layout(config.layout)
         return config
 

@@ -19,7 +19,7 @@ import torch
 from prefill_core import PageTableLayout, PreparedPrefill, prepare_prefill
 from prefill_core.errors import CleanupError, PrefillStateError
 
-from .batch_builder import as_token_matrix, build_batch
+from .batch_builder import as_token_matrix, build_batch, check_token_ids
 from .config import PrefillRuntimeConfig
 from .inputs import DeviceStep, HostStep, PrefillInputStager, build_host_steps
 from .ledger import DeviceTensor
@@ -86,6 +86,7 @@ class PrefillRuntime:
         matrix = as_token_matrix(tokens)
         layout = self.config.layout
         batch = build_batch(matrix, page_table, prompt_lengths, cached_lengths, slots, sampling, layout)
+        check_token_ids(matrix, batch, self.config.model.spec.vocab_size)
         prepared = prepare_prefill(batch, self.config.policy, layout)
         steps = tuple(tuple(build_host_steps(matrix, p.request)) for p in prepared)
         return PreparedBatch(prepared, steps, len(batch.rows))

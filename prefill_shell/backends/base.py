@@ -6,7 +6,10 @@ sampling, log-softmax), and captures/replays traces. Model bodies are not
 backend ops: the runtime borrows the model and calls it directly.
 
 Every tensor a backend creates is registered in its ``ledger`` so tests can
-prove nothing leaks; ``release`` retires the handle before freeing.
+prove nothing leaks; ``release`` frees first and retires the handle only when
+the free succeeded, so a failed release leaves a live handle (an orphan).
+A backend may declare ``max_device_top_k``: the config refuses a policy
+whose device top-k cap exceeds it.
 """
 
 from __future__ import annotations

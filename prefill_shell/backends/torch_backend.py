@@ -59,6 +59,7 @@ class TorchBackend:
         return pinned
 
     def release(self, handle: DeviceTensor) -> None:
+        # Dropping the last reference frees it (the caching allocator on CUDA).
         self.ledger.retire(handle)
 
     def assign(self, target: DeviceTensor, value: Any) -> None:

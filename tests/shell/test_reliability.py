@@ -83,6 +83,10 @@ def _mutations(call: dict):
         return with_(**{name: items})
 
     table = call["page_table"]
+    for value in (-5, 256):  # the tiny model's vocabulary is 256
+        tokens = call["tokens"].clone()
+        tokens[last, 0] = value
+        yield f"token id {value}", last, "tokens[0]", with_(tokens=tokens)
     yield "float tokens", None, "tokens", with_(tokens=call["tokens"].float())
     yield "1-D tokens", None, "tokens", with_(tokens=call["tokens"][0])
     yield "3-D page table", None, "page_table", with_(page_table=table[None])
@@ -193,3 +197,11 @@ def test_a_layout_beyond_the_ceiling_is_refused_and_changes_nothing(tiny_model):
         runtime.configure_page_table_layout(PageTableLayout(BLOCK, 16, POOL + 1))
     assert isinstance(caught.value, PrefillError)
     assert runtime.config is before
+
+
+def test_a_policy_top_k_cap_above_the_backends_is_a_config_error(tiny_model):
+    """A device top-k cap the backend cannot sample is refused when the config resolves."""
+    backend = TorchBackend()
+    backend.max_device_top_k = 16
+    with pytest.raises(PrefillConfigError, match="max_device_top_k"):
+        PrefillRuntimeConfig.resolve(tiny_model, backend, tiny_model.new_kv_cache(POOL, BLOCK), policy=PrefillPolicy())
