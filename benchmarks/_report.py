@@ -1,0 +1,70 @@
+"""Shared benchmark output: a printed table and ``benchmarks/results/<name>.json``.
+
+The JSON is ``{"benchmark": name, "metrics": {key: value}, "units": {key: unit}}``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One measured value; ``target`` (same unit) is an upper bound shown beside it."""
+
+    key: str
+    value: float
+    unit: str
+    target: float | None = None
+    note: str = ""
+
+    @property
+    def verdict(self) -> str:
+        if self.target is None:
+            return ""
+        return "ok" if self.value <= self.target else "OVER"
+
+
+def _number(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, int) or abs(value) >= 100:
+        return f"{value:.0f}"
+    return f"{value:.3g}" if abs(value) < 10 else f"{value:.1f}"
+
+
+def table(metrics: Sequence[Metric]) -> str:
+    """The metrics as an aligned text table with value, unit, target, value/target and verdict."""
+    header = ("metric", "value", "unit", "target", "x target", "", "note")
+    lines = [header]
+    for m in metrics:
+        ratio = "-" if m.target is None else f"{m.value / m.target:.2f}"
+        lines.append((m.key, _number(m.value), m.unit, _number(m.target), ratio, m.verdict, m.note))
+    widths = [max(len(line[c]) for line in lines) for c in range(len(header))]
+    right = {1, 3, 4}
+    out = []
+    for line in lines:
+        cells = [cell.rjust(w) if c in right else cell.ljust(w) for c, (cell, w) in enumerate(zip(line, widths))]
+        out.append("  ".join(cells).rstrip())
+    out.insert(1, "-" * len(out[0]))
+    return "\n".join(out)
+
+
+def report(name: str, metrics: Sequence[Metric], *, results_dir: Path = RESULTS) -> Path:
+    """Prints the table and writes ``<results_dir>/<name>.json``; returns the path written."""
+    print(table(metrics))
+    results_dir.mkdir(parents=True, exist_ok=True)
+    path = results_dir / f"{name}.json"
+    payload = {
+        "benchmark": name,
+        "metrics": {m.key: m.value for m in metrics},
+        "units": {m.key: m.unit for m in metrics},
+    }
+    path.write_text(json.dumps(payload, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {path}")
+    return path

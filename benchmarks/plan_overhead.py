@@ -1,0 +1,136 @@
+"""Host cost of the pure planning core: plan, prepare, chunk iteration and the warm-up manifest.
+
+Every batch is constructed outside the timed region; each figure is the
+median over many timed samples (garbage collection off while timing).
+Targets are printed beside the results; the JSON goes to
+benchmarks/results/plan_overhead.json.
+
+    python benchmarks/plan_overhead.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks._report import Metric, report  # noqa: E402
+from prefill_core import (  # noqa: E402
+    PageTableLayout,
+    PrefillBatch,
+    PrefillPolicy,
+    PrefillRow,
+    manifest_for,
+    plan_prefill,
+    prepare_prefill,
+)
+
+BLOCK = 32
+LAYOUT = PageTableLayout(block_size=BLOCK, max_num_blocks_per_seq=131072 // BLOCK, num_blocks=1 << 20)
+POLICY = PrefillPolicy(lane_size=128)  # 80 rows need 80 distinct slots
+MANIFEST_LAYOUT = PageTableLayout(block_size=BLOCK, max_num_blocks_per_seq=8192 // BLOCK, num_blocks=8192 // BLOCK)
+
+
+def batch_of(lengths: list[int], cached: int = 0) -> PrefillBatch:
+    """Rows with disjoint consecutive blocks and slots 0..n-1."""
+    rows, block = [], 0
+    for slot, length in enumerate(lengths):
+        need = -(-length // BLOCK)
+        rows.append(PrefillRow(length, cached, slot, tuple(range(block, block + need))))
+        block += need
+    return PrefillBatch(tuple(rows))
+
+
+def median_us(fn: Callable[[], object], samples: int, inner: int = 1) -> float:
+    """Median microseconds of one ``fn()`` call over ``samples`` samples of ``inner`` calls each."""
+    fn()
+    times = []
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(samples):
+            start = time.perf_counter_ns()
+            for _ in range(inner):
+                fn()
+            times.append((time.perf_counter_ns() - start) / inner / 1000)
+    finally:
+        if enabled:
+            gc.enable()
+    return statistics.median(times)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer samples (finishes in well under a minute)")
+    args = parser.parse_args(argv)
+    samples = 150 if args.quick else 1500
+    slow_samples = 10 if args.quick else 60
+
+    short = {n: batch_of([128] * n) for n in (1, 8, 32, 80)}
+    rng = random.Random(20240611)
+    mixed = batch_of([rng.randint(20, 1000) for _ in range(32)])
+    long_row = batch_of([131072], cached=2048)
+
+    def plan(batch):
+        return lambda: plan_prefill(batch, POLICY, LAYOUT)
+
+    def plan_and_iterate():
+        for request in plan_prefill(long_row, POLICY, LAYOUT):
+            for _chunk in request.chunks:
+                pass
+
+    def plan_iterate_and_materialize():
+        for request in plan_prefill(long_row, POLICY, LAYOUT):
+            for chunk in request.chunks:
+                request.fill_table_of(chunk)
+            request.read_table_values()
+
+    per_row = {n: median_us(plan(batch), samples, inner=4) for n, batch in short.items()}
+    plan_mixed = median_us(plan(mixed), samples, inner=4)
+    plan_long = median_us(plan(long_row), samples, inner=2)
+    prepare_32 = median_us(lambda: prepare_prefill(short[32], POLICY, LAYOUT), samples, inner=4)
+    iterate_long = median_us(plan_and_iterate, samples)
+    materialize_long = median_us(plan_iterate_and_materialize, max(samples // 5, 20))
+    manifest = manifest_for(PrefillPolicy(), MANIFEST_LAYOUT)
+    manifest_ms = median_us(lambda: manifest_for(PrefillPolicy(), MANIFEST_LAYOUT), slow_samples) / 1000
+
+    (long_request,) = plan_prefill(long_row, POLICY, LAYOUT)
+    one = per_row[1]
+    metrics = [
+        *(
+            Metric(
+                f"plan_{n}x128_us", per_row[n], "us", 80.0 if n == 32 else None, f"{per_row[n] / one:.2f}x the 1-row plan"
+            )
+            for n in (1, 8, 32, 80)
+        ),
+        Metric("plan_32_mixed_20_1000_us", plan_mixed, "us", None, f"{plan_mixed / per_row[32]:.2f}x 32x128"),
+        Metric(
+            "plan_131072_row_cached_2048_us", plan_long, "us", 250.0, f"{long_request.num_chunks} chunks of 2048, 4096 blocks"
+        ),
+        Metric("prepare_32x128_us", prepare_32, "us", None, "plan + sampling path + identities"),
+        Metric("prepare_over_plan_32x128", prepare_32 / per_row[32], "ratio", 1.3),
+        Metric("plan_131072_and_iterate_chunks_us", iterate_long, "us", None, f"{iterate_long / plan_long:.2f}x plan alone"),
+        Metric(
+            "plan_131072_chunks_and_tables_us",
+            materialize_long,
+            "us",
+            None,
+            "also materializes every fill table and the read table",
+        ),
+        Metric("manifest_default_8192_ms", manifest_ms, "ms", 50.0, "default policy, block 32"),
+        Metric("manifest_default_8192_programs", len(manifest.program_signatures), "count"),
+        Metric("manifest_default_8192_traces", len(manifest.trace_signatures), "count"),
+    ]
+    report("plan_overhead", metrics)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
