@@ -48,22 +48,29 @@ def batch_of(lengths: list[int], cached: int = 0) -> PrefillBatch:
     return PrefillBatch(tuple(rows))
 
 
-def median_us(fn: Callable[[], object], samples: int, inner: int = 1) -> float:
-    """Median microseconds of one ``fn()`` call over ``samples`` samples of ``inner`` calls each."""
-    fn()
-    times = []
+def median_us(cases: dict[str, tuple[Callable[[], object], int]], samples: int) -> dict[str, float]:
+    """Median microseconds of one call of each case (``name -> (fn, calls per sample)``).
+
+    Samples are taken round-robin (one sample of every case per round), so
+    a burst of load on a shared machine lands on every case alike and the
+    ratios between cases stay meaningful.
+    """
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    for fn, _ in cases.values():
+        fn()
     enabled = gc.isenabled()
     gc.disable()
     try:
         for _ in range(samples):
-            start = time.perf_counter_ns()
-            for _ in range(inner):
-                fn()
-            times.append((time.perf_counter_ns() - start) / inner / 1000)
+            for name, (fn, inner) in cases.items():
+                start = time.perf_counter_ns()
+                for _ in range(inner):
+                    fn()
+                times[name].append((time.perf_counter_ns() - start) / inner / 1000)
     finally:
         if enabled:
             gc.enable()
-    return statistics.median(times)
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,14 +99,23 @@ def main(argv: list[str] | None = None) -> int:
                 request.fill_table_of(chunk)
             request.read_table_values()
 
-    per_row = {n: median_us(plan(batch), samples, inner=4) for n, batch in short.items()}
-    plan_mixed = median_us(plan(mixed), samples, inner=4)
-    plan_long = median_us(plan(long_row), samples, inner=2)
-    prepare_32 = median_us(lambda: prepare_prefill(short[32], POLICY, LAYOUT), samples, inner=4)
-    iterate_long = median_us(plan_and_iterate, samples)
-    materialize_long = median_us(plan_iterate_and_materialize, max(samples // 5, 20))
+    fast = median_us(
+        {
+            **{f"plan_{n}x128": (plan(batch), 4) for n, batch in short.items()},
+            "plan_mixed": (plan(mixed), 4),
+            "plan_long": (plan(long_row), 2),
+            "prepare_32": (lambda: prepare_prefill(short[32], POLICY, LAYOUT), 4),
+            "iterate_long": (plan_and_iterate, 1),
+            "materialize_long": (plan_iterate_and_materialize, 1),
+            "reference": (lambda: sum(range(10_000)), 1),
+        },
+        samples,
+    )
     manifest = manifest_for(PrefillPolicy(), MANIFEST_LAYOUT)
-    manifest_ms = median_us(lambda: manifest_for(PrefillPolicy(), MANIFEST_LAYOUT), slow_samples) / 1000
+    manifest_ms = median_us({"m": (lambda: manifest_for(PrefillPolicy(), MANIFEST_LAYOUT), 1)}, slow_samples)["m"] / 1000
+    per_row = {n: fast[f"plan_{n}x128"] for n in short}
+    plan_mixed, plan_long, prepare_32 = fast["plan_mixed"], fast["plan_long"], fast["prepare_32"]
+    iterate_long, materialize_long = fast["iterate_long"], fast["materialize_long"]
 
     (long_request,) = plan_prefill(long_row, POLICY, LAYOUT)
     one = per_row[1]
@@ -127,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         Metric("manifest_default_8192_ms", manifest_ms, "ms", 50.0, "default policy, block 32"),
         Metric("manifest_default_8192_programs", len(manifest.program_signatures), "count"),
         Metric("manifest_default_8192_traces", len(manifest.trace_signatures), "count"),
+        Metric("machine_reference_sum_range_10000_us", fast["reference"], "us", None, "CPython speed of this machine"),
     ]
     report("plan_overhead", metrics)
     return 0
