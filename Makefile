@@ -26,5 +26,13 @@ test-tt:
 fuzz:
 	HYPOTHESIS_PROFILE=fuzz $(RUN) -m pytest -q -p no:cacheprovider
 
+# Every benchmark; each prints a table and writes benchmarks/results/<name>.json.
+BENCHES = plan_overhead runtime_overhead staging prefill_throughput trace_replay reliability
 bench:
-	$(RUN) benchmarks/plan_overhead.py
+	for b in $(BENCHES); do $(RUN) benchmarks/$$b.py $(BENCH_ARGS) || exit 1; done
+
+# Explain a plan of a sample batch (override LENGTHS / CACHED).
+LENGTHS ?= 100,4097,15x128
+CACHED ?= 0,2048,0
+explain:
+	$(RUN) -m prefill_core plan --lengths $(LENGTHS) --cached $(CACHED)
