@@ -31,7 +31,8 @@ class _Layer(NamedTuple):
     qkv: torch.Tensor  # [q_out + 2 * kv_out, hidden]: one matmul for Q, K and V
     o: torch.Tensor
     mlp_norm: torch.Tensor
-    gate_up: torch.Tensor  # [2 * intermediate, hidden]: one matmul for gate and up
+    gate: torch.Tensor
+    up: torch.Tensor
     down: torch.Tensor
 
 
@@ -158,14 +159,16 @@ class PagedLlama:
 
     def _layer(self, i: int) -> _Layer:
         p, w = f"model.layers.{i}.", self.weights
+        # Q/K/V fuse profitably; gate/up do not (measured on a 2-core CPU:
+        # one [2*I, H] matmul ran ~15% slower than two [I, H] ones).
         qkv = self._fuse([p + f"self_attn.{n}_proj.weight" for n in "qkv"])
-        gate_up = self._fuse([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"])
         return _Layer(
             attn_norm=w[p + "input_layernorm.weight"],
             qkv=qkv,
             o=w[p + "self_attn.o_proj.weight"],
             mlp_norm=w[p + "post_attention_layernorm.weight"],
-            gate_up=gate_up,
+            gate=w[p + "mlp.gate_proj.weight"],
+            up=w[p + "mlp.up_proj.weight"],
             down=w[p + "mlp.down_proj.weight"],
         )
 
@@ -245,8 +248,7 @@ class PagedLlama:
 
     @staticmethod
     def _mlp(layer: _Layer, x: torch.Tensor) -> torch.Tensor:
-        gate, up = F.linear(x, layer.gate_up).chunk(2, dim=-1)
-        return F.linear(F.silu(gate) * up, layer.down)
+        return F.linear(F.silu(F.linear(x, layer.gate)) * F.linear(x, layer.up), layer.down)
 
     @torch.inference_mode()
     def lm_head(self, hidden_rows: torch.Tensor) -> torch.Tensor:
