@@ -43,10 +43,20 @@ def plan_prefill(batch: PrefillBatch, policy: PrefillPolicy, layout: PageTableLa
     rows = batch.rows
     buckets: dict[tuple[int, bool], list[int]] = {}
     singles: list[int] = []
+    padded_of: dict[int, int] = {}  # rows of a wave usually share lengths: rule once per length
+    batching, max_chunk = policy.batching_enabled, policy.max_chunk_length
     for index, row in enumerate(rows):
-        if _is_batchable(row, policy):
-            key = (policy.padded_length(row.length), row.sampling is None)
-            buckets.setdefault(key, []).append(index)
+        length = row.length
+        if batching and row.cached == 0 and length <= max_chunk:
+            padded = padded_of.get(length)
+            if padded is None:
+                padded = padded_of[length] = policy.padded_length(length)
+            key = (padded, row.sampling is None)
+            bucket = buckets.get(key)
+            if bucket is None:
+                buckets[key] = [index]
+            else:
+                bucket.append(index)
         else:
             singles.append(index)
     waves: list[PrefillRequest] = []
@@ -68,10 +78,6 @@ def plan_prefill(batch: PrefillBatch, policy: PrefillPolicy, layout: PageTableLa
     return tuple(waves) + tuple(_single_request(rows, index, policy, layout) for index in singles)
 
 
-def _is_batchable(row: PrefillRow, policy: PrefillPolicy) -> bool:
-    return policy.batching_enabled and row.cached == 0 and row.length <= policy.max_chunk_length
-
-
 def _single_request(rows, index: int, policy: PrefillPolicy, layout: PageTableLayout) -> PrefillRequest:
     row = rows[index]
     if row.cached == 0 and row.length <= policy.max_chunk_length:
@@ -82,17 +88,19 @@ def _single_request(rows, index: int, policy: PrefillPolicy, layout: PageTableLa
 def _regular_request(rows, members: list[int], padded_length: int, policy: PrefillPolicy, layout: PageTableLayout) -> PrefillRequest:
     bs = layout.block_size
     group = [rows[i] for i in members]
+    # One pass over the rows, transposed with zip: this is the hot loop of a wide wave.
+    slots, lengths, blocks, sampling = zip(*[(r.slot, r.length, r.blocks, r.sampling) for r in group])
     padded_batch = 1 if len(members) == 1 else policy.wave_for(len(members))
-    real_blocks = tuple(-(-row.length // bs) for row in group) + (0,) * (padded_batch - len(group))
+    real_blocks = tuple(-(-length // bs) for length in lengths) + (0,) * (padded_batch - len(group))
     table = PageTableView(TableRole.REGULAR, regular_table_width(policy, bs, padded_length), real_blocks, SKIP)
     return PrefillRequest(
         kind=RequestKind.REGULAR_SINGLE if len(members) == 1 else RequestKind.REGULAR_BATCHED,
         source_rows=tuple(members),
-        slots=tuple(row.slot for row in group),
-        lengths=tuple(row.length for row in group),
+        slots=slots,
+        lengths=lengths,
         cached=(0,) * len(group),
-        blocks=tuple(row.blocks for row in group),
-        sampling=tuple(row.sampling for row in group),
+        blocks=blocks,
+        sampling=sampling,
         padded_batch=padded_batch,
         padded_length=padded_length,
         chunk_length=padded_length,

@@ -39,26 +39,20 @@ def _check_arguments(batch: object, policy: object, layout: object) -> None:
             raise PrefillInputError(msg, field=name)
 
 
-def _check_mapped_prefix(index: int, row: PrefillRow, layout: PageTableLayout) -> None:
-    need = layout.blocks_for(row.length)
-    blocks = row.blocks
-    if len(blocks) < need:
-        rule = f"the mapped prefix needs ceil(length={row.length} / block_size={layout.block_size}) = {need} entries"
-        raise row_error(InvalidPageTableError, index, "blocks", f"<{len(blocks)} entries>", rule)
-    prefix = blocks[:need]
-    # array("I") rejects negative ids in C, twice as fast as min() here.
-    try:
-        array("I", prefix)
-        in_range = max(prefix) < layout.num_blocks
-    except OverflowError:
-        in_range = False
-    if not in_range:
-        column = next(j for j, b in enumerate(prefix) if not 0 <= b < layout.num_blocks)
-        rule = f"mapped entries must be block ids in [0, num_blocks={layout.num_blocks})"
-        raise row_error(InvalidPageTableError, index, f"blocks[{column}]", prefix[column], rule)
+def _prefix_in_pool(prefix: tuple[int, ...], num_blocks: int) -> bool:
+    if len(prefix) > 64:
+        # array("I") rejects negative ids in C: about twice as fast as min() here.
+        try:
+            array("I", prefix)
+        except OverflowError:
+            return False
+    elif min(prefix) < 0:
+        return False
+    return max(prefix) < num_blocks
 
 
-def _check_row(index: int, row: PrefillRow, policy: PrefillPolicy, layout: PageTableLayout) -> None:
+def _raise_row_rule(index: int, row: PrefillRow, policy: PrefillPolicy, layout: PageTableLayout) -> None:
+    """Slow path: names the first rule ``row`` breaks (the fast loop only detects one)."""
     bs = layout.block_size
     if row.cached % bs:
         raise row_error(InvalidCachedLengthError, index, "cached", row.cached, f"must be a multiple of block_size={bs}")
@@ -67,9 +61,27 @@ def _check_row(index: int, row: PrefillRow, policy: PrefillPolicy, layout: PageT
     if row.length > layout.capacity:
         rule = f"must be <= the layout's capacity {layout.capacity} (block_size * max_num_blocks_per_seq)"
         raise row_error(CapacityError, index, "length", row.length, rule)
-    _check_mapped_prefix(index, row, layout)
-    if row.sampling is not None:
-        check_sampling(index, row.sampling, policy.max_logprobs)
+    need = layout.blocks_for(row.length)
+    if len(row.blocks) < need:
+        rule = f"the mapped prefix needs ceil(length={row.length} / block_size={bs}) = {need} entries"
+        raise row_error(InvalidPageTableError, index, "blocks", f"<{len(row.blocks)} entries>", rule)
+    prefix = row.blocks[:need]
+    column = next(j for j, b in enumerate(prefix) if not 0 <= b < layout.num_blocks)
+    rule = f"mapped entries must be block ids in [0, num_blocks={layout.num_blocks})"
+    raise row_error(InvalidPageTableError, index, f"blocks[{column}]", prefix[column], rule)
+
+
+def _check_rows(batch: PrefillBatch, policy: PrefillPolicy, layout: PageTableLayout) -> None:
+    bs, lane, capacity, pool = layout.block_size, policy.lane_size, layout.capacity, layout.num_blocks
+    for index, row in enumerate(batch.rows):
+        length, blocks = row.length, row.blocks
+        need = -(-length // bs)
+        if row.cached % bs or row.slot >= lane or length > capacity or len(blocks) < need:
+            _raise_row_rule(index, row, policy, layout)
+        if not _prefix_in_pool(blocks if len(blocks) == need else blocks[:need], pool):
+            _raise_row_rule(index, row, policy, layout)
+        if row.sampling is not None:
+            check_sampling(index, row.sampling, policy.max_logprobs)
 
 
 def _locate_conflict(batch: PrefillBatch, block_size: int) -> None:
@@ -103,15 +115,16 @@ def _check_block_conflicts(batch: PrefillBatch, block_size: int) -> None:
 
     Cached-prefix blocks may be shared between rows: they are only read.
     """
-    written: list[int] = []
+    written: set[int] = set()
+    num_written = 0
     cached: list[int] = []
     for row in batch.rows:
         lo, hi = written_block_range(row, block_size)
-        written += row.blocks[lo:hi]
+        written.update(row.blocks[lo:hi])
+        num_written += hi - lo
         if lo:
             cached += row.blocks[:lo]
-    unique = set(written)
-    if len(unique) != len(written) or not unique.isdisjoint(cached):
+    if len(written) != num_written or not written.isdisjoint(cached):
         _locate_conflict(batch, block_size)
 
 
@@ -119,6 +132,5 @@ def check_inputs(batch: PrefillBatch, policy: PrefillPolicy, layout: PageTableLa
     """Raises the first broken rule as a ``PrefillInputError`` subclass."""
     _check_arguments(batch, policy, layout)
     check_policy_fits_layout(policy, layout)
-    for index, row in enumerate(batch.rows):
-        _check_row(index, row, policy, layout)
+    _check_rows(batch, policy, layout)
     _check_block_conflicts(batch, layout.block_size)
