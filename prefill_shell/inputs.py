@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from prefill_core import PrefillChunk, PrefillRequest
+from prefill_core import PageTableView, PrefillChunk, PrefillRequest
 
 from .backends.base import Backend
 from .ledger import DeviceTensor, Ownership
@@ -72,13 +72,43 @@ def _table_tensor(rows: tuple[tuple[int, ...], ...]) -> torch.Tensor:
     return torch.tensor([entry for row in rows for entry in row], dtype=torch.int32).view(len(rows), -1)
 
 
-def _host_step(tokens: torch.Tensor, request: PrefillRequest, chunk: PrefillChunk) -> HostStep:
+def _table_from_caller(
+    page_table: torch.Tensor, view: PageTableView, request: PrefillRequest, first_block: int
+) -> torch.Tensor:
+    """``materialize_table``'s integers, cut from the caller's page table with tensor ops.
+
+    Equal to the core's pure materializer by construction (a row's blocks
+    are that row of the same table); tests/shell/test_staging_tables.py
+    checks it on generated plans.
+    """
+    out = torch.full((view.num_rows, view.width), view.filler, dtype=torch.int32)
+    active = request.active_batch_size
+    cols = min(view.width, page_table.shape[1] - first_block)
+    real = view.real_blocks[:active]
+    if cols > 0 and max(real) > 0:
+        rows = request.source_rows
+        if rows[-1] - rows[0] == active - 1:
+            src = page_table[rows[0] : rows[0] + active, first_block : first_block + cols]
+        else:
+            src = page_table[torch.tensor(rows), first_block : first_block + cols]
+        unmapped = torch.arange(cols) >= torch.tensor(real).unsqueeze(1)  # [A, cols]
+        out[:active, :cols] = src.to(torch.int32).masked_fill(unmapped, view.filler)
+    return out
+
+
+def _host_step(
+    tokens: torch.Tensor, request: PrefillRequest, chunk: PrefillChunk, page_table: torch.Tensor | None
+) -> HostStep:
     b, active = request.padded_batch, request.active_batch_size
     pad = b - active
     start = torch.full((b,), chunk.start, dtype=torch.int64)
     slots = torch.tensor(request.slots + (-1,) * pad, dtype=torch.int32)
-    fill = _table_tensor(request.fill_table_of(chunk))
-    read = None if request.read_table is None else _table_tensor(request.read_table_values())
+    if page_table is None:
+        fill = _table_tensor(request.fill_table_of(chunk))
+        read = None if request.read_table is None else _table_tensor(request.read_table_values())
+    else:
+        fill = _table_from_caller(page_table, chunk.fill_table, request, chunk.first_block)
+        read = None if request.read_table is None else _table_from_caller(page_table, request.read_table, request, 0)
     # Made chunk-relative only here, at the staging boundary; padding rows
     # point at token 0 of their (zero) row.
     last = [p - chunk.start for p in request.last_token_positions] if chunk.is_final else [0] * active
@@ -86,9 +116,16 @@ def _host_step(tokens: torch.Tensor, request: PrefillRequest, chunk: PrefillChun
     return HostStep(chunk, _token_block(tokens, request, chunk, b), start, slots, fill, read, last_index)
 
 
-def build_host_steps(tokens: torch.Tensor, request: PrefillRequest) -> list[HostStep]:
-    """Host values for every chunk of ``request``, in execution order."""
-    return [_host_step(tokens, request, chunk) for chunk in request.chunks]
+def build_host_steps(
+    tokens: torch.Tensor, request: PrefillRequest, page_table: torch.Tensor | None = None
+) -> list[HostStep]:
+    """Host values for every chunk of ``request``, in execution order.
+
+    With the caller's ``page_table`` (the one the request was planned from)
+    tables are cut from it with tensor ops; without it they come from the
+    core's pure materializer. Both give the same integers.
+    """
+    return [_host_step(tokens, request, chunk, page_table) for chunk in request.chunks]
 
 
 class PrefillInputStager:

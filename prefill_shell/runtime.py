@@ -88,7 +88,8 @@ class PrefillRuntime:
         batch = build_batch(matrix, page_table, prompt_lengths, cached_lengths, slots, sampling, layout)
         check_token_ids(matrix, batch, self.config.model.spec.vocab_size)
         prepared = prepare_prefill(batch, self.config.policy, layout)
-        steps = tuple(tuple(build_host_steps(matrix, p.request)) for p in prepared)
+        table = page_table.to("cpu")  # validated by build_batch
+        steps = tuple(tuple(build_host_steps(matrix, p.request, table)) for p in prepared)
         return PreparedBatch(prepared, steps, len(batch.rows))
 
     def invoke(self, batch: PreparedBatch, index: int) -> InvocationResult:
