@@ -34,12 +34,14 @@ from prefill_shell.runtime import PrefillRuntime  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
-# A CPU-minded policy: finer length rungs (little padding), one chunk up to
-# 4096 tokens, and waves split exactly instead of padded (on a CPU every
-# padded row is pure extra work). tt-metal's default ladder would pad every
-# 129-1024-token prompt to 1024.
+# A CPU-minded policy: 16-token length rungs (little padding; a CPU compiles
+# nothing per shape, so many rungs cost nothing), one chunk up to 4096 tokens,
+# and waves split exactly instead of padded (on a CPU every padded row is pure
+# extra work). tt-metal's default ladder would pad every 129-1024-token prompt
+# to 1024.
 CPU_POLICY = PrefillPolicy(
-    length_ladder=tuple(range(32, 1025, 32)), max_chunk_length=4096, chunk_quantum=2048, pad_partial_waves=False
+    tile_size=16, length_ladder=tuple(range(16, 1025, 16)), max_chunk_length=4096, chunk_quantum=2048,
+    pad_partial_waves=False,
 )
 
 
@@ -87,7 +89,7 @@ def matmul_probe(spec, repeats: int) -> float:
 
 class Ours:
     def __init__(self, model, lengths: list[int]):
-        bs = 32
+        bs = 16
         blocks = [-(-n // bs) for n in lengths]
         total = sum(blocks)
         kv = model.new_kv_cache(total, bs)
