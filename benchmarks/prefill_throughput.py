@@ -157,10 +157,10 @@ def run(quick: bool, repeats: int) -> dict:
             ours(tokens)  # warm
             for fn in hf_modes.values():
                 fn(tokens)
-            for _ in range(repeats):  # interleaved
-                samples["ours"].append(timed(ours, tokens))
-                for mode, fn in hf_modes.items():
-                    samples[mode].append(timed(fn, tokens))
+            runners = [("ours", ours), *hf_modes.items()]
+            for repeat in range(repeats):  # interleaved, alternating who goes first
+                for label, fn in runners if repeat % 2 == 0 else runners[::-1]:
+                    samples[label].append(timed(fn, tokens))
             real = sum(lengths)
             med = {k: statistics.median(v) for k, v in samples.items()}
             hf_best = min((m for m in hf_modes), key=lambda m: med[m])
