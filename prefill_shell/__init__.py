@@ -1,1 +1,16 @@
-"""Imperative shell of the prefill runtime: every device touch lives here."""
+"""Imperative shell of the prefill runtime: every device touch lives here.
+
+The public entry points, re-exported: ``PrefillRuntimeConfig`` (validated
+static collaborators), ``PrefillRuntime`` (prepare, invoke, assemble,
+cleanup), ``PrefillExecutor`` (warm-up and traced dispatch),
+``TorchBackend``, and the ``PrefillResult`` value. ``TtnnBackend`` is in
+``prefill_shell.backends.ttnn_backend`` and imported only on request.
+"""
+
+from .backends import TorchBackend
+from .config import PrefillRuntimeConfig
+from .executor import PrefillExecutor
+from .result import PrefillResult
+from .runtime import PrefillRuntime, PreparedBatch
+
+__all__ = ["PrefillExecutor", "PrefillResult", "PrefillRuntime", "PrefillRuntimeConfig", "PreparedBatch", "TorchBackend"]

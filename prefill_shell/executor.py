@@ -50,7 +50,7 @@ class PrefillExecutor:
         self.runtime = runtime
         model = runtime.config.model
         self.lifecycle = PrefillTraceLifecycle(
-            runtime.backend, runtime.stager, runtime.postprocessor, runtime._body, model.spec,
+            runtime.backend, runtime.stager, runtime.postprocessor, runtime.run_body, model.spec,
             getattr(model, "dtype", torch.float32), runtime.release,
         )
         self.compiled: set[PrefillProgramSignature] = set()
@@ -67,7 +67,7 @@ class PrefillExecutor:
         acquired: list[DeviceTensor] = []
         try:
             inputs = runtime.stager.stage(step, acquired)
-            hidden = runtime.backend.adopt(runtime._body(inputs), "hidden", Ownership.INVOCATION)
+            hidden = runtime.backend.adopt(runtime.run_body(inputs), "hidden", Ownership.INVOCATION)
             acquired.append(hidden)
             params = _warmup_params(signature)
             runtime.postprocessor.finish(signature, params, hidden, inputs.last_index, (0,) * len(params), acquired)

@@ -51,19 +51,21 @@ class PrefillRuntime:
         self._rng = random.Random(seed)
         self._closed = False
         self.stager = PrefillInputStager(self.backend)
-        self.postprocessor = PrefillPostprocessor(self.backend, self._lm_head, config.policy.max_logprobs)
-        self.runner = PrefillSequenceRunner(self.backend, self.stager, self.postprocessor, self._body, self.release)
+        self.postprocessor = PrefillPostprocessor(self.backend, self.run_lm_head, config.policy.max_logprobs)
+        self.runner = PrefillSequenceRunner(self.backend, self.stager, self.postprocessor, self.run_body, self.release)
         self.assembler = PrefillResultAssembler(self.backend, self.release)
 
     # -- model-body boundaries (shared by eager and traced paths) ---------
-    def _body(self, step: DeviceStep) -> Any:
+    def run_body(self, step: DeviceStep) -> Any:
+        """One model-body step on staged inputs: the boundary eager and traced paths share."""
         read = None if step.read_table is None else step.read_table.value
         with torch.inference_mode():
             return self.config.model.forward_hidden(
                 step.tokens.value, step.start.value, step.fill_table.value, read, self.config.kv
             )
 
-    def _lm_head(self, rows: Any) -> Any:
+    def run_lm_head(self, rows: Any) -> Any:
+        """The LM head on last-token rows (the postprocessor calls it)."""
         with torch.inference_mode():
             return self.config.model.lm_head(rows)
 
