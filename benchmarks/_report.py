@@ -55,16 +55,17 @@ def table(metrics: Sequence[Metric]) -> str:
     return "\n".join(out)
 
 
-def report(name: str, metrics: Sequence[Metric], *, results_dir: Path = RESULTS) -> Path:
-    """Prints the table and writes ``<results_dir>/<name>.json``; returns the path written."""
-    print(table(metrics))
+def write_json(name: str, metrics: dict[str, float], units: dict[str, str], *, results_dir: Path = RESULTS) -> Path:
+    """Writes ``<results_dir>/<name>.json`` in the shared shape; returns the path written."""
     results_dir.mkdir(parents=True, exist_ok=True)
     path = results_dir / f"{name}.json"
-    payload = {
-        "benchmark": name,
-        "metrics": {m.key: m.value for m in metrics},
-        "units": {m.key: m.unit for m in metrics},
-    }
+    payload = {"benchmark": name, "metrics": metrics, "units": units}
     path.write_text(json.dumps(payload, indent=1, sort_keys=True) + "\n")
     print(f"wrote {path}")
     return path
+
+
+def report(name: str, metrics: Sequence[Metric], *, results_dir: Path = RESULTS) -> Path:
+    """Prints the table and writes ``<results_dir>/<name>.json``; returns the path written."""
+    print(table(metrics))
+    return write_json(name, {m.key: m.value for m in metrics}, {m.key: m.unit for m in metrics}, results_dir=results_dir)

@@ -15,7 +15,6 @@ the machine's matmul rate; the share is model FLOP/s on real tokens over it.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -26,13 +25,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks._report import write_json  # noqa: E402
 from prefill_core import PageTableLayout, PrefillPolicy  # noqa: E402
 from prefill_shell.backends import TorchBackend  # noqa: E402
 from prefill_shell.config import PrefillRuntimeConfig  # noqa: E402
 from prefill_shell.reference import random_llama, save_hf_folder  # noqa: E402
 from prefill_shell.runtime import PrefillRuntime  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
 
 # A CPU-minded policy: 16-token length rungs (little padding; a CPU compiles
 # nothing per shape, so many rungs cost nothing), one chunk up to 4096 tokens,
@@ -190,8 +189,7 @@ def main() -> None:
     args = parser.parse_args()
     repeats = args.repeats or (3 if args.quick else 7)
     result = run(args.quick, repeats)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "prefill_throughput.json").write_text(json.dumps(result, indent=1, sort_keys=True))
+    write_json("prefill_throughput", result["metrics"], result["units"])
 
 
 if __name__ == "__main__":

@@ -10,17 +10,16 @@ example budget of each profile.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
+from benchmarks._report import write_json  # noqa: E402
 from prefill_shell.reference import random_llama  # noqa: E402
 from prefill_shell.testing.sweep import SCENARIOS, sweep  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def main() -> None:
@@ -43,10 +42,7 @@ def main() -> None:
     metrics["hypothesis_examples_fuzz"] = conftest.FUZZ_EXAMPLES
     units.update(hypothesis_examples_ci="examples per property", hypothesis_examples_fuzz="examples per property")
     print(f"hypothesis examples per property: ci {conftest.CI_EXAMPLES}, fuzz {conftest.FUZZ_EXAMPLES}")
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "reliability.json").write_text(
-        json.dumps({"benchmark": "reliability", "metrics": metrics, "units": units}, indent=1, sort_keys=True)
-    )
+    write_json("reliability", metrics, units)
 
 
 if __name__ == "__main__":

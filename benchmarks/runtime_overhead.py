@@ -12,7 +12,6 @@ tensors to prepared requests with all host step values built.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -22,13 +21,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks._report import write_json  # noqa: E402
 from prefill_core import PageTableLayout, PrefillPolicy, SamplingParams  # noqa: E402
 from prefill_shell.backends import TorchBackend  # noqa: E402
 from prefill_shell.config import PrefillRuntimeConfig  # noqa: E402
 from prefill_shell.model import ModelSpec  # noqa: E402
 from prefill_shell.runtime import PrefillRuntime  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
 ROWS, LENGTH, HIDDEN, VOCAB, BLOCK = 32, 128, 512, 1024, 32
 
 
@@ -97,8 +96,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     result = run(200 if args.quick else 2000)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "runtime_overhead.json").write_text(json.dumps(result, indent=1, sort_keys=True))
+    write_json("runtime_overhead", result["metrics"], result["units"])
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ repeat; medians in microseconds. Target: ttnn staging within 2x of torch.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -29,14 +28,13 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/_report.py
 
 from prefill_core import PageTableLayout, PrefillBatch, PrefillPolicy, PrefillRow, plan_prefill  # noqa: E402
 from prefill_shell.backends import TorchBackend  # noqa: E402
 from prefill_shell.inputs import STEP_FIELDS, build_host_steps  # noqa: E402
 from prefill_shell.ledger import Ownership  # noqa: E402
+from benchmarks._report import Metric, report  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
 BLOCK = 64
 LAYOUT = PageTableLayout(BLOCK, 4096 // BLOCK, 192)
 MAX_RATIO = 2.0
@@ -117,12 +115,6 @@ def _release(backend: TorchBackend) -> None:
 
 def _metrics(rows: dict[str, dict[str, float]]) -> list:
     """Per case: ttnn and torch medians, their ratio (target 2x for whole steps) and the repeat count."""
-    try:
-        from _report import Metric
-    except ImportError:  # the shared helper is optional: same fields, no table helper
-        from collections import namedtuple
-
-        Metric = namedtuple("Metric", "key value unit target note", defaults=(None, ""))  # noqa: N806
     out = []
     for case, row in rows.items():
         target = MAX_RATIO if case in STEP_CASES else None
@@ -135,25 +127,6 @@ def _metrics(rows: dict[str, dict[str, float]]) -> list:
     return out
 
 
-def _write(metrics: list) -> None:
-    try:
-        from _report import report
-    except ImportError:
-        report = None
-    if report is not None:
-        report("staging", metrics)
-        return
-    for m in metrics:
-        verdict = "" if m.target is None else ("ok" if m.value <= m.target else "OVER")
-        print(f"{m.key:<22} {m.value:>10.2f} {m.unit:<5} {'' if m.target is None else m.target:>5} {verdict:<4} {m.note}")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / "staging.json"
-    payload = {"benchmark": "staging", "metrics": {m.key: m.value for m in metrics},
-               "units": {m.key: m.unit for m in metrics}}
-    path.write_text(json.dumps(payload, indent=1, sort_keys=True) + "\n")
-    print(f"wrote {path}")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats: well under a minute")
@@ -161,7 +134,7 @@ def main() -> None:
     args = parser.parse_args()
     rows = run(args.repeats or (200 if args.quick else 2000))
     print("staging: host microseconds per step (medians, interleaved)")
-    _write(_metrics(rows))
+    report("staging", _metrics(rows))
 
 
 if __name__ == "__main__":

@@ -27,7 +27,6 @@ inflating one side's medians (intra-op threads spin-wait when cores are busy).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -37,14 +36,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks._report import Metric, report  # noqa: E402
 from prefill_core import PageTableLayout, PrefillPolicy, SamplingParams, WarmupManifest  # noqa: E402
 from prefill_shell.backends import TorchBackend  # noqa: E402
 from prefill_shell.config import PrefillRuntimeConfig  # noqa: E402
 from prefill_shell.executor import PrefillExecutor  # noqa: E402
 from prefill_shell.reference import random_llama  # noqa: E402
 from prefill_shell.runtime import PrefillRuntime  # noqa: E402
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 BLOCK = 64
 LAYOUT = PageTableLayout(BLOCK, 4096 // BLOCK, 192)
@@ -133,29 +131,6 @@ def _metrics(rows: dict[str, dict[str, float]], cuda: bool, threads: int) -> lis
     return out
 
 
-def _report(name: str, metrics: list[tuple]) -> None:
-    """Prints the table and writes ``results/<name>.json`` through ``_report`` when it is there."""
-    try:
-        from _report import Metric, report  # noqa: PLC0415 (benchmarks/_report.py, shared)
-    except ImportError:
-        _private_report(name, metrics)
-        return
-    report(name, [Metric(*m) for m in metrics])
-
-
-def _private_report(name: str, metrics: list[tuple]) -> None:
-    """The same table and JSON shape as ``_report.report``, for a tree without it."""
-    for key, value, unit, target, note in metrics:
-        verdict = "" if target is None else ("ok" if value <= target else "OVER")
-        shown = "-" if target is None else f"{target:g}"
-        print(f"{key:<34} {value:>10.3f} {unit:<5} {shown:>6} {verdict:<4} {note}")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}.json"
-    payload = {"benchmark": name, "metrics": {m[0]: m[1] for m in metrics}, "units": {m[0]: m[2] for m in metrics}}
-    path.write_text(json.dumps(payload, indent=1, sort_keys=True) + "\n")
-    print(f"wrote {path}")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda (CUDA graphs)")
@@ -171,7 +146,7 @@ def main() -> None:
     cuda = args.device.startswith("cuda")
     threads = torch.get_num_threads()
     print(f"trace_replay on {args.device}, {threads} torch threads (bench preset: 4 layers, 512 wide)")
-    _report("trace_replay_cuda" if cuda else "trace_replay", _metrics(rows, cuda, threads))
+    report("trace_replay_cuda" if cuda else "trace_replay", [Metric(*m) for m in _metrics(rows, cuda, threads)])
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from hypothesis import note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
-from prefill_core import PageTableLayout, PrefillPolicy, SamplingParams, WarmupManifest
+from prefill_core import PageTableLayout, SamplingParams, WarmupManifest
 from prefill_core.errors import PrefillConfigError
 
 from ..backends import TorchBackend
@@ -32,11 +32,11 @@ from ..executor import PrefillExecutor
 from ..ledger import Ownership
 from ..runtime import PrefillRuntime
 from .faults import FaultInjectingBackend, FaultInjectingModel, FaultPlan, InjectedFault
+from .small import SMALL_BLOCK, SMALL_POLICY
 
 __all__ = ["PrefillLifecycleMachine", "run_lifecycle_machine"]
 
-BLOCK, POOL = 16, 96
-POLICY = PrefillPolicy(length_ladder=(32, 64), max_chunk_length=64, chunk_quantum=64, waves=(1, 2, 4), max_logprobs=3)
+BLOCK, POLICY, POOL = SMALL_BLOCK, SMALL_POLICY, 96
 
 _sampling = st.one_of(
     st.none(),

@@ -16,18 +16,18 @@ from collections.abc import Callable
 import attrs
 import torch
 
-from prefill_core import PageTableLayout, PrefillPolicy, SamplingParams, WarmupManifest
+from prefill_core import PageTableLayout, SamplingParams, WarmupManifest
 
 from ..backends import TorchBackend
 from ..config import PrefillRuntimeConfig
 from ..executor import PrefillExecutor
 from ..runtime import PrefillRuntime
 from .faults import FaultInjectingBackend, FaultInjectingModel, FaultPlan, InjectedFault
+from .small import SMALL_BLOCK, SMALL_POLICY
 
 __all__ = ["Scenario", "SweepReport", "SCENARIOS", "sweep"]
 
-BLOCK, POOL = 16, 64
-POLICY = PrefillPolicy(length_ladder=(32, 64), max_chunk_length=64, chunk_quantum=64, waves=(1, 2, 4), max_logprobs=3)
+BLOCK, POLICY, POOL = SMALL_BLOCK, SMALL_POLICY, 64
 
 
 @attrs.frozen
