@@ -45,7 +45,7 @@ def batch_of(lengths: list[int], cached: int = 0) -> PrefillBatch:
         need = -(-length // BLOCK)
         rows.append(PrefillRow(length, cached, slot, tuple(range(block, block + need))))
         block += need
-    return PrefillBatch(tuple(rows))
+    return PrefillBatch.from_rows(tuple(rows))
 
 
 def median_us(cases: dict[str, tuple[Callable[[], object], int]], samples: int) -> dict[str, float]:
@@ -84,6 +84,18 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(20240611)
     mixed = batch_of([rng.randint(20, 1000) for _ in range(32)])
     long_row = batch_of([131072], cached=2048)
+    # The same row with a scattered page table: 4096 distinct ids in random
+    # order (a long-running pool), and in runs of 16-64 consecutive ids in
+    # random order (what a paged allocator's free list tends to hand out).
+    shuffled_ids = rng.sample(range(LAYOUT.num_blocks), 4096)
+    runs, start = [], 0
+    while start < 4096:
+        size = min(rng.randint(16, 64), 4096 - start)
+        runs.append(range(start * 2, start * 2 + size))  # gaps between runs
+        start += size
+    rng.shuffle(runs)
+    long_shuffled = PrefillBatch.from_rows([PrefillRow(131072, 2048, 0, tuple(shuffled_ids))])
+    long_runs = PrefillBatch.from_rows([PrefillRow(131072, 2048, 0, tuple(b for run in runs for b in run))])
 
     def plan(batch):
         return lambda: plan_prefill(batch, POLICY, LAYOUT)
@@ -104,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
             **{f"plan_{n}x128": (plan(batch), 4) for n, batch in short.items()},
             "plan_mixed": (plan(mixed), 4),
             "plan_long": (plan(long_row), 2),
+            "plan_long_shuffled": (plan(long_shuffled), 2),
+            "plan_long_runs": (plan(long_runs), 2),
             "prepare_32": (lambda: prepare_prefill(short[32], POLICY, LAYOUT), 4),
             "iterate_long": (plan_and_iterate, 1),
             "materialize_long": (plan_iterate_and_materialize, 1),
@@ -130,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
         Metric(
             "plan_131072_row_cached_2048_us", plan_long, "us", 250.0, f"{long_request.num_chunks} chunks of 2048, 4096 blocks"
         ),
+        Metric("plan_131072_row_shuffled_blocks_us", fast["plan_long_shuffled"], "us", None, "same row, 4096 ids in random order"),
+        Metric("plan_131072_row_block_runs_us", fast["plan_long_runs"], "us", None, "same row, runs of 16-64 ids in random order"),
         Metric("prepare_32x128_us", prepare_32, "us", None, "plan + sampling path + identities"),
         Metric("prepare_over_plan_32x128", prepare_32 / per_row[32], "ratio", 1.3),
         Metric("plan_131072_and_iterate_chunks_us", iterate_long, "us", None, f"{iterate_long / plan_long:.2f}x plan alone"),

@@ -56,7 +56,7 @@ def host_step(lengths: list[int], cached: list[int]):
         need = -(-length // BLOCK)
         rows.append(PrefillRow(length, done, slot, tuple(range(first, first + need))))
         first += need
-    (request,) = plan_prefill(PrefillBatch(tuple(rows)), PrefillPolicy(), LAYOUT)
+    (request,) = plan_prefill(PrefillBatch.from_rows(tuple(rows)), PrefillPolicy(), LAYOUT)
     tokens = torch.randint(1, 32000, (len(lengths), max(lengths)), generator=torch.Generator().manual_seed(0))
     steps = build_host_steps(tokens, request)
     return steps[-1]

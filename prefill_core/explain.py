@@ -30,7 +30,7 @@ def sample_batch(groups: list[tuple[int, int]], cached: list[int], layout: PageT
             blocks = tuple(range(next_block, next_block + need))
             next_block += need
             rows.append(PrefillRow(length, cached[group] if cached else 0, len(rows), blocks))
-    return PrefillBatch(tuple(rows))
+    return PrefillBatch.from_rows(tuple(rows))
 
 
 def _rows_text(rows: tuple[int, ...]) -> str:

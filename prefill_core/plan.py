@@ -23,6 +23,9 @@ Planning reads lengths, offsets and block ids, never token contents.
 
 from __future__ import annotations
 
+from itertools import compress, repeat
+from operator import is_, is_not
+
 from .batch import PrefillBatch, PrefillRow
 from .geometry import chunked_fill_width, chunked_read_width, regular_table_width
 from .layout import PageTableLayout
@@ -39,26 +42,8 @@ CHUNKED_FILLER = 0
 
 def plan_prefill(batch: PrefillBatch, policy: PrefillPolicy, layout: PageTableLayout) -> tuple[PrefillRequest, ...]:
     """Plans ``batch``; raises a ``PrefillInputError`` subclass on any bad input."""
-    check_inputs(batch, policy, layout)
-    rows = batch.rows
-    buckets: dict[tuple[int, bool], list[int]] = {}
-    singles: list[int] = []
-    padded_of: dict[int, int] = {}  # rows of a wave usually share lengths: rule once per length
-    batching, max_chunk = policy.batching_enabled, policy.max_chunk_length
-    for index, row in enumerate(rows):
-        length = row.length
-        if batching and row.cached == 0 and length <= max_chunk:
-            padded = padded_of.get(length)
-            if padded is None:
-                padded = padded_of[length] = policy.padded_length(length)
-            key = (padded, row.sampling is None)
-            bucket = buckets.get(key)
-            if bucket is None:
-                buckets[key] = [index]
-            else:
-                bucket.append(index)
-        else:
-            singles.append(index)
+    mapped_blocks = check_inputs(batch, policy, layout)
+    buckets, singles = _bucket_rows(batch, policy)
     waves: list[PrefillRequest] = []
     for (padded_length, _), members in buckets.items():
         max_wave = policy.max_wave_for(padded_length)
@@ -72,35 +57,80 @@ def plan_prefill(batch: PrefillBatch, policy: PrefillPolicy, layout: PageTableLa
                 if len(group) == 1:
                     singles.append(group[0])
                 else:
-                    waves.append(_regular_request(rows, group, padded_length, policy, layout))
+                    waves.append(_regular_request(batch, mapped_blocks, group, padded_length, policy, layout))
     waves.sort(key=lambda request: request.source_rows[0])
     singles.sort()
-    return tuple(waves) + tuple(_single_request(rows, index, policy, layout) for index in singles)
+    return tuple(waves) + tuple(_single_request(batch, mapped_blocks, index, policy, layout) for index in singles)
 
 
-def _single_request(rows, index: int, policy: PrefillPolicy, layout: PageTableLayout) -> PrefillRequest:
-    row = rows[index]
-    if row.cached == 0 and row.length <= policy.max_chunk_length:
-        return _regular_request(rows, [index], policy.padded_length(row.length), policy, layout)
-    return _chunked_request(row, index, policy, layout)
+def _bucket_rows(batch: PrefillBatch, policy: PrefillPolicy) -> tuple[dict[tuple[int, bool], list[int]], list[int]]:
+    """Rows that may batch, by (padded length, logits-or-sampled); the rest are singles."""
+    lengths, sampling, n = batch.lengths, batch.sampling, len(batch)
+    if not policy.batching_enabled:
+        return {}, list(range(n))
+    max_chunk = policy.max_chunk_length
+    if not any(batch.cached) and max(lengths) <= max_chunk and min(lengths) == max(lengths):
+        # One length, nothing cached (a uniform wave): at most two buckets, built in C.
+        padded = policy.padded_length(lengths[0])
+        logits = list(compress(range(n), map(is_, sampling, repeat(None))))
+        if len(logits) in (0, n):
+            return {(padded, bool(logits)): list(range(n))}, []
+        return {(padded, True): logits, (padded, False): list(compress(range(n), map(is_not, sampling, repeat(None))))}, []
+    buckets: dict[tuple[int, bool], list[int]] = {}
+    singles: list[int] = []
+    padded_of: dict[int, int] = {}  # rows of a wave usually share lengths: rule once per length
+    for index, (length, cached, params) in enumerate(zip(lengths, batch.cached, sampling)):
+        if cached == 0 and length <= max_chunk:
+            padded = padded_of.get(length)
+            if padded is None:
+                padded = padded_of[length] = policy.padded_length(length)
+            key = (padded, params is None)
+            bucket = buckets.get(key)
+            if bucket is None:
+                buckets[key] = [index]
+            else:
+                bucket.append(index)
+        else:
+            singles.append(index)
+    return buckets, singles
 
 
-def _regular_request(rows, members: list[int], padded_length: int, policy: PrefillPolicy, layout: PageTableLayout) -> PrefillRequest:
+def _single_request(
+    batch: PrefillBatch, mapped_blocks: tuple[int, ...], index: int, policy: PrefillPolicy, layout: PageTableLayout
+) -> PrefillRequest:
+    length = batch.lengths[index]
+    if batch.cached[index] == 0 and length <= policy.max_chunk_length:
+        return _regular_request(batch, mapped_blocks, [index], policy.padded_length(length), policy, layout)
+    return _chunked_request(batch.row(index), index, policy, layout)
+
+
+def _pick(column: tuple, members: list[int]) -> tuple:
+    """``column``'s entries at ``members`` (the whole column when that is all of it)."""
+    if len(members) == len(column):  # members are distinct row indices in order: all rows
+        return column
+    return tuple(map(column.__getitem__, members))
+
+
+def _regular_request(
+    batch: PrefillBatch,
+    mapped_blocks: tuple[int, ...],
+    members: list[int],
+    padded_length: int,
+    policy: PrefillPolicy,
+    layout: PageTableLayout,
+) -> PrefillRequest:
     bs = layout.block_size
-    group = [rows[i] for i in members]
-    # One pass over the rows, transposed with zip: this is the hot loop of a wide wave.
-    slots, lengths, blocks, sampling = zip(*[(r.slot, r.length, r.blocks, r.sampling) for r in group])
     padded_batch = 1 if len(members) == 1 else policy.wave_for(len(members))
-    real_blocks = tuple(-(-length // bs) for length in lengths) + (0,) * (padded_batch - len(group))
+    real_blocks = _pick(mapped_blocks, members) + (0,) * (padded_batch - len(members))
     table = PageTableView(TableRole.REGULAR, regular_table_width(policy, bs, padded_length), real_blocks, SKIP)
     return PrefillRequest(
         kind=RequestKind.REGULAR_SINGLE if len(members) == 1 else RequestKind.REGULAR_BATCHED,
         source_rows=tuple(members),
-        slots=slots,
-        lengths=lengths,
-        cached=(0,) * len(group),
-        blocks=blocks,
-        sampling=sampling,
+        slots=_pick(batch.slots, members),
+        lengths=_pick(batch.lengths, members),
+        cached=(0,) * len(members),
+        blocks=_pick(batch.blocks, members),
+        sampling=_pick(batch.sampling, members),
         padded_batch=padded_batch,
         padded_length=padded_length,
         chunk_length=padded_length,

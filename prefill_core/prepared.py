@@ -33,11 +33,11 @@ def prepare_request(request: PrefillRequest, policy: PrefillPolicy) -> PreparedP
     path = classify_sampling(
         request.sampling, device_top_k_cap=policy.device_top_k_cap, allow_forced_argmax=policy.allow_forced_argmax
     )
+    body = trace_signature(request)
     program = program_signature(
-        request, path, tile_size=policy.tile_size, static_last_token_tile=policy.static_last_token_tile
+        request, path, tile_size=policy.tile_size, static_last_token_tile=policy.static_last_token_tile, body=body
     )
-    trace = trace_signature(request) if policy.is_trace_eligible(request.chunk_length) else None
-    return PreparedPrefill(request, path, program, trace)
+    return PreparedPrefill(request, path, program, body if policy.is_trace_eligible(request.chunk_length) else None)
 
 
 def prepare_prefill(batch: PrefillBatch, policy: PrefillPolicy, layout: PageTableLayout) -> tuple[PreparedPrefill, ...]:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import enum
 import math
+from itertools import repeat
+from operator import is_
 
 import attrs
 
@@ -98,14 +100,16 @@ def classify_sampling(
     sampling: tuple[SamplingParams | None, ...], *, device_top_k_cap: int, allow_forced_argmax: bool
 ) -> SamplingPath:
     """The one sampling path of a wave whose active rows carry ``sampling``."""
-    if all(s is None for s in sampling):
+    if all(map(is_, sampling, repeat(None))):
         return SamplingPath.LOGITS
-    if any(s is None for s in sampling):
+    # Rows usually share a handful of parameter objects: judge each once.
+    distinct = list({id(s): s for s in sampling}.values())
+    if any(s is None for s in distinct):
         # The planner never mixes logits rows with sampled rows in one wave.
         raise AssertionError("a wave mixes rows with and without sampling params")
     # top_k == 0 (whole vocabulary) is beyond any device top-k as well.
-    if any(not s.is_greedy and (s.top_k == 0 or s.top_k > device_top_k_cap) for s in sampling):
+    if any(not s.is_greedy and (s.top_k == 0 or s.top_k > device_top_k_cap) for s in distinct):
         return SamplingPath.HOST
-    if allow_forced_argmax and all(s.is_greedy for s in sampling):
+    if allow_forced_argmax and all(s.is_greedy for s in distinct):
         return SamplingPath.ARGMAX
     return SamplingPath.TOPK

@@ -93,14 +93,20 @@ def trace_signature(request: PrefillRequest) -> PrefillTraceSignature:
 
 
 def program_signature(
-    request: PrefillRequest, sampling_path: SamplingPath, *, tile_size: int, static_last_token_tile: bool
+    request: PrefillRequest,
+    sampling_path: SamplingPath,
+    *,
+    tile_size: int,
+    static_last_token_tile: bool,
+    body: PrefillTraceSignature | None = None,
 ) -> PrefillProgramSignature:
-    """The program identity of ``request`` run with ``sampling_path``."""
-    body = trace_signature(request)
+    """The program identity of ``request`` run with ``sampling_path`` (``body``: its
+    ``trace_signature`` when the caller already has it)."""
+    body = trace_signature(request) if body is None else body
     # The sampled token's own log-prob is always returned; the flag adds the
     # top-N table, which only device-sampling programs compute.
     logprobs = sampling_path in (SamplingPath.ARGMAX, SamplingPath.TOPK) and any(
-        s is not None and s.num_logprobs > 0 for s in request.sampling
+        s is not None and s.num_logprobs > 0 for s in {id(s): s for s in request.sampling}.values()
     )
     tile = None
     if static_last_token_tile and request.kind is RequestKind.REGULAR_SINGLE:

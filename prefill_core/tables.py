@@ -40,7 +40,7 @@ class TableRole(enum.Enum):
 def _check_view(view: PageTableView) -> None:
     if view.width <= 0:
         raise ValueError(f"PageTableView.width={view.width!r} must be > 0")
-    if any(n < 0 or n > view.width for n in view.real_blocks):
+    if view.real_blocks and (min(view.real_blocks) < 0 or max(view.real_blocks) > view.width):
         raise ValueError(f"PageTableView.real_blocks={view.real_blocks!r} must lie in [0, width={view.width}]")
     if (view.role is TableRole.CHUNKED_FULL) != (view.filler >= 0):
         raise ValueError(f"PageTableView.filler={view.filler!r} must be >= 0 exactly when role is chunked_full")

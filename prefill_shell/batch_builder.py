@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
-from prefill_core import PageTableLayout, PrefillBatch, PrefillRow, SamplingParams
+from prefill_core import PageTableLayout, PrefillBatch
 from prefill_core.errors import PrefillInputError
 
 __all__ = ["build_batch", "as_token_matrix", "check_token_ids"]
@@ -33,9 +33,9 @@ def _int_vector(name: str, value, num_rows: int) -> list[int]:
         raise _fail(name, type(value).__name__, "must be a sequence of ints or a 1-D integer tensor")
     if len(value) != num_rows:
         raise _fail(name, f"<{len(value)} values>", f"must hold one value per row ({num_rows} rows)")
-    for row, item in enumerate(value):
-        if type(item) is not int:
-            raise PrefillInputError(f"row {row}: {name}={item!r} is invalid: must be an int", row=row, field=name)
+    if not set(map(type, value)) <= {int}:
+        row, item = next((row, item) for row, item in enumerate(value) if type(item) is not int)
+        raise PrefillInputError(f"row {row}: {name}={item!r} is invalid: must be an int", row=row, field=name)
     return list(value)
 
 
@@ -69,6 +69,16 @@ def _page_table(page_table, num_rows: int) -> torch.Tensor:
     return page_table.to("cpu")
 
 
+def _raise_first_shape_rule(lengths: list[int], need: list[int], columns: int, table_columns: int) -> None:
+    for row, length in enumerate(lengths):
+        if length > columns:
+            rule = f"tokens holds only {columns} columns"
+            raise PrefillInputError(f"row {row}: prompt_lengths={length} is invalid: {rule}", row=row, field="prompt_lengths")
+        if need[row] > table_columns:
+            rule = f"the mapped prefix needs {need[row]} entries but page_table has {table_columns} columns"
+            raise PrefillInputError(f"row {row}: page_table is invalid: {rule}", row=row, field="page_table")
+
+
 def build_batch(
     tokens: torch.Tensor,
     page_table,
@@ -89,30 +99,20 @@ def build_batch(
     table = _page_table(page_table, num_rows)
     bs, columns = layout.block_size, tokens.shape[1]
     need = [-(-max(length, 0) // bs) for length in lengths]
-    for row, length in enumerate(lengths):
-        if length > columns:
-            rule = f"tokens holds only {columns} columns"
-            raise PrefillInputError(f"row {row}: prompt_lengths={length} is invalid: {rule}", row=row, field="prompt_lengths")
-        if need[row] > table.shape[1]:
-            rule = f"the mapped prefix needs {need[row]} entries but page_table has {table.shape[1]} columns"
-            raise PrefillInputError(f"row {row}: page_table is invalid: {rule}", row=row, field="page_table")
-        if params[row] is not None and not isinstance(params[row], SamplingParams):
-            raise PrefillInputError(f"row {row}: sampling must be SamplingParams or None", row=row, field="sampling")
+    if num_rows and (max(lengths) > columns or max(need) > table.shape[1]):
+        _raise_first_shape_rule(lengths, need, columns, table.shape[1])
     # One host conversion of the mapped columns; stale tails past each row's
-    # prefix are never read.
-    mapped = table[:, : max(need, default=0)].tolist()
-    rows = [
-        PrefillRow(lengths[row], cached[row], slot_ids[row], tuple(mapped[row][: need[row]]), params[row])
-        for row in range(num_rows)
-    ]
-    return PrefillBatch(tuple(rows))
+    # prefix are never read. The core gets columns: no per-row objects.
+    mapped = table[:, : max(need, default=0)].tolist()  # an empty batch fails in the core
+    blocks = tuple(map(tuple, map(list.__getitem__, mapped, map(slice, need))))
+    return PrefillBatch(tuple(lengths), tuple(cached), tuple(slot_ids), blocks, tuple(params))
 
 
 def check_token_ids(tokens: torch.Tensor, batch: PrefillBatch, vocab_size: int) -> None:
     """Every prompt token (past each row's length anything goes) is in ``[0, vocab_size)``."""
     if tokens.numel() == 0 or (int(tokens.min()) >= 0 and int(tokens.max()) < vocab_size):
         return  # the whole matrix is in range: no per-row mask needed
-    lengths = torch.tensor([row.length for row in batch.rows]).unsqueeze(1)
+    lengths = torch.tensor(batch.lengths).unsqueeze(1)
     inside = torch.arange(tokens.shape[1]).unsqueeze(0) < lengths  # [N, T]
     bad = inside & ((tokens < 0) | (tokens >= vocab_size))
     if bool(bad.any()):

@@ -92,7 +92,7 @@ class PrefillRuntime:
         prepared = prepare_prefill(batch, self.config.policy, layout)
         table = page_table.to("cpu")  # validated by build_batch
         steps = tuple(tuple(build_host_steps(matrix, p.request, table)) for p in prepared)
-        return PreparedBatch(prepared, steps, len(batch.rows))
+        return PreparedBatch(prepared, steps, len(batch))
 
     def invoke(self, batch: PreparedBatch, index: int) -> InvocationResult:
         """Runs request ``index`` of ``batch`` eagerly."""

@@ -107,7 +107,7 @@ class CaseSpec:
 
     def build(self) -> Case:
         return Case(
-            PrefillBatch(self.rows), PrefillPolicy(**self.policy_kwargs), PageTableLayout(**self.layout_kwargs)
+            PrefillBatch.from_rows(self.rows), PrefillPolicy(**self.policy_kwargs), PageTableLayout(**self.layout_kwargs)
         )
 
     @property

@@ -42,7 +42,7 @@ BASE = (PrefillRow(100, 0, 0, (0, 1, 2, 3)), PrefillRow(96, 32, 1, (20, 21, 22))
 
 
 def prepare_rows(*rows: PrefillRow, policy: PrefillPolicy = POLICY, layout: PageTableLayout = LAYOUT):
-    return prepare_prefill(PrefillBatch(tuple(rows)), policy, layout)
+    return prepare_prefill(PrefillBatch.from_rows(tuple(rows)), policy, layout)
 
 
 def changed(index: int, **fields) -> tuple[PrefillRow, ...]:
@@ -161,7 +161,7 @@ def test_policy_not_aligned_to_the_block_size_is_rejected_at_planning(field, val
         kwargs["chunk_quantum"] = 2048
     policy = PrefillPolicy(**kwargs)
     with pytest.raises(InvalidPolicyError) as caught:
-        prepare_prefill(PrefillBatch((PrefillRow(10, 0, 0, (0,)),)), policy, layout)
+        prepare_prefill(PrefillBatch.from_rows((PrefillRow(10, 0, 0, (0,)),)), policy, layout)
     check_message(caught.value, None, field, value)
 
 
@@ -177,7 +177,7 @@ def test_invalid_layout_raises_invalid_layout_error(field, value):
 @pytest.mark.parametrize("position", [0, 1, 2])
 def test_wrong_argument_types_raise_input_errors(position):
     """Passing something other than a batch, policy or layout raises PrefillInputError naming the argument."""
-    args = [PrefillBatch(BASE), POLICY, LAYOUT]
+    args = [PrefillBatch.from_rows(BASE), POLICY, LAYOUT]
     args[position] = None
     with pytest.raises(PrefillInputError) as caught:
         prepare_prefill(*args)

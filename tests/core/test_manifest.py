@@ -45,7 +45,7 @@ def test_manifest_covers_plans_at_the_layouts_full_capacity(case, data):
     cached = data.draw(st.integers(0, length // layout.block_size)) * layout.block_size
     blocks = tuple(range(layout.blocks_for(length)))
     layout = attrs.evolve(layout, num_blocks=max(layout.num_blocks, len(blocks)))
-    batch = attrs.evolve(case.batch, rows=(attrs.evolve(case.batch.rows[0], length=length, cached=cached, slot=0, blocks=blocks),))
+    batch = PrefillBatch.from_rows((attrs.evolve(case.batch.rows[0], length=length, cached=cached, slot=0, blocks=blocks),))
     manifest = manifest_for(case.policy, layout)
     assert all(manifest.covers(p) for p in prepare_prefill(batch, case.policy, layout))
 
@@ -153,6 +153,6 @@ def test_manifest_missing_a_used_identity_does_not_cover_it(case):
 def test_empty_manifest_covers_nothing():
     """An empty manifest covers no prepared request."""
     layout = PageTableLayout(32, 64, 64)
-    batch = PrefillBatch((PrefillRow(100, 0, 0, (0, 1, 2, 3)),))
+    batch = PrefillBatch.from_rows((PrefillRow(100, 0, 0, (0, 1, 2, 3)),))
     (prepared,) = prepare_prefill(batch, PrefillPolicy(), layout)
     assert not WarmupManifest().covers(prepared)

@@ -31,7 +31,7 @@ def batch_of(*specs: tuple[int, int], first_block: int = 0, slots=None) -> Prefi
         need = -(-length // BS)
         rows.append(PrefillRow(length, cached, i if slots is None else slots[i], tuple(range(next_block, next_block + need))))
         next_block += need
-    return PrefillBatch(tuple(rows))
+    return PrefillBatch.from_rows(tuple(rows))
 
 
 def uncached(*lengths: int, **kwargs) -> PrefillBatch:
@@ -175,7 +175,7 @@ def test_15_and_16_rows_share_padded_geometry_and_signatures(sampling):
     prepared = []
     for count in (15, 16):
         rows = uncached(*[100] * count).rows
-        batch = PrefillBatch(tuple(PrefillRow(r.length, 0, r.slot, r.blocks, sampling) for r in rows))
+        batch = PrefillBatch.from_rows(tuple(PrefillRow(r.length, 0, r.slot, r.blocks, sampling) for r in rows))
         (p,) = prepare_prefill(batch, POLICY, LAYOUT)
         prepared.append(p)
     a, b = prepared
@@ -240,7 +240,7 @@ def test_logits_rows_and_sampled_rows_run_in_separate_waves():
     """Rows with and without sampling params never share a wave."""
     rows = uncached(*[128] * 4).rows
     greedy = SamplingParams.greedy()
-    batch = PrefillBatch(tuple(PrefillRow(r.length, 0, r.slot, r.blocks, greedy if i % 2 else None) for i, r in enumerate(rows)))
+    batch = PrefillBatch.from_rows(tuple(PrefillRow(r.length, 0, r.slot, r.blocks, greedy if i % 2 else None) for i, r in enumerate(rows)))
     prepared = prepare_prefill(batch, POLICY, LAYOUT)
     assert [(p.request.source_rows, p.sampling_path) for p in prepared] == [
         ((0, 2), SamplingPath.LOGITS),
@@ -253,14 +253,14 @@ def test_logits_rows_and_sampled_rows_run_in_separate_waves():
 
 def test_stale_tail_entries_never_reach_the_device():
     """A 40-token row with a junk tail writes its two blocks, then -1 (the tail is ignored)."""
-    batch = PrefillBatch((PrefillRow(40, 0, 0, (5, 6, 99, -1, 7)),))
+    batch = PrefillBatch.from_rows((PrefillRow(40, 0, 0, (5, 6, 99, -1, 7)),))
     (request,) = plan_prefill(batch, POLICY, LAYOUT)
     assert request.fill_table_of(request.chunk(0)) == ((5, 6) + (SKIP,) * 6,)
 
 
 def test_cached_prefix_blocks_may_be_shared_by_rows():
     """Two rows reading the same cached block plan, each writing only its own blocks."""
-    batch = PrefillBatch((PrefillRow(64, 32, 0, (9, 1)), PrefillRow(64, 32, 1, (9, 2))))
+    batch = PrefillBatch.from_rows((PrefillRow(64, 32, 0, (9, 1)), PrefillRow(64, 32, 1, (9, 2))))
     requests = plan_prefill(batch, POLICY, LAYOUT)
     assert [request.fill_table_of(request.final_chunk)[0][:2] for request in requests] == [(1, SKIP), (2, SKIP)]
 
@@ -270,5 +270,5 @@ def test_regular_table_width_rounds_the_padded_blocks_up_to_8():
     (request,) = plan_prefill(uncached(500), POLICY, LAYOUT)
     assert request.fill_table.width == 32
     layout64 = PageTableLayout(64, 64, 1000)
-    (request,) = plan_prefill(PrefillBatch((PrefillRow(100, 0, 0, (0, 1)),)), POLICY, layout64)
+    (request,) = plan_prefill(PrefillBatch.from_rows((PrefillRow(100, 0, 0, (0, 1)),)), POLICY, layout64)
     assert request.fill_table.width == 8

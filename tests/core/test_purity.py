@@ -24,7 +24,7 @@ def test_importing_the_core_loads_no_device_or_array_library():
         "import prefill_core\n"
         "from prefill_core import PageTableLayout, PrefillBatch, PrefillPolicy, PrefillRow, manifest_for, prepare_prefill\n"
         "layout = PageTableLayout(32, 256, 512)\n"
-        "prepare_prefill(PrefillBatch((PrefillRow(4097, 0, 0, tuple(range(129))),)), PrefillPolicy(), layout)\n"
+        "prepare_prefill(PrefillBatch.from_rows((PrefillRow(4097, 0, 0, tuple(range(129))),)), PrefillPolicy(), layout)\n"
         "manifest_for(PrefillPolicy(), layout)\n"
         "print(json.dumps(sorted(set(sys.modules) - before)))\n"
     )

@@ -44,7 +44,7 @@ def _identities(prepared):
 
 
 def _with_rows(case, rows):
-    return attrs.evolve(case, batch=PrefillBatch(tuple(rows)))
+    return attrs.evolve(case, batch=PrefillBatch.from_rows(tuple(rows)))
 
 
 def _lane_batch(lengths_and_cached, block_size, sampling=None, first_block=0):
@@ -53,7 +53,7 @@ def _lane_batch(lengths_and_cached, block_size, sampling=None, first_block=0):
         need = -(-length // block_size)
         rows.append(PrefillRow(length, cached, slot, tuple(range(block, block + need)), sampling))
         block += need
-    return PrefillBatch(tuple(rows)), block
+    return PrefillBatch.from_rows(tuple(rows)), block
 
 
 # ---------------------------------------------------------------- padded geometry only

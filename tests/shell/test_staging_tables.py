@@ -26,7 +26,7 @@ def planned_calls(draw):
         table[row, :n] = torch.tensor(order[first : first + n])
         first += n
         batch_rows.append(PrefillRow(lengths[row], cached[row], row, tuple(table[row, :n].tolist())))
-    return table, plan_prefill(PrefillBatch(tuple(batch_rows)), POLICY, LAYOUT)
+    return table, plan_prefill(PrefillBatch.from_rows(tuple(batch_rows)), POLICY, LAYOUT)
 
 
 @given(call=planned_calls())

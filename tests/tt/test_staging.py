@@ -52,7 +52,7 @@ def planned(draw):
     layout = PageTableLayout(bs, 64, next_block + 1)
     generator = torch.Generator().manual_seed(draw(st.integers(0, 2**31)))
     tokens = torch.randint(1, VOCAB, (num_rows, 400), generator=generator)
-    return tokens, plan_prefill(PrefillBatch(tuple(rows)), POLICY, layout)
+    return tokens, plan_prefill(PrefillBatch.from_rows(tuple(rows)), POLICY, layout)
 
 
 def assert_staged(ttnn, tensor, dtype, layout, shape, expected: torch.Tensor) -> None:
