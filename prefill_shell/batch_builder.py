@@ -98,7 +98,7 @@ def build_batch(
         raise _fail("sampling", f"<{len(params)} entries>", f"must hold one entry per row ({num_rows})")
     table = _page_table(page_table, num_rows)
     bs, columns = layout.block_size, tokens.shape[1]
-    need = [-(-max(length, 0) // bs) for length in lengths]
+    need = [-(-length // bs) for length in lengths]  # <= 0 for a bad length, which the core names
     if num_rows and (max(lengths) > columns or max(need) > table.shape[1]):
         _raise_first_shape_rule(lengths, need, columns, table.shape[1])
     # One host conversion of the mapped columns; stale tails past each row's
@@ -110,7 +110,10 @@ def build_batch(
 
 def check_token_ids(tokens: torch.Tensor, batch: PrefillBatch, vocab_size: int) -> None:
     """Every prompt token (past each row's length anything goes) is in ``[0, vocab_size)``."""
-    if tokens.numel() == 0 or (int(tokens.min()) >= 0 and int(tokens.max()) < vocab_size):
+    if tokens.numel() == 0:
+        return
+    low, high = torch.aminmax(tokens)
+    if int(low) >= 0 and int(high) < vocab_size:
         return  # the whole matrix is in range: no per-row mask needed
     lengths = torch.tensor(batch.lengths).unsqueeze(1)
     inside = torch.arange(tokens.shape[1]).unsqueeze(0) < lengths  # [N, T]

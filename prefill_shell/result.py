@@ -13,9 +13,12 @@ from .ledger import DeviceTensor
 __all__ = ["PrefillResult", "InvocationResult"]
 
 
-@attrs.frozen(eq=False)
+@attrs.define(eq=False)
 class PrefillResult:
-    """The prefill output of one caller row.
+    """The prefill output of one caller row: a plain record the caller owns.
+
+    (Not frozen: a frozen attrs class costs twice as much to build, and the
+    runtime keeps no reference to a result once it is handed out.)
 
     ``logits`` (float32 ``[V]``, host) when the row asked for no sampling;
     otherwise ``token``, its ``logprob`` under the model's raw distribution,

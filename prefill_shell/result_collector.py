@@ -23,6 +23,10 @@ from .sampling_helpers import sample_row, top_logprobs
 __all__ = ["PrefillResultAssembler"]
 
 
+def _logits_result(row: int, logits: torch.Tensor) -> PrefillResult:
+    return PrefillResult(row, logits=logits)
+
+
 class PrefillResultAssembler:
     """Reads, normalizes and releases invocation results one at a time."""
 
@@ -65,8 +69,8 @@ class PrefillResultAssembler:
         if prepared.sampling_path is SamplingPath.HOST:
             host = self._sample_on_host(invocation, host["logits"])
         if prepared.sampling_path is SamplingPath.LOGITS:
-            logits = host["logits"]
-            return [PrefillResult(row, logits=logits[b]) for b, row in enumerate(request.source_rows)]
+            # unbind: every row's view in one call (per-row indexing costs ~1 us a row).
+            return list(map(_logits_result, request.source_rows, host["logits"].unbind(0)))
         # One host conversion per output, not one tensor index per row.
         tokens, token_lp = host["tokens"].tolist(), host["token_logprob"].tolist()
         top_ids = host["top_ids"].tolist() if host.get("top_ids") is not None else None

@@ -8,6 +8,7 @@ prepare (caller tensors -> prepared requests + host step values, once)
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -16,7 +17,7 @@ from typing import Any
 import attrs
 import torch
 
-from prefill_core import PageTableLayout, PreparedPrefill, prepare_prefill
+from prefill_core import PageTableLayout, PreparedPrefill, SamplingPath, prepare_prefill
 from prefill_core.errors import CleanupError, PrefillStateError
 
 from .batch_builder import as_token_matrix, build_batch, check_token_ids
@@ -30,6 +31,8 @@ from .sequence_runner import PrefillSequenceRunner
 
 __all__ = ["PrefillRuntime", "PreparedBatch"]
 
+_SEEDED_PATHS = (SamplingPath.TOPK, SamplingPath.HOST)
+
 
 @attrs.frozen(eq=False)
 class PreparedBatch:
@@ -38,6 +41,11 @@ class PreparedBatch:
     prepared: tuple[PreparedPrefill, ...]
     steps: tuple[tuple[HostStep, ...], ...]
     num_rows: int
+
+
+def _inference_mode():
+    """``torch.inference_mode()``, or a no-op when already inside it (entering costs ~4 us)."""
+    return contextlib.nullcontext() if torch.is_inference_mode_enabled() else torch.inference_mode()
 
 
 class PrefillRuntime:
@@ -59,14 +67,14 @@ class PrefillRuntime:
     def run_body(self, step: DeviceStep) -> Any:
         """One model-body step on staged inputs: the boundary eager and traced paths share."""
         read = None if step.read_table is None else step.read_table.value
-        with torch.inference_mode():
+        with _inference_mode():
             return self.config.model.forward_hidden(
                 step.tokens.value, step.start.value, step.fill_table.value, read, self.config.kv
             )
 
     def run_lm_head(self, rows: Any) -> Any:
         """The LM head on last-token rows (the postprocessor calls it)."""
-        with torch.inference_mode():
+        with _inference_mode():
             return self.config.model.lm_head(rows)
 
     # -- public API -----------------------------------------------------
@@ -98,7 +106,8 @@ class PrefillRuntime:
         """Runs request ``index`` of ``batch`` eagerly."""
         self._check_open()
         prepared = batch.prepared[index]
-        return self.runner.run(prepared, list(batch.steps[index]), self.resolve_seeds(prepared))
+        with torch.inference_mode():  # entered once here; the model boundaries then skip it
+            return self.runner.run(prepared, list(batch.steps[index]), self.resolve_seeds(prepared))
 
     def invocations(self, batch: PreparedBatch) -> Iterator[InvocationResult]:
         """Eager invocations in plan order, produced lazily (one in flight at a time)."""
@@ -120,8 +129,14 @@ class PrefillRuntime:
         return results
 
     def resolve_seeds(self, prepared: PreparedPrefill) -> tuple[int, ...]:
-        """A seed per physical row: the row's own, else one drawn from the runtime's generator."""
+        """A seed per physical row: the row's own, else one drawn from the runtime's generator.
+
+        Only the sampling paths read seeds; logits and argmax waves get zeros
+        and leave the generator untouched.
+        """
         request = prepared.request
+        if prepared.sampling_path not in _SEEDED_PATHS:
+            return (0,) * request.padded_batch
         seeds = [
             (p.seed if p.seed is not None else self._rng.getrandbits(63)) if p is not None else 0
             for p in request.sampling
