@@ -93,11 +93,12 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     return weight * x32.to(x.dtype)
 
 
-def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # x: [B, H, S, D]; cos/sin: [B, 1, S, D]. Half-split pairs (i, i + D/2), HF's layout.
+def _apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    # x: [B, H, S, D]; cos/signed_sin: [B, 1, S, D]. Half-split pairs (i, i + D/2), HF's layout:
+    # x*cos + cat(-x2, x1)*sin, with the minus folded into the first half of the sin table.
     half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+    swapped = torch.cat((x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + swapped * signed_sin
 
 
 def _expand_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
@@ -128,7 +129,9 @@ class PagedLlama:
         angles = torch.cat((freqs, freqs), dim=-1)  # [max_position, head_dim]
         # Precomputed tables turn position handling into a gather with static shapes.
         self._cos = angles.cos().to(self.device)
-        self._sin = angles.sin().to(self.device)
+        half = angles.shape[-1] // 2
+        sin = angles.sin()
+        self._signed_sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1).to(self.device)
 
     def _checked_weights(self, weights: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         expected = llama_weight_shapes(self.config)
@@ -202,17 +205,20 @@ class PagedLlama:
         # without a host check, and those positions never feed a real query.
         table_pos = positions.clamp(max=self.config.max_position_embeddings - 1)
         cos = self._cos[table_pos].to(self.dtype).unsqueeze(1)  # [B, 1, S, D]
-        sin = self._sin[table_pos].to(self.dtype).unsqueeze(1)
+        sin = self._signed_sin[table_pos].to(self.dtype).unsqueeze(1)
         mask = None
         if read_table is not None:
             key_pos = torch.arange(read_table.shape[1] * kv.block_size, device=tokens.device)
             mask = (key_pos[None, None, :] <= positions[:, :, None]).unsqueeze(1)  # [B, 1, S, Wr*bs]
-        x = F.embedding(tokens, self._embed)
+        x = F.embedding(tokens, self._embed)  # a fresh tensor: the residual stream, updated in place
+        residual = x.view(-1, x.shape[-1])  # [B*S, H]
         eps = self.config.rms_norm_eps
         for i, layer in enumerate(self._layers):
-            attn_in = _rms_norm(x, layer.attn_norm, eps)
-            x = x + self._attention(i, layer, attn_in, (cos, sin), fill_table, read_table, mask, kv)
-            x = x + self._mlp(layer, _rms_norm(x, layer.mlp_norm, eps))
+            attn = self._attention(i, layer, _rms_norm(x, layer.attn_norm, eps), (cos, sin), fill_table, read_table, mask, kv)
+            # Each residual add rides in its projection's GEMM (beta = 1): no
+            # separate add pass and no fresh [B*S, H] buffer per add.
+            residual.addmm_(attn, layer.o.t())
+            residual.addmm_(self._mlp_hidden(layer, _rms_norm(x, layer.mlp_norm, eps)), layer.down.t())
         return _rms_norm(x, self._final_norm, eps)
 
     def _attention(
@@ -243,12 +249,15 @@ class PagedLlama:
             k_all, v_all = kv.gather(index, read_table)  # [B, Hkv, Wr*bs, D]
             k_all, v_all = _expand_kv(k_all.to(q.dtype), groups), _expand_kv(v_all.to(q.dtype), groups)
             out = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)
-        out = out.transpose(1, 2).reshape(batch, seq, spec.num_heads * spec.head_dim)
-        return F.linear(out, layer.o)
+        return out.transpose(1, 2).reshape(batch * seq, spec.num_heads * spec.head_dim)  # before o_proj
 
     @staticmethod
-    def _mlp(layer: _Layer, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(F.silu(F.linear(x, layer.gate)) * F.linear(x, layer.up), layer.down)
+    def _mlp_hidden(layer: _Layer, x: torch.Tensor) -> torch.Tensor:
+        """silu(x W_gate^T) * (x W_up^T) as ``[B*S, I]``, in place on the gate output (the
+        down projection is fused with the residual add by the caller)."""
+        x = x.view(-1, x.shape[-1])
+        hidden = F.silu(F.linear(x, layer.gate), inplace=True)
+        return hidden.mul_(F.linear(x, layer.up))
 
     @torch.inference_mode()
     def lm_head(self, hidden_rows: torch.Tensor) -> torch.Tensor:
