@@ -242,14 +242,23 @@ class PagedLlama:
         q, k = _apply_rope(q, *rope), _apply_rope(k, *rope)
         # Write before reading so a chunk attends to its own keys through the pool.
         kv.fill(index, k, v, fill_table)
-        groups = spec.num_heads // spec.num_kv_heads
         if read_table is None:
-            out = F.scaled_dot_product_attention(q, _expand_kv(k, groups), _expand_kv(v, groups), is_causal=True)
+            out = self._sdpa(q, k, v, is_causal=True)
         else:
             k_all, v_all = kv.gather(index, read_table)  # [B, Hkv, Wr*bs, D]
-            k_all, v_all = _expand_kv(k_all.to(q.dtype), groups), _expand_kv(v_all.to(q.dtype), groups)
-            out = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)
+            out = self._sdpa(q, k_all.to(q.dtype), v_all.to(q.dtype), attn_mask=mask)
         return out.transpose(1, 2).reshape(batch * seq, spec.num_heads * spec.head_dim)  # before o_proj
+
+    def _sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> torch.Tensor:
+        """Grouped-query SDPA. On the CPU the kernel reads the shared K/V heads
+        itself (``enable_gqa``; measured 4-20% faster than expanding them at
+        144-2048 tokens, and what transformers does); elsewhere K/V are
+        expanded, since fp32 CUDA kernels without GQA support would fall back
+        to the math path."""
+        groups = self.spec.num_heads // self.spec.num_kv_heads
+        if self.device.type == "cpu":
+            return F.scaled_dot_product_attention(q, k, v, enable_gqa=groups > 1, **kwargs)
+        return F.scaled_dot_product_attention(q, _expand_kv(k, groups), _expand_kv(v, groups), **kwargs)
 
     @staticmethod
     def _mlp_hidden(layer: _Layer, x: torch.Tensor) -> torch.Tensor:
@@ -262,4 +271,15 @@ class PagedLlama:
     @torch.inference_mode()
     def lm_head(self, hidden_rows: torch.Tensor) -> torch.Tensor:
         """``[N, hidden]`` -> float32 logits ``[N, vocab]``."""
-        return F.linear(hidden_rows.to(self.dtype), self._head).float()
+        rows = hidden_rows.to(self.dtype)
+        if self.device.type != "cpu":
+            return F.linear(rows, self._head).float()
+        # On the CPU the head GEMM runs vocab-major, W @ rows^T: for the few
+        # rows a prefill keeps, MKL streams the [vocab, hidden] weight in this
+        # orientation 1.5-3.4x faster than F.linear's rows @ W^T (measured
+        # 1-32 rows, 32000 x 512). One row is sent as two because the
+        # single-column case falls to a matrix-vector kernel about as slow as
+        # F.linear.
+        n = rows.shape[0]
+        columns = torch.cat((rows, rows)).t() if n == 1 else rows.t()
+        return torch.mm(self._head, columns)[:, :n].t().float().contiguous()
