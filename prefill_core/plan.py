@@ -69,12 +69,13 @@ def _bucket_rows(batch: PrefillBatch, policy: PrefillPolicy) -> tuple[dict[tuple
     if not policy.batching_enabled:
         return {}, list(range(n))
     max_chunk = policy.max_chunk_length
-    if not any(batch.cached) and max(lengths) <= max_chunk and min(lengths) == max(lengths):
+    first = lengths[0]
+    if first <= max_chunk and lengths == (first,) * n and not any(batch.cached):
         # One length, nothing cached (a uniform wave): at most two buckets, built in C.
-        padded = policy.padded_length(lengths[0])
+        padded = policy.padded_length(first)
+        if sampling == (None,) * n or not any(map(is_, sampling, repeat(None))):
+            return {(padded, sampling[0] is None): list(range(n))}, []
         logits = list(compress(range(n), map(is_, sampling, repeat(None))))
-        if len(logits) in (0, n):
-            return {(padded, bool(logits)): list(range(n))}, []
         return {(padded, True): logits, (padded, False): list(compress(range(n), map(is_not, sampling, repeat(None))))}, []
     buckets: dict[tuple[int, bool], list[int]] = {}
     singles: list[int] = []

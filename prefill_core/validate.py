@@ -97,23 +97,29 @@ def _check_rows(batch: PrefillBatch, policy: PrefillPolicy, layout: PageTableLay
     Returns each row's mapped block count and all mapped prefixes,
     concatenated in row order.
     """
-    bs, blocks = layout.block_size, batch.blocks
-    if max(batch.slots) >= policy.lane_size or max(batch.lengths) > layout.capacity or any(map(mod, batch.cached, repeat(bs))):
+    bs, blocks, lengths, cached = layout.block_size, batch.blocks, batch.lengths, batch.cached
+    n, longest = len(lengths), max(lengths)
+    if max(batch.slots) >= policy.lane_size or longest > layout.capacity:
         _raise_first_row_rule(batch, policy, layout)
-    needs = [-(-length // bs) for length in batch.lengths]
-    if any(map(lt, map(len, blocks), needs)):
+    if any(cached) and any(map(mod, cached, repeat(bs))):
         _raise_first_row_rule(batch, policy, layout)
-    if len(blocks) == 1:
-        mapped = blocks[0] if len(blocks[0]) == needs[0] else blocks[0][: needs[0]]
-    elif list(map(len, blocks)) == needs:  # rows cut to their mapped prefix (the shell's)
-        mapped = list(chain.from_iterable(blocks))
+    # One length (a uniform wave) needs one division, not one per row.
+    needs = [-(-longest // bs)] * n if lengths == (longest,) * n else [-(-length // bs) for length in lengths]
+    have = list(map(len, blocks))
+    if have == needs:  # rows cut to their mapped prefix (the shell's)
+        mapped = blocks[0] if n == 1 else list(chain.from_iterable(blocks))
+    elif any(map(lt, have, needs)):
+        _raise_first_row_rule(batch, policy, layout)
+    elif n == 1:
+        mapped = blocks[0][: needs[0]]
     else:
         mapped = list(chain.from_iterable(map(getitem, blocks, map(slice, needs))))
     if not _in_pool(mapped, layout.num_blocks):
         _raise_first_row_rule(batch, policy, layout)
-    if not all(map(is_, batch.sampling, repeat(None))):
+    sampling = batch.sampling
+    if sampling != (None,) * n:  # tuple equality: identity first, so all-None costs one C pass
         checked: set[int] = set()  # rows usually share one SamplingParams object: check it once
-        for index, params in enumerate(batch.sampling):
+        for index, params in enumerate(sampling):
             if params is not None and id(params) not in checked:
                 check_sampling(index, params, policy.max_logprobs)
                 checked.add(id(params))
@@ -151,11 +157,16 @@ def _check_block_conflicts(batch: PrefillBatch, block_size: int, needs: list[int
 
     Cached-prefix blocks may be shared between rows: they are only read.
     """
-    if not any(batch.cached):
-        # Nothing cached (the common wave): every mapped block is written.
-        if len(set(mapped)) != len(mapped):
+    nothing_cached = not any(batch.cached)
+    if nothing_cached or len(needs) == 1:
+        # A wave with nothing cached, or one row: when no id appears twice among
+        # the mapped blocks, none is written twice or over a cached block. One
+        # C pass. (Rows sharing a cached prefix repeat ids legally; they take
+        # the written-set path below.)
+        if len(set(mapped)) == len(mapped):
+            return
+        if nothing_cached:  # every mapped block is written: a repeat is a conflict
             _locate_conflict(batch, block_size)
-        return
     written: set[int] = set()
     num_written = 0
     cached: list[int] = []

@@ -17,6 +17,7 @@ from prefill_core import (
     plan_prefill,
     prepare_prefill,
 )
+from prefill_core.errors import BlockConflictError
 
 BS = 32
 LAYOUT = PageTableLayout(block_size=BS, max_num_blocks_per_seq=4096, num_blocks=200_000)
@@ -263,6 +264,19 @@ def test_cached_prefix_blocks_may_be_shared_by_rows():
     batch = PrefillBatch.from_rows((PrefillRow(64, 32, 0, (9, 1)), PrefillRow(64, 32, 1, (9, 2))))
     requests = plan_prefill(batch, POLICY, LAYOUT)
     assert [request.fill_table_of(request.final_chunk)[0][:2] for request in requests] == [(1, SKIP), (2, SKIP)]
+
+
+def test_one_row_may_read_a_cached_block_twice_but_not_overwrite_one():
+    """A lone row's repeated id is legal inside its cached prefix (only read) and a
+    conflict once a written column repeats a cached one (the one-row fast path
+    falls back to the exact rule either way)."""
+    reads_twice = PrefillBatch.from_rows((PrefillRow(96, 64, 0, (7, 7, 8)),))
+    (request,) = plan_prefill(reads_twice, POLICY, LAYOUT)
+    assert request.fill_table_of(request.final_chunk)[0][0] == 8
+    overwrites = PrefillBatch.from_rows((PrefillRow(96, 64, 0, (7, 9, 7)),))
+    with pytest.raises(BlockConflictError) as caught:
+        plan_prefill(overwrites, POLICY, LAYOUT)
+    assert caught.value.row == 0 and caught.value.field == "blocks[0]" and "cached block would be overwritten" in str(caught.value)
 
 
 def test_regular_table_width_rounds_the_padded_blocks_up_to_8():
