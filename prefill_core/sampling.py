@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import enum
 import math
-from itertools import repeat
-from operator import is_
 
 import attrs
 
@@ -100,7 +98,7 @@ def classify_sampling(
     sampling: tuple[SamplingParams | None, ...], *, device_top_k_cap: int, allow_forced_argmax: bool
 ) -> SamplingPath:
     """The one sampling path of a wave whose active rows carry ``sampling``."""
-    if all(map(is_, sampling, repeat(None))):
+    if sampling[0] is None and sampling.count(None) == len(sampling):  # identity hits: one C pass
         return SamplingPath.LOGITS
     # Rows usually share a handful of parameter objects: judge each once.
     distinct = list({id(s): s for s in sampling}.values())
