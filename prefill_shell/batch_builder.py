@@ -15,7 +15,7 @@ import torch
 from prefill_core import PageTableLayout, PrefillBatch
 from prefill_core.errors import PrefillInputError
 
-__all__ = ["build_batch", "as_token_matrix", "check_token_ids"]
+__all__ = ["build_batch", "as_token_matrix", "check_token_ids", "host_page_table"]
 
 _INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 
@@ -44,6 +44,8 @@ def as_token_matrix(tokens) -> torch.Tensor:
     if isinstance(tokens, torch.Tensor):
         if tokens.dtype not in _INT_DTYPES or tokens.dim() != 2:
             raise _fail("tokens", f"<tensor {tokens.dtype} {tuple(tokens.shape)}>", "must be a 2-D integer tensor [rows, tokens]")
+        if tokens.dtype is torch.int64 and tokens.device.type == "cpu":
+            return tokens  # already the host matrix: no conversion op
         return tokens.to(device="cpu", dtype=torch.int64)
     if not isinstance(tokens, Sequence) or not tokens:
         raise _fail("tokens", type(tokens).__name__, "must be a non-empty 2-D integer tensor or a list of token lists")
@@ -60,13 +62,14 @@ def as_token_matrix(tokens) -> torch.Tensor:
     return out
 
 
-def _page_table(page_table, num_rows: int) -> torch.Tensor:
+def host_page_table(page_table, num_rows: int) -> torch.Tensor:
+    """The caller's page table as a host tensor, checked for dtype, rank and row count."""
     if not isinstance(page_table, torch.Tensor) or page_table.dtype not in _INT_DTYPES or page_table.dim() != 2:
         shown = f"<tensor {page_table.dtype} {tuple(page_table.shape)}>" if isinstance(page_table, torch.Tensor) else type(page_table).__name__
         raise _fail("page_table", shown, "must be a 2-D integer tensor [rows, blocks]")
     if page_table.shape[0] != num_rows:
         raise _fail("page_table", f"<{page_table.shape[0]} rows>", f"must have one row per prompt ({num_rows})")
-    return page_table.to("cpu")
+    return page_table if page_table.device.type == "cpu" else page_table.to("cpu")
 
 
 def _raise_first_shape_rule(lengths: list[int], need: list[int], columns: int, table_columns: int) -> None:
@@ -96,7 +99,7 @@ def build_batch(
     params = [None] * num_rows if sampling is None else list(sampling)
     if len(params) != num_rows:
         raise _fail("sampling", f"<{len(params)} entries>", f"must hold one entry per row ({num_rows})")
-    table = _page_table(page_table, num_rows)
+    table = host_page_table(page_table, num_rows)
     bs, columns = layout.block_size, tokens.shape[1]
     need = [-(-length // bs) for length in lengths]  # <= 0 for a bad length, which the core names
     if num_rows and (max(lengths) > columns or max(need) > table.shape[1]):

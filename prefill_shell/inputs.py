@@ -115,7 +115,9 @@ def _table_from_caller(
     if min(real) < cols:  # some row maps fewer blocks than the cut holds: its tail is filler
         unmapped = torch.arange(cols) >= _small_int_tensor(real, torch.int64).unsqueeze(1)
         src = src.masked_fill(unmapped, view.filler)
-    return _padded_copy(src.to(torch.int32), view.num_rows, view.width, view.filler)
+    if src.dtype != torch.int32:
+        src = src.to(torch.int32)
+    return _padded_copy(src, view.num_rows, view.width, view.filler)
 
 
 def _host_step(
@@ -123,7 +125,7 @@ def _host_step(
 ) -> HostStep:
     b, active = request.padded_batch, request.active_batch_size
     pad = b - active
-    start = torch.full((b,), chunk.start, dtype=torch.int64)
+    start = _small_int_tensor((chunk.start,) * b, torch.int64)
     slots = _small_int_tensor(request.slots + (-1,) * pad, torch.int32)
     if page_table is None:
         fill = _table_tensor(request.fill_table_of(chunk))

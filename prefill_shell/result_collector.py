@@ -10,6 +10,7 @@ output buffer, so a result must be a host copy before the generator advances.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from itertools import repeat
 
 import torch
 
@@ -73,8 +74,9 @@ class PrefillResultAssembler:
             return list(map(_logits_result, request.source_rows, host["logits"].unbind(0)))
         # One host conversion per output, not one tensor index per row.
         tokens, token_lp = host["tokens"].tolist(), host["token_logprob"].tolist()
-        top_ids = host["top_ids"].tolist() if host.get("top_ids") is not None else None
-        top_values = host["top_logprobs"].tolist() if host.get("top_logprobs") is not None else None
+        if host.get("top_ids") is None:  # no row asked for top log-probs: one C-level pass builds the records
+            return list(map(PrefillResult, request.source_rows, repeat(None), tokens, token_lp))
+        top_ids, top_values = host["top_ids"].tolist(), host["top_logprobs"].tolist()
         results = []
         for b, row in enumerate(request.source_rows):
             n = request.sampling[b].num_logprobs

@@ -20,7 +20,7 @@ import torch
 from prefill_core import PageTableLayout, PreparedPrefill, SamplingPath, prepare_prefill
 from prefill_core.errors import CleanupError, PrefillStateError
 
-from .batch_builder import as_token_matrix, build_batch, check_token_ids
+from .batch_builder import as_token_matrix, build_batch, check_token_ids, host_page_table
 from .config import PrefillRuntimeConfig
 from .inputs import DeviceStep, HostStep, PrefillInputStager, build_host_steps
 from .ledger import DeviceTensor
@@ -95,10 +95,10 @@ class PrefillRuntime:
         self._check_open()
         matrix = as_token_matrix(tokens)
         layout = self.config.layout
-        batch = build_batch(matrix, page_table, prompt_lengths, cached_lengths, slots, sampling, layout)
+        table = host_page_table(page_table, matrix.shape[0])
+        batch = build_batch(matrix, table, prompt_lengths, cached_lengths, slots, sampling, layout)
         check_token_ids(matrix, batch, self.config.model.spec.vocab_size)
         prepared = prepare_prefill(batch, self.config.policy, layout)
-        table = page_table.to("cpu")  # validated by build_batch
         steps = tuple(tuple(build_host_steps(matrix, p.request, table)) for p in prepared)
         return PreparedBatch(prepared, steps, len(batch))
 
