@@ -49,8 +49,8 @@ class PrefillChunk:
 
 def _check_request(request: PrefillRequest) -> None:
     n = len(request.source_rows)
-    r = request
-    if n == 0 or not n == len(r.slots) == len(r.lengths) == len(r.cached) == len(r.blocks) == len(r.sampling):
+    per_row = (request.slots, request.lengths, request.cached, request.blocks, request.sampling)
+    if n == 0 or set(map(len, per_row)) != {n}:
         raise ValueError("PrefillRequest per-row fields must be non-empty and of equal length")
     if not n <= request.padded_batch:
         raise ValueError(f"active rows {n} exceed padded_batch {request.padded_batch}")
