@@ -10,6 +10,7 @@ or one left-padded batch. A plain torch.mm probe at the model's shapes gives
 the machine's matmul rate; the share is model FLOP/s on real tokens over it.
 
     python benchmarks/prefill_throughput.py [--quick] [--repeats N]
+    python benchmarks/prefill_throughput.py --profile   # time shares by op group, mixed case
 """
 
 from __future__ import annotations
@@ -182,11 +183,43 @@ def run(quick: bool, repeats: int) -> dict:
     return {"benchmark": "prefill_throughput", "metrics": metrics, "units": units}
 
 
+# Where the time of one of our mixed-case runs goes, by aten op (self CPU time).
+OP_GROUPS = {
+    "weight matmuls": ("aten::mm", "aten::addmm", "aten::addmm_"),
+    "attention": ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_attention_math"),
+}
+
+
+def profile_mixed() -> None:
+    """Prints the share of our mixed-case time per op group (one profiled run)."""
+    from torch.profiler import profile
+
+    torch.set_num_threads(2)
+    model = random_llama(0, "bench")
+    lengths = cases(False)["mixed32_64-1024"]
+    tokens = torch.randint(1, model.config.vocab_size, (len(lengths), max(lengths)), generator=torch.Generator().manual_seed(7))
+    ours = Ours(model, lengths)
+    ours(tokens)  # warm
+    with profile() as prof:
+        ours(tokens)
+    self_us = {event.key: event.self_cpu_time_total for event in prof.key_averages()}
+    total = sum(self_us.values())
+    grouped = {group: sum(self_us.get(op, 0.0) for op in ops) for group, ops in OP_GROUPS.items()}
+    grouped["everything else"] = total - sum(grouped.values())
+    print(f"mixed case, one profiled run of ours ({total / 1e6:.2f} s of op self time):")
+    for group, us in grouped.items():
+        print(f"  {group:<16} {us / total:6.1%}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="fewer cases and repeats (under a minute)")
     parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--profile", action="store_true", help="only print where the mixed case's time goes, by op group")
     args = parser.parse_args()
+    if args.profile:
+        profile_mixed()
+        return
     repeats = args.repeats or (3 if args.quick else 7)
     result = run(args.quick, repeats)
     write_json("prefill_throughput", result["metrics"], result["units"])
