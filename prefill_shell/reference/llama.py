@@ -250,11 +250,12 @@ class PagedLlama:
         return out.transpose(1, 2).reshape(batch * seq, spec.num_heads * spec.head_dim)  # before o_proj
 
     def _sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> torch.Tensor:
-        """Grouped-query SDPA. On the CPU the kernel reads the shared K/V heads
-        itself (``enable_gqa``; measured 4-20% faster than expanding them at
-        144-2048 tokens, and what transformers does); elsewhere K/V are
-        expanded, since fp32 CUDA kernels without GQA support would fall back
-        to the math path."""
+        """Grouped-query SDPA. On the CPU the flash kernel reads the shared K/V
+        heads itself (``enable_gqa``, causal and masked alike; measured 4-20%
+        faster than expanding them at 144-2048 tokens, and what transformers
+        does). On CUDA only the flash kernel takes ``enable_gqa`` (half
+        precision, no mask); fp32 or masked calls would drop to the math
+        kernel, so K/V are expanded there."""
         groups = self.spec.num_heads // self.spec.num_kv_heads
         if self.device.type == "cpu":
             return F.scaled_dot_product_attention(q, k, v, enable_gqa=groups > 1, **kwargs)
