@@ -104,13 +104,15 @@ def _columns_pass(batch: PrefillBatch, n: int) -> bool:
     """Every row-intrinsic rule, as C-level passes over whole columns."""
     lengths, cached, slots, blocks = batch.lengths, batch.cached, batch.slots, batch.blocks
     # Types first: min/max below must only ever compare ints.
-    if set(map(type, lengths)) != _INT or set(map(type, cached)) != _INT or set(map(type, slots)) != _INT:
+    if set(map(type, chain(lengths, cached, slots))) != _INT:
         return False
     if set(map(type, blocks)) != {tuple} or not set(map(type, batch.sampling)) <= _SAMPLING_TYPES:
         return False
     if not set(map(type, chain.from_iterable(blocks))) <= _INT:
         return False
-    if min(lengths) <= 0 or min(cached) < 0 or min(slots) < 0 or any(map(gt, cached, lengths)):
+    if min(lengths) <= 0 or min(chain(cached, slots)) < 0:
+        return False
+    if any(cached) and any(map(gt, cached, lengths)):  # nothing cached (the common wave): nothing to compare
         return False
     return len(set(slots)) == n
 

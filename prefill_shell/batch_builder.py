@@ -106,8 +106,12 @@ def build_batch(
         _raise_first_shape_rule(lengths, need, columns, table.shape[1])
     # One host conversion of the mapped columns; stale tails past each row's
     # prefix are never read. The core gets columns: no per-row objects.
-    mapped = table[:, : max(need, default=0)].tolist()  # an empty batch fails in the core
-    blocks = tuple(map(tuple, map(list.__getitem__, mapped, map(slice, need))))
+    widest = max(need, default=0)
+    mapped = table[:, :widest].tolist()  # an empty batch fails in the core
+    if need == [widest] * num_rows:  # one mapped width (a uniform wave): the cut rows are the prefixes
+        blocks = tuple(map(tuple, mapped))
+    else:
+        blocks = tuple(map(tuple, map(list.__getitem__, mapped, map(slice, need))))
     return PrefillBatch(tuple(lengths), tuple(cached), tuple(slot_ids), blocks, tuple(params))
 
 
