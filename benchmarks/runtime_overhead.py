@@ -51,14 +51,25 @@ class NullBody:
         return self._logits[: rows.shape[0]]
 
 
-def median_us(fn, repeats: int) -> float:
-    fn()
-    samples = []
-    for _ in range(repeats):
-        t = time.perf_counter()
+def round_robin_us(cases: dict[str, object], repeats: int, after_round=lambda: None) -> dict[str, float]:
+    """Median microseconds of each case's one call, sampled round-robin.
+
+    One sample of every case per round, so a slow spell of this shared
+    machine lands on every case alike (and on the CPython reference, which
+    shows the machine's state beside the figures). ``after_round`` runs
+    untimed between rounds.
+    """
+    samples: dict[str, list[float]] = {name: [] for name in cases}
+    for fn in cases.values():
         fn()
-        samples.append(time.perf_counter() - t)
-    return statistics.median(samples) * 1e6
+    after_round()
+    for _ in range(repeats):
+        for name, fn in cases.items():
+            t = time.perf_counter()
+            fn()
+            samples[name].append(time.perf_counter() - t)
+        after_round()
+    return {name: statistics.median(values) * 1e6 for name, values in samples.items()}
 
 
 def run(repeats: int) -> dict:
@@ -69,25 +80,38 @@ def run(repeats: int) -> dict:
     table = torch.arange(NullKV.num_blocks, dtype=torch.int32).reshape(ROWS, -1)
     lengths = [LENGTH] * ROWS
     greedy = [SamplingParams.greedy()] * ROWS
-    metrics = {}
+    cases = {}
+    unassembled: list = []  # invoke-only samples: their outputs are released between rounds, untimed
+
+    def release_unassembled():
+        for invocation in unassembled:
+            runtime.release(invocation.owned)
+        unassembled.clear()
+
     for label, sampling in (("logits", None), ("argmax", greedy)):
         batch = runtime.prepare(tokens, table, lengths, sampling=sampling)
         assert len(batch.prepared) == 1 and batch.prepared[0].request.padded_batch == ROWS
-        metrics[f"prepare_32x128.{label}_us"] = median_us(lambda: runtime.prepare(tokens, table, lengths, sampling=sampling), repeats)
-        metrics[f"invoke_32_row_wave.{label}_us"] = median_us(lambda: runtime.invoke(batch, 0), repeats)
 
-        def invoke_and_assemble():
+        def prepare(sampling=sampling):
+            runtime.prepare(tokens, table, lengths, sampling=sampling)
+
+        def invoke(batch=batch):
+            unassembled.append(runtime.invoke(batch, 0))
+
+        def invoke_and_assemble(batch=batch):
             runtime.assemble(iter([runtime.invoke(batch, 0)]), batch.num_rows)
 
-        metrics[f"invoke+assemble_32_row_wave.{label}_us"] = median_us(invoke_and_assemble, repeats)
+        cases[f"prepare_32x128.{label}_us"] = prepare
+        cases[f"invoke_32_row_wave.{label}_us"] = invoke
+        cases[f"invoke+assemble_32_row_wave.{label}_us"] = invoke_and_assemble
+    cases["machine_reference_sum_range_10000_us"] = lambda: sum(range(10_000))
+    metrics = round_robin_us(cases, repeats, release_unassembled)
     leaked = len(runtime.backend.ledger.live())
-    # invoke() results above were never assembled: release them before counting leaks.
-    runtime.release(runtime.backend.ledger.live())
     print(f"{'phase (null model body, 32 x 128 wave)':<44} {'median us':>10}  target")
     for name, value in metrics.items():
         target = "<= 250 us" if name.startswith("prepare") else ("<= 300 us" if "assemble" in name else "")
         print(f"{name:<44} {value:>10.1f}  {target}")
-    print(f"(handles left by the un-assembled invoke() runs, then released: {leaked})")
+    print(f"(device tensors still live after the run: {leaked})")
     return {"benchmark": "runtime_overhead", "metrics": metrics, "units": {k: "us" for k in metrics}}
 
 
