@@ -4,7 +4,9 @@ Model: the reference "bench" Llama (4 layers, 512 wide, GQA 8/4, vocab
 32000), float32, random seeded weights, on the CPU. Cases: 1 x 128, 32 x 128,
 1 x 4096, and 32 prompts of 64-1024 tokens. Measurements alternate between
 the two systems inside one run (medians of repeats), so machine noise hits
-both alike. Transformers runs as a knowledgeable user would: use_cache=True,
+both alike; a cheap case gets more repeats (each system at least about
+``SECONDS_PER_SYSTEM`` of samples), since one slow spell moves a median of
+seven short samples more than one of many. Transformers runs as a knowledgeable user would: use_cache=True,
 logits_to_keep=1, and for mixed lengths the faster of one prompt at a time
 or one left-padded batch. A plain torch.mm probe at the model's shapes gives
 the machine's matmul rate; the share is model FLOP/s on real tokens over it.
@@ -133,6 +135,9 @@ class Transformers:
             return self.model(ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1).logits
 
 
+SECONDS_PER_SYSTEM = {False: 8.0, True: 2.0}  # by --quick
+
+
 def timed(fn, *args) -> float:
     t = time.perf_counter()
     fn(*args)
@@ -154,11 +159,10 @@ def run(quick: bool, repeats: int) -> dict:
             if len(set(lengths)) > 1 or len(lengths) > 1:
                 hf_modes["padded_batch"] = hf.padded_batch
             samples = {"ours": [], **{m: [] for m in hf_modes}}
-            ours(tokens)  # warm
-            for fn in hf_modes.values():
-                fn(tokens)
+            slowest = max(timed(fn, tokens) for fn in (ours, *hf_modes.values()))  # also the warm-up
+            case_repeats = max(repeats, round(SECONDS_PER_SYSTEM[quick] / slowest))
             runners = [("ours", ours), *hf_modes.items()]
-            for repeat in range(repeats):  # interleaved, alternating who goes first
+            for repeat in range(case_repeats):  # interleaved, alternating who goes first
                 for label, fn in runners if repeat % 2 == 0 else runners[::-1]:
                     samples[label].append(timed(fn, tokens))
             real = sum(lengths)
@@ -170,20 +174,21 @@ def run(quick: bool, repeats: int) -> dict:
             # for reading our share against figures quoted for HF elsewhere.
             hf_share = workload_flops(spec, lengths) / med[hf_best] / probe
             eff = ours.padding_efficiency(tokens)
-            rows.append((name, ours_tps, hf_tps, hf_best, ours_tps / hf_tps, eff, share, hf_share))
+            rows.append((name, ours_tps, hf_tps, hf_best, ours_tps / hf_tps, eff, share, hf_share, case_repeats))
             metrics.update({f"{name}.ours_tok_s": ours_tps, f"{name}.hf_tok_s": hf_tps,
                             f"{name}.ratio": ours_tps / hf_tps, f"{name}.padding_efficiency": eff,
-                            f"{name}.probe_share": share, f"{name}.hf_probe_share": hf_share})
+                            f"{name}.probe_share": share, f"{name}.hf_probe_share": hf_share,
+                            f"{name}.repeats": case_repeats})
             units.update({f"{name}.ours_tok_s": "tokens/s", f"{name}.hf_tok_s": "tokens/s", f"{name}.ratio": "x",
                           f"{name}.padding_efficiency": "real/computed", f"{name}.probe_share": "fraction",
-                          f"{name}.hf_probe_share": "fraction"})
+                          f"{name}.hf_probe_share": "fraction", f"{name}.repeats": "count"})
     metrics["matmul_probe_gflops"] = probe / 1e9
     units["matmul_probe_gflops"] = "GFLOP/s"
     print(f"matmul probe (torch.mm 1024x{spec.hidden_size}x{spec.intermediate_size}, 2 threads): {probe / 1e9:.1f} GFLOP/s")
-    print(f"{'case':<18} {'ours tok/s':>11} {'HF tok/s':>10} {'HF mode':>14} {'ratio':>6} {'pad eff':>8} {'probe share':>11} {'HF share':>9}  target")
-    for name, o, h, mode, ratio, eff, share, hf_share in rows:
+    print(f"{'case':<18} {'ours tok/s':>11} {'HF tok/s':>10} {'HF mode':>14} {'ratio':>6} {'pad eff':>8} {'probe share':>11} {'HF share':>9} {'repeats':>7}  target")
+    for name, o, h, mode, ratio, eff, share, hf_share, n in rows:
         target = ">=1.0x" + (", share>=80%" if name.startswith("mixed") else "")
-        print(f"{name:<18} {o:>11,.0f} {h:>10,.0f} {mode:>14} {ratio:>5.2f}x {eff:>8.1%} {share:>11.1%} {hf_share:>9.1%}  {target}")
+        print(f"{name:<18} {o:>11,.0f} {h:>10,.0f} {mode:>14} {ratio:>5.2f}x {eff:>8.1%} {share:>11.1%} {hf_share:>9.1%} {n:>7}  {target}")
     return {"benchmark": "prefill_throughput", "metrics": metrics, "units": units}
 
 
@@ -218,7 +223,7 @@ def profile_mixed() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="fewer cases and repeats (under a minute)")
-    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--repeats", type=int, default=None, help="at least this many samples a system per case")
     parser.add_argument("--profile", action="store_true", help="only print where the mixed case's time goes, by op group")
     args = parser.parse_args()
     if args.profile:
