@@ -3,11 +3,11 @@
 Model: the reference "bench" Llama (4 layers, 512 wide, GQA 8/4, vocab
 32000), float32, random seeded weights, on the CPU. Cases: 1 x 128, 32 x 128,
 1 x 4096, and 32 prompts of 64-1024 tokens. Measurements alternate between
-the two systems inside one run (medians of repeats), so machine noise hits
-both alike; a cheap case gets more repeats (each system at least about
-``SECONDS_PER_SYSTEM`` of samples), since one slow spell moves a median of
-seven short samples more than one of many. Transformers runs as a knowledgeable user would: use_cache=True,
-logits_to_keep=1, and for mixed lengths the faster of one prompt at a time
+the two systems round by round inside one run (medians of at least 11
+rounds), so machine noise hits both alike; a cheap case gets more rounds
+(about ``SECONDS_PER_SYSTEM`` of samples a system), since one slow spell
+moves a median of few short samples more than one of many. Transformers
+runs as a knowledgeable user would: use_cache=True, logits_to_keep=1, and for mixed lengths the faster of one prompt at a time
 or one left-padded batch. A plain torch.mm probe at the model's MLP shape,
 sampled once per round of each case, gives the machine's matmul rate; the
 share is model FLOP/s on real tokens over that case's median probe.
