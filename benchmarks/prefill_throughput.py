@@ -7,10 +7,12 @@ the two systems round by round inside one run (medians of at least 11
 rounds), so machine noise hits both alike; a cheap case gets more rounds
 (about ``SECONDS_PER_SYSTEM`` of samples a system), since one slow spell
 moves a median of few short samples more than one of many. Transformers
-runs as a knowledgeable user would: use_cache=True, logits_to_keep=1, and for mixed lengths the faster of one prompt at a time
-or one left-padded batch. A plain torch.mm probe at the model's MLP shape,
-sampled once per round of each case, gives the machine's matmul rate; the
-share is model FLOP/s on real tokens over that case's median probe.
+runs as a knowledgeable user would: use_cache=True, logits_to_keep=1, and
+for mixed lengths the faster of one prompt at a time or one left-padded
+batch (``--quick``: 3 rounds, fewer cases). A plain torch.mm probe at the
+model's MLP shape, sampled once per round of each case, gives the
+machine's matmul rate; the share is model FLOP/s on real tokens over that
+case's median probe.
 
     python benchmarks/prefill_throughput.py [--quick] [--repeats N]
     python benchmarks/prefill_throughput.py --profile   # time shares by op group, mixed case
