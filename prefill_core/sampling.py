@@ -20,7 +20,7 @@ import attrs
 
 from .errors import InvalidSamplingError
 
-__all__ = ["SamplingParams", "SamplingPath", "classify_sampling", "check_sampling"]
+__all__ = ["SamplingParams", "SamplingPath", "classify_sampling", "check_sampling", "distinct_params"]
 
 
 class SamplingPath(enum.Enum):
@@ -94,14 +94,22 @@ def check_sampling(row: int, params: SamplingParams, max_logprobs: int) -> None:
         raise _bad(row, "num_logprobs", n, f"must be an int in [0, {max_logprobs}] (the policy's max_logprobs)")
 
 
+def distinct_params(sampling: tuple[SamplingParams | None, ...]) -> list[SamplingParams | None]:
+    """Each distinct object of a sampling column once, in first-seen order.
+
+    Rows usually share a handful of parameter objects, so a rule over the
+    column is judged once per object rather than once per row.
+    """
+    return list({id(s): s for s in sampling}.values())
+
+
 def classify_sampling(
     sampling: tuple[SamplingParams | None, ...], *, device_top_k_cap: int, allow_forced_argmax: bool
 ) -> SamplingPath:
     """The one sampling path of a wave whose active rows carry ``sampling``."""
     if sampling[0] is None and sampling.count(None) == len(sampling):  # identity hits: one C pass
         return SamplingPath.LOGITS
-    # Rows usually share a handful of parameter objects: judge each once.
-    distinct = list({id(s): s for s in sampling}.values())
+    distinct = distinct_params(sampling)
     if any(s is None for s in distinct):
         # The planner never mixes logits rows with sampled rows in one wave.
         raise AssertionError("a wave mixes rows with and without sampling params")

@@ -20,7 +20,7 @@ from __future__ import annotations
 import attrs
 
 from .request import PrefillRequest, RequestKind
-from .sampling import SamplingPath
+from .sampling import SamplingPath, distinct_params
 from .serialize import digest
 
 __all__ = [
@@ -106,7 +106,7 @@ def program_signature(
     # The sampled token's own log-prob is always returned; the flag adds the
     # top-N table, which only device-sampling programs compute.
     logprobs = sampling_path in (SamplingPath.ARGMAX, SamplingPath.TOPK) and any(
-        s is not None and s.num_logprobs > 0 for s in {id(s): s for s in request.sampling}.values()
+        s is not None and s.num_logprobs > 0 for s in distinct_params(request.sampling)
     )
     tile = None
     if static_last_token_tile and request.kind is RequestKind.REGULAR_SINGLE:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Sequence
 from itertools import chain, repeat
-from operator import getitem, is_, lt, mod
+from operator import getitem, lt, mod
 
 from .batch import PrefillBatch, PrefillRow
 from .errors import (

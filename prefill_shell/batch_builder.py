@@ -84,14 +84,19 @@ def _raise_first_shape_rule(lengths: list[int], need: list[int], columns: int, t
 
 def build_batch(
     tokens: torch.Tensor,
-    page_table,
+    table: torch.Tensor,
     prompt_lengths,
     cached_lengths,
     slots,
     sampling,
     layout: PageTableLayout,
 ) -> PrefillBatch:
-    """A validated ``PrefillBatch`` from caller tensors (``tokens`` already a matrix)."""
+    """A validated ``PrefillBatch`` from caller tensors.
+
+    ``tokens`` is already the host matrix (``as_token_matrix``) and ``table``
+    the checked host page table (``host_page_table``); the runtime keeps
+    both for staging, so each is converted and checked once.
+    """
     num_rows = tokens.shape[0]
     lengths = _int_vector("prompt_lengths", prompt_lengths, num_rows)
     cached = [0] * num_rows if cached_lengths is None else _int_vector("cached_lengths", cached_lengths, num_rows)
@@ -99,7 +104,6 @@ def build_batch(
     params = [None] * num_rows if sampling is None else list(sampling)
     if len(params) != num_rows:
         raise _fail("sampling", f"<{len(params)} entries>", f"must hold one entry per row ({num_rows})")
-    table = host_page_table(page_table, num_rows)
     bs, columns = layout.block_size, tokens.shape[1]
     need = [-(-length // bs) for length in lengths]  # <= 0 for a bad length, which the core names
     if num_rows and (max(lengths) > columns or max(need) > table.shape[1]):
