@@ -1,33 +1,48 @@
 # Two commands do all set-up on a fresh machine: `make demo` and `make test`.
-# Both create the Python 3.12 environment when it is missing (see
-# scripts/ensure-venv.sh) and reuse it when present.
+# Both create what is missing and reuse what is present: the Python 3.12
+# environment (and for `make test` the 3.10 one too; scripts/ensure-venv.sh)
+# and the real model file (scripts/ensure-model.sh).
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
-VENV = $(shell scripts/ensure-venv.sh)
-RUN = PYTHONPATH=$(CURDIR) PYTHONDONTWRITEBYTECODE=1 $(VENV)/bin/python
+VENV = $(shell scripts/ensure-venv.sh 3.12)
+VENV310 = $(shell scripts/ensure-venv.sh 3.10)
+MODEL = $(shell scripts/ensure-model.sh)
+ENV = PYTHONPATH=$(CURDIR) PYTHONDONTWRITEBYTECODE=1 PREFILL_SMOLLM2=$(MODEL)
+RUN = $(ENV) $(VENV)/bin/python
+PYTEST = -m pytest -q -p no:cacheprovider
 
-.PHONY: venv demo test test-tt fuzz bench explain
+.PHONY: venv model demo test test-py312 test-py310 test-tt fuzz bench explain
 
+# Prints the interpreter to use (the 3.12 venv's python).
 venv:
-	@echo $(VENV)
+	@echo $(VENV)/bin/python
+
+model:
+	@echo $(MODEL)
 
 demo:
 	$(RUN) -m prefill_shell run
 
-test:
-	HYPOTHESIS_PROFILE=ci $(RUN) -m pytest -q -p no:cacheprovider
+# The whole suite on every Python the package declares (3.12, then 3.10).
+test: test-py312 test-py310
+
+test-py312:
+	HYPOTHESIS_PROFILE=ci $(RUN) $(PYTEST)
+
+test-py310:
+	HYPOTHESIS_PROFILE=ci $(ENV) $(VENV310)/bin/python $(PYTEST)
 
 # Tests that need a Tenstorrent device; they skip with a reason without one.
 test-tt:
-	HYPOTHESIS_PROFILE=ci $(RUN) -m pytest -q -p no:cacheprovider -m tt_device tests/tt
+	HYPOTHESIS_PROFILE=ci $(RUN) $(PYTEST) -m tt_device tests/tt
 
 # The same suites with at least 50x the CI examples.
 fuzz:
-	HYPOTHESIS_PROFILE=fuzz $(RUN) -m pytest -q -p no:cacheprovider
+	HYPOTHESIS_PROFILE=fuzz $(RUN) $(PYTEST)
 
 # Every benchmark; each prints a table and writes benchmarks/results/<name>.json.
-BENCHES = plan_overhead runtime_overhead staging prefill_throughput trace_replay reliability
+BENCHES = plan_overhead plan_cost runtime_overhead staging prefill_throughput trace_replay reliability
 bench:
 	for b in $(BENCHES); do $(RUN) benchmarks/$$b.py $(BENCH_ARGS) || exit 1; done
 

@@ -82,7 +82,7 @@ def _ttnn_slots_stager(ttnn_staging):
 
 
 def run(repeats: int) -> dict[str, dict[str, float]]:
-    from prefill_shell.backends import ttnn_staging  # imports ttnn (a few seconds)
+    from prefill_shell.tt import staging as ttnn_staging  # imports ttnn (a few seconds)
 
     backend = TorchBackend("cpu")
     steps = {name: host_step(lengths, cached) for name, lengths, cached in CASES}

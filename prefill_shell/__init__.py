@@ -4,7 +4,7 @@ The public entry points, re-exported: ``PrefillRuntimeConfig`` (validated
 static collaborators), ``PrefillRuntime`` (prepare, invoke, assemble,
 cleanup), ``PrefillExecutor`` (warm-up and traced dispatch),
 ``TorchBackend``, and the ``PrefillResult`` value. ``TtnnBackend`` is in
-``prefill_shell.backends.ttnn_backend`` and imported only on request.
+``prefill_shell.tt.backend`` and imported only on request.
 """
 
 from .backends import TorchBackend

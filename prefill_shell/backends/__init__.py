@@ -1,6 +1,6 @@
 """Backends: the device operations the runtime needs, on torch or ttnn.
 
-``TtnnBackend`` lives in ``prefill_shell.backends.ttnn_backend`` and is
+``TtnnBackend`` lives in ``prefill_shell.tt.backend`` and is
 imported only on request, so nothing on the torch path imports ttnn.
 """
 

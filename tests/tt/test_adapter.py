@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from prefill_core import PrefillPolicy
-from prefill_shell.backends import ttnn_staging
-from prefill_shell.backends.ttnn_backend import TtnnBackend
+from prefill_shell.tt import staging as ttnn_staging
+from prefill_shell.tt.backend import TtnnBackend
 from prefill_shell.config import PrefillRuntimeConfig
 from prefill_shell.model import PrefillModel
 from prefill_shell.runtime import PrefillRuntime
-from prefill_shell.tt_adapter import TtKVCache, TtTransformersAdapter
+from prefill_shell.tt.adapter import TtKVCache, TtTransformersAdapter
 
 ARGS = types.SimpleNamespace(vocab_size=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=1, head_dim=8, max_seq_len=1024)
 

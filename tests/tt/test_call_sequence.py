@@ -15,7 +15,7 @@ import torch
 from prefill_core import PrefillPolicy, SamplingParams, WarmupManifest
 from prefill_core.errors import PrefillStateError
 from prefill_shell.backends.base import Backend
-from prefill_shell.backends.ttnn_backend import TtnnBackend
+from prefill_shell.tt.backend import TtnnBackend
 from prefill_shell.config import PrefillRuntimeConfig
 from prefill_shell.executor import PrefillExecutor
 from prefill_shell.ledger import Ownership

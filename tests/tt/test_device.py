@@ -41,7 +41,7 @@ def weights():
 
 def lanes(ttnn, mesh, weights):
     """(ttnn executor, torch executor) over fresh KV pools of the same tiny model."""
-    from prefill_shell.backends.ttnn_backend import TtnnBackend
+    from prefill_shell.tt.backend import TtnnBackend
 
     out = []
     for model, backend in ((TtnnTwin(ttnn, mesh, weights), TtnnBackend(mesh)), (TorchTwin(weights), TorchBackend())):

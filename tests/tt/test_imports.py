@@ -24,8 +24,8 @@ def test_the_torch_runtime_never_imports_ttnn(ttnn):
 
 def test_the_ttnn_modules_import_ttnn_only_when_used(ttnn):
     """Importing the ttnn backend, its staging and the adapter loads no ttnn; staging a value does."""
-    modules = ("import prefill_shell.backends.ttnn_backend, prefill_shell.backends.ttnn_staging, "
-               "prefill_shell.tt_adapter")
+    modules = ("import prefill_shell.tt.backend, prefill_shell.tt.staging, "
+               "prefill_shell.tt.adapter")
     assert _modules_after(modules) == set()
-    staged = modules + "\nimport torch\nprefill_shell.backends.ttnn_staging.stage_tokens(torch.ones(1, 4, dtype=torch.int64))"
+    staged = modules + "\nimport torch\nprefill_shell.tt.staging.stage_tokens(torch.ones(1, 4, dtype=torch.int64))"
     assert "ttnn" in _modules_after(staged)

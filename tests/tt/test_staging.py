@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from prefill_core import PageTableLayout, PrefillBatch, PrefillPolicy, PrefillRow, SamplingParams, plan_prefill
 from prefill_core.errors import PrefillInputError
-from prefill_shell.backends import ttnn_staging
+from prefill_shell.tt import staging as ttnn_staging
 from prefill_shell.inputs import build_host_steps
 
 POLICY = PrefillPolicy(waves=(1, 2, 4, 8), length_ladder=(64, 128), max_chunk_length=128, chunk_quantum=128,

@@ -2,7 +2,7 @@
 
 The runtime calls ``forward_hidden(tokens, start, fill_table, read_table,
 kv)`` and ``lm_head(rows)`` with device tensors staged by ``TtnnBackend``
-(``backends/ttnn_staging.py`` holds the contract). A tt_transformers
+(``tt/staging.py`` holds the contract). A tt_transformers
 ``Transformer`` exposes ``embd``, ``ttnn_prefill_forward``, ``norm`` and
 ``lm_head``; the adapter maps one onto the other:
 
@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from .model import ModelSpec
+from ..model import ModelSpec
 
 __all__ = ["TtKVCache", "TtTransformersAdapter", "spec_from_args"]
 

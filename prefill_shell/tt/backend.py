@@ -2,7 +2,7 @@
 
 How each seam operation maps onto ttnn:
 
-* ``upload``: host staging (``ttnn_staging``: the dtype/layout/shape contract)
+* ``upload``: host staging (``tt/staging.py``: the dtype/layout/shape contract)
   then ``ttnn.to_device`` into DRAM; the handle is registered in the ledger.
 * ``refresh``: the same staging, then ``ttnn.copy_host_to_device_tensor``
   into the existing tensor (shape, dtype and layout are checked first: the
@@ -52,9 +52,9 @@ import torch
 
 from prefill_core.errors import PrefillConfigError, PrefillStateError
 
+from ..backends.base import TraceHandle
 from ..ledger import DeviceTensor, Ownership, ResourceLedger
-from . import ttnn_staging
-from .base import TraceHandle
+from . import staging as ttnn_staging
 
 __all__ = ["TtnnBackend", "host_contract"]
 
