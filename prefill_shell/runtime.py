@@ -24,9 +24,10 @@ from .batch_builder import as_token_matrix, build_batch, check_token_ids, host_p
 from .config import PrefillRuntimeConfig
 from .inputs import DeviceStep, HostStep, PrefillInputStager, build_host_steps
 from .ledger import DeviceTensor
+from .notes import add_note
 from .postprocess import PrefillPostprocessor
 from .result import InvocationResult, PrefillResult
-from .result_collector import PrefillResultAssembler
+from .assembler import PrefillResultAssembler
 from .sequence_runner import PrefillSequenceRunner
 
 __all__ = ["PrefillRuntime", "PreparedBatch"]
@@ -163,7 +164,7 @@ class PrefillRuntime:
             except Exception as failure:  # noqa: BLE001 (kept as orphan, reported below)
                 self.orphans.append(handle)
                 if primary is not None:
-                    primary.add_note(f"cleanup: releasing {handle!r} failed: {failure!r}")
+                    add_note(primary, f"cleanup: releasing {handle!r} failed: {failure!r}")
 
     def cleanup(self) -> None:
         """Retries every orphan; raises ``CleanupError`` with what is still alive."""

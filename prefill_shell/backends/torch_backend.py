@@ -16,7 +16,7 @@ import torch
 from prefill_core.errors import PrefillStateError
 
 from ..ledger import DeviceTensor, Ownership, ResourceLedger
-from ..sampling_helpers import sample_row, top_logprobs
+from ..torch_sampling import sample_row, top_logprobs
 from .base import TraceHandle
 
 __all__ = ["TorchBackend"]

@@ -54,6 +54,7 @@ from prefill_core.errors import PrefillConfigError, PrefillStateError
 
 from ..backends.base import TraceHandle
 from ..ledger import DeviceTensor, Ownership, ResourceLedger
+from ..notes import add_note
 from . import staging as ttnn_staging
 
 __all__ = ["TtnnBackend", "host_contract"]
@@ -280,4 +281,4 @@ def _abandon(tt: Any, device: Any, trace_id: Any, key: str, primary: BaseExcepti
         tt.end_trace_capture(device, trace_id, cq_id=0)
         tt.release_trace(device, trace_id)
     except Exception as failure:  # noqa: BLE001 (the body's error is the one to raise)
-        primary.add_note(f"cleanup: abandoning the capture of trace {key} failed: {failure!r}")
+        add_note(primary, f"cleanup: abandoning the capture of trace {key} failed: {failure!r}")

@@ -19,7 +19,7 @@ from prefill_core.errors import PrefillStateError
 
 from .backends.base import Backend
 from .result import InvocationResult, PrefillResult
-from .sampling_helpers import sample_row, top_logprobs
+from .torch_sampling import sample_row, top_logprobs
 
 __all__ = ["PrefillResultAssembler"]
 
