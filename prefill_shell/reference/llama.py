@@ -5,9 +5,19 @@ It implements ``PrefillModel`` and mirrors Hugging Face's Llama numerics
 query attention, SwiGLU) so that it can be checked against ``transformers``
 on the same weights. Weights are plain tensors keyed by their HF names.
 
-Everything inside ``forward_hidden`` is capture-safe: shapes come only from
-input shapes, ``start`` stays on the device, and ``-1`` page-table entries are
-handled by the pool's sink block rather than by masking or branching.
+``forward_hidden`` has a capture-safe form: shapes come only from input
+shapes, ``start`` stays on the device, and ``-1`` page-table entries are
+handled by the pool's sink block rather than by masking or branching. It is
+taken under CUDA graph capture and ``torch.compile`` (or on request); eagerly,
+a chunked step reads ``start`` on the host and gathers only the cached prefix.
+
+What a chunked step reads: positions before ``start`` through the read table
+(the cached prefix and earlier chunks), and the chunk's own K/V as computed,
+never the pool's copy of ``[start, start + S)``. Every other pool value (filler
+columns, the row's later blocks, the sink, stale blocks) is either not gathered
+or replaced by zero before it meets a query, so NaN, inf or stale garbage there
+cannot reach an output or a written block: a boolean mask alone would not do,
+since a masked NaN score or ``0 * NaN`` in the value product is still NaN.
 """
 
 from __future__ import annotations
@@ -34,6 +44,64 @@ class _Layer(NamedTuple):
     gate: torch.Tensor
     up: torch.Tensor
     down: torch.Tensor
+
+
+class _ChunkReads(NamedTuple):
+    """What every layer of one chunked step reads from the pool, decided once per step."""
+
+    columns: int  # read-table columns gathered: the prefix before the chunk (static under capture)
+    readable: torch.Tensor | None  # [B, 1, columns*bs, 1] bool: position < start; None when all are
+    mask: torch.Tensor | None  # [B, 1, S, columns*bs + S] bool; None: causal over the chunk alone
+
+
+def _capturing(start: torch.Tensor) -> bool:
+    """True where shapes must not depend on values: CUDA graph capture or torch.compile tracing."""
+    if torch.compiler.is_compiling():
+        return True
+    return start.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def _chunk_reads(start: torch.Tensor, seq: int, read_table: torch.Tensor, bs: int, fixed_shape: bool) -> _ChunkReads:
+    """Sizes a chunked step's pool read and builds its mask.
+
+    Keys are laid out as ``[prefix | chunk]``: ``columns*bs`` positions read
+    through the table, then the chunk's own ``S`` fresh keys. A query at
+    ``start + i`` sees prefix positions ``< start`` and chunk keys ``<= i``,
+    so no query row is ever fully masked (each sees at least its own key).
+    """
+    batch, width = read_table.shape
+    if fixed_shape:
+        # Shapes from shapes only: the widest prefix a chunk that the table
+        # covers can have (start + S <= Wr*bs); rows starting earlier mask
+        # and zero the rest of it.
+        columns, all_readable = max(width - seq // bs, 0), False
+    else:
+        # Eager: one host read of start sizes the gather to the cached prefix.
+        starts = start.tolist()
+        if max(starts) > width * bs:
+            raise ValueError(f"chunk start {max(starts)} lies past the read table's {width * bs} positions")
+        columns = max(-(-max(starts) // bs), 0)
+        all_readable = all(s == columns * bs for s in starts)
+    if columns == 0:
+        return _ChunkReads(0, None, None)
+    device = start.device
+    before = torch.arange(columns * bs, device=device)[None, :] < start.to(torch.int64)[:, None]  # [B, P]
+    causal = torch.ones(seq, seq, dtype=torch.bool, device=device).tril()
+    mask = torch.cat((before[:, None, None, :].expand(batch, 1, seq, -1), causal.expand(batch, 1, seq, seq)), dim=-1)
+    return _ChunkReads(columns, None if all_readable else before[:, None, :, None], mask)
+
+
+def _with_prefix(
+    kv: PagedKVCache, layer: int, k: torch.Tensor, v: torch.Tensor, read_table: torch.Tensor, reads: _ChunkReads
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The chunk's fresh ``k, v [B, Hkv, S, D]`` behind the prefix gathered from the pool."""
+    old_k, old_v = kv.gather(layer, read_table[:, : reads.columns])  # [B, Hkv, columns*bs, D]
+    if reads.readable is not None:
+        # Select, not multiply: a masked NaN or inf times zero is still NaN,
+        # and the mask alone leaves NaN scores (NaN + -inf) and 0 * NaN values.
+        old_k = torch.where(reads.readable, old_k, 0.0)
+        old_v = torch.where(reads.readable, old_v, 0.0)
+    return torch.cat((old_k.to(k.dtype), k), dim=2), torch.cat((old_v.to(v.dtype), v), dim=2)
 
 
 def llama_weight_shapes(spec: LlamaSpec) -> dict[str, tuple[int, ...]]:
@@ -195,8 +263,19 @@ class PagedLlama:
         fill_table: torch.Tensor,
         read_table: torch.Tensor | None,
         kv: PagedKVCache,
+        *,
+        fixed_shape: bool | None = None,
     ) -> torch.Tensor:
-        """One model-body step over a padded wave; see ``PrefillModel.forward_hidden``."""
+        """One model-body step over a padded wave; see ``PrefillModel.forward_hidden``.
+
+        ``fixed_shape`` picks how a chunked step reads the pool: True is the
+        capture-safe form (gather width from the table's width, ``start``
+        never leaves the device), False the eager one (gathers only the
+        prefix before ``start``). By default the capture-safe form is taken
+        under CUDA graph capture or ``torch.compile``. Both require the read
+        table to cover the chunk, ``start + S <= Wr*bs``, and ``start`` to be
+        a multiple of the block size.
+        """
         seq = tokens.shape[1]
         if seq % kv.block_size:
             raise ValueError(f"invocation length {seq} is not a multiple of block size {kv.block_size}")
@@ -206,15 +285,15 @@ class PagedLlama:
         table_pos = positions.clamp(max=self.config.max_position_embeddings - 1)
         cos = self._cos[table_pos].to(self.dtype).unsqueeze(1)  # [B, 1, S, D]
         sin = self._signed_sin[table_pos].to(self.dtype).unsqueeze(1)
-        mask = None
+        reads = None
         if read_table is not None:
-            key_pos = torch.arange(read_table.shape[1] * kv.block_size, device=tokens.device)
-            mask = (key_pos[None, None, :] <= positions[:, :, None]).unsqueeze(1)  # [B, 1, S, Wr*bs]
+            fixed = _capturing(start) if fixed_shape is None else fixed_shape
+            reads = _chunk_reads(start, seq, read_table, kv.block_size, fixed)
         x = F.embedding(tokens, self._embed)  # a fresh tensor: the residual stream, updated in place
         residual = x.view(-1, x.shape[-1])  # [B*S, H]
         eps = self.config.rms_norm_eps
         for i, layer in enumerate(self._layers):
-            attn = self._attention(i, layer, _rms_norm(x, layer.attn_norm, eps), (cos, sin), fill_table, read_table, mask, kv)
+            attn = self._attention(i, layer, _rms_norm(x, layer.attn_norm, eps), (cos, sin), fill_table, read_table, reads, kv)
             # Each residual add rides in its projection's GEMM (beta = 1): no
             # separate add pass and no fresh [B*S, H] buffer per add.
             residual.addmm_(attn, layer.o.t())
@@ -229,7 +308,7 @@ class PagedLlama:
         rope: tuple[torch.Tensor, torch.Tensor],
         fill_table: torch.Tensor,
         read_table: torch.Tensor | None,
-        mask: torch.Tensor | None,
+        reads: _ChunkReads | None,
         kv: PagedKVCache,
     ) -> torch.Tensor:
         spec = self.spec
@@ -240,13 +319,12 @@ class PagedLlama:
         k = k.reshape(batch, seq, spec.num_kv_heads, spec.head_dim).transpose(1, 2)  # [B, Hkv, S, D]
         v = v.reshape(batch, seq, spec.num_kv_heads, spec.head_dim).transpose(1, 2)
         q, k = _apply_rope(q, *rope), _apply_rope(k, *rope)
-        # Write before reading so a chunk attends to its own keys through the pool.
         kv.fill(index, k, v, fill_table)
-        if read_table is None:
+        if reads is None or reads.mask is None:  # regular prefill, or a chunk with no prefix
             out = self._sdpa(q, k, v, is_causal=True)
         else:
-            k_all, v_all = kv.gather(index, read_table)  # [B, Hkv, Wr*bs, D]
-            out = self._sdpa(q, k_all.to(q.dtype), v_all.to(q.dtype), attn_mask=mask)
+            k_all, v_all = _with_prefix(kv, index, k, v, read_table, reads)  # [B, Hkv, P + S, D]
+            out = self._sdpa(q, k_all, v_all, attn_mask=reads.mask)
         return out.transpose(1, 2).reshape(batch * seq, spec.num_heads * spec.head_dim)  # before o_proj
 
     def _sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> torch.Tensor:
