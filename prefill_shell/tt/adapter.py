@@ -1,125 +1,144 @@
-"""``TtTransformersAdapter``: a tt-metal ``tt_transformers``-style model behind the runtime's model protocol.
+"""``TtModelAdapter``: a tt-metal TTTv2 prefill model (``TtModel``) behind the runtime's model protocol.
 
-The runtime calls ``forward_hidden(tokens, start, fill_table, read_table,
-kv)`` and ``lm_head(rows)`` with device tensors staged by ``TtnnBackend``
-(``tt/staging.py`` holds the contract). A tt_transformers
-``Transformer`` exposes ``embd``, ``ttnn_prefill_forward``, ``norm`` and
-``lm_head``; the adapter maps one onto the other:
+Targets the model protocol that tt-metal's common prefill runtime drives:
+``models/common/llm_runtime/prefill/runtime.py`` at commit
+``0277e5a6f0eaf2518ea4001a43e0d4cf19aa743e`` (its ``_run_hidden_body`` and
+``_run_chunk_hidden_body``) and the rotary staging of
+``models/common/llm_runtime/prefill/inputs.py`` at commit
+``8d0a02eb5d231e45d6c467856c541d605c06cae8`` (``prepare_prefill_rot_mats``
+on device position indices, uint32 ROW_MAJOR ``[1, S]``). The runtime calls
+``forward_hidden(tokens, start, fill_table, read_table, kv)`` and
+``lm_head(rows)`` with tensors staged by ``TtnnBackend``; the adapter turns
+each into exactly the calls that runtime makes:
 
-=========================  ================================================================
-runtime (ttnn contract)    tt_transformers call
-=========================  ================================================================
-tokens uint32 [1,1,B,S]    ``embd(ids [1,1,1,B*S])`` -> ``[1,1,B*S,H]``; a wave is viewed as
-                           ``[B,1,S,H]`` (one row: ``[1,1,S,H]``, the stock form)
-start int32 [B]            ``rot_mats(start, S)``: rotary matrices for positions
-                           ``start .. start+S-1`` read on the device, and, for chunked
-                           prefill, ``chunk_start_idx=start`` (tensor form: a trace must
-                           not bake the chunk start in)
-fill_table int32 [B,Wf]    regular: ``page_table`` (``paged_fill_cache`` skips -1);
-                           chunked: ``chunk_page_table`` (the blocks this chunk writes)
-read_table int32 [B,Wr]    chunked only: ``page_table`` (what chunked SDPA reads, all >= 0)
-(row of the tables)        ``user_id=0``: the runtime's tables are per wave row, so the
-                           batch index into them is the row itself (``batch_size=B``)
-kv (``TtKVCache``)         ``kv_cache=kv.layers`` (per layer ``[K, V]`` paged pools)
-(whole chunk)              ``get_last_token=-1``: the body returns every position; the
-                           backend gathers each row's last token on device afterwards
-return                     ``norm(x, mode="prefill")``: the protocol's hidden is post-norm
-lm_head(rows [1,1,B,H])    ``lm_head(rows)`` -> logits ``[1,1,B,V]`` (vocab-sharded per
-                           device on a multi-chip mesh: pair with ``logits_composer``)
-=========================  ================================================================
+* tokens uint32 ``[1, 1, B, S]`` -> ``embed_prefill(tokens [1, 1, 1, B*S])``
+  (a row-major reshape is a view; the seed stages the same form).
+* positions: ``arange(S)`` on device, plus ``start`` for a chunk (a tensor:
+  a trace reads it at replay), typecast to uint32 ``[1, S]`` ->
+  ``prepare_prefill_rot_mats(positions)`` -> ``[rotary_cos, rotary_sin]``.
+* regular prefill (no read table): ``prefill_forward(x, [cos, sin],
+  user_id=list(range(B)) if B > 1 else 0, page_table=fill_table,
+  chunk_page_table=None, get_last_token=-1, batch_size=B,
+  chunk_start_idx_tensor=None)``. Padding rows are in ``user_id`` too: their
+  fill-table rows are all -1, so they write nothing.
+* chunked prefill: ``prefill_forward(x, [cos, sin], user_id=0,
+  page_table=read_table, chunk_page_table=fill_table, chunk_start_idx=None,
+  get_last_token=-1, chunk_start_idx_tensor=start, last_token_slice=None,
+  last_token_index=None)``: the seed's traced chunk body, used eagerly too,
+  because the seed's eager form (``chunk_start_idx=<int>`` with a
+  last-token slice) bakes the position into the program.
+* ``lm_head(rows [1, 1, B, H])``: rows padded to one 32-row tile ->
+  ``post_process_prefill_output(tile, 0)`` (final norm and LM head) -> the
+  first B rows of its logits. With ``get_last_token=-1`` a TTTv2 model
+  returns the hidden states before the final norm, so this adapter's
+  ``forward_hidden`` does too; the norm is per row, so normalising the
+  gathered rows gives the same logits.
 
-Stock tt_transformers slices its rotary matrices and passes ``chunk_start_idx``
-as host integers; a model wrapped here must accept the tensor forms above
-(``rot_mats`` and the ``chunk_start_idx`` tensor), which is what makes one
-captured chunk trace serve every chunk position. ``prefill_kwargs`` holds the
-whole mapping, so a model version with other keyword names overrides one method.
+The KV pool is bound inside a TTTv2 model (``set_kv_cache``), so ``kv`` is
+only the geometry the runtime config checks (``TtKVCache``).
+
+A stock tt_transformers ``Transformer`` (``models/tt_transformers/tt/model.py``,
+commit ``00a9ba8f2518e39005cfcab65592639859b03eb9``) is not adapted:
+its ``ttnn_prefill_forward(x, rot_mats_global, rot_mats_local, user_id,
+page_table, chunk_page_table, chunk_start_idx, get_last_token, kv_cache)``
+takes no ``batch_size`` (no batched waves) and the chunk start only as a
+host int, so a trace would bake it in: one trace per chunk position, and an
+eager chunk would need a host read of the device ``start``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
 from ..model import ModelSpec
 
-__all__ = ["TtKVCache", "TtTransformersAdapter", "spec_from_args"]
+__all__ = ["TILE_ROWS", "TtKVCache", "TtModel", "TtModelAdapter"]
+
+TILE_ROWS = 32
+"""Rows of one tile: ``post_process_prefill_output`` norms and projects one tile of rows."""
+
+
+@runtime_checkable
+class TtModel(Protocol):
+    """What the adapter calls on a TTTv2 prefill model (the seed runtime's calls, exactly)."""
+
+    def embed_prefill(self, tokens: Any) -> Any:
+        """uint32 ``[1, 1, 1, B*S]`` ids -> embeddings ``[1, 1, B*S, H]``."""
+
+    def prepare_prefill_rot_mats(self, position_indices: Any) -> tuple[Any, Any]:
+        """uint32 ``[1, S]`` positions -> ``(cos, sin)`` rotary tables for them."""
+
+    def prefill_forward(self, x_embed: Any, rot_mats: Any, user_id: Any = 0, page_table: Any = None,
+                        chunk_page_table: Any = None, chunk_start_idx: int | None = None, get_last_token: int = -1,
+                        batch_size: int = 1, chunk_start_idx_tensor: Any = None, last_token_slice: Any = None,
+                        last_token_index: Any = None) -> Any:
+        """One prefill body; with ``get_last_token=-1`` the hidden states ``[1, 1, B*S, H]`` before the final norm."""
+
+    def post_process_prefill_output(self, hidden_states: Any, last_token_idx: int, last_token_slice: Any = None,
+                                    last_token_index: Any = None) -> Any:
+        """Final norm and LM head of the 32-row tile holding ``last_token_idx`` -> logits ``[1, 1, 32, V]``."""
 
 
 class TtKVCache:
-    """A ttnn model's paged KV pool: per layer ``[K, V]`` device tensors, and its geometry.
+    """The geometry of a paged KV pool bound inside a ttnn model (``block_size``, ``num_blocks``)."""
 
-    ``block_size`` and ``num_blocks`` are what ``PrefillRuntimeConfig`` checks
-    the page-table layout against.
-    """
-
-    def __init__(self, layers: list, block_size: int, num_blocks: int):
-        self.layers = layers
+    def __init__(self, block_size: int, num_blocks: int, layers: list | None = None):
         self.block_size = block_size
         self.num_blocks = num_blocks
+        self.layers = layers or []
 
 
-def spec_from_args(args: Any, dtype: str = "bfloat16") -> ModelSpec:
-    """A ``ModelSpec`` from tt_transformers' ``ModelArgs`` field names."""
-    return ModelSpec(
-        vocab_size=int(args.vocab_size),
-        hidden_size=int(args.dim),
-        num_layers=int(args.n_layers),
-        num_heads=int(args.n_heads),
-        num_kv_heads=int(args.n_kv_heads),
-        head_dim=int(args.head_dim),
-        max_position=int(args.max_seq_len),
-        dtype=dtype,
-    )
-
-
-class TtTransformersAdapter:
-    """Implements ``PrefillModel`` over a tt_transformers-style ttnn model (see the module table)."""
+class TtModelAdapter:
+    """Implements ``PrefillModel`` over a ``TtModel`` (see the module doc for the exact calls)."""
 
     dtype = torch.bfloat16
     """Host dtype of hidden buffers the runtime sizes; the device form is bfloat16 TILE regardless."""
 
-    def __init__(self, tt_model: Any, *, spec: ModelSpec | None = None,
-                 rot_mats: Callable[[Any, int], Any] | None = None, ttnn_module: Any = None):
+    def __init__(self, tt_model: TtModel, spec: ModelSpec, *, mesh_device: Any, ttnn_module: Any = None):
         if ttnn_module is None:
             import ttnn as ttnn_module  # noqa: PLC0415 (only a ttnn model needs it)
+        if not isinstance(tt_model, TtModel):
+            raise TypeError(f"{type(tt_model).__name__} does not implement TtModel (embed_prefill, "
+                            "prepare_prefill_rot_mats, prefill_forward, post_process_prefill_output)")
         self.tt = ttnn_module
         self.model = tt_model
-        self.spec = spec if spec is not None else spec_from_args(tt_model.args)
-        self._rot_mats = rot_mats if rot_mats is not None else tt_model.prefill_rot_mats
+        self.spec = spec
+        self.mesh = mesh_device
 
-    def embed(self, tokens: Any) -> Any:
-        """uint32 ``[1, 1, B, S]`` ids -> bfloat16 ``[B, 1, S, H]`` embeddings."""
+    def positions(self, start: Any, seq_len: int, chunked: bool) -> Any:
+        """uint32 ROW_MAJOR ``[1, S]``: ``start .. start+S-1`` (regular prefill starts at 0)."""
         tt = self.tt
-        b, s = int(tokens.shape[-2]), int(tokens.shape[-1])
-        ids = tt.reshape(tokens, (1, 1, 1, b * s))  # row-major: a view
-        x = tt.unsqueeze_to_4D(self.model.embd(ids))  # [1, 1, B*S, H]
-        return x if b == 1 else tt.reshape(x, (b, 1, s, int(x.shape[-1])))
-
-    def prefill_kwargs(self, start: Any, fill_table: Any, read_table: Any, kv: Any, seq_len: int, batch: int) -> dict:
-        """Keyword arguments of ``ttnn_prefill_forward`` for one chunk (the module table, as code)."""
-        chunked = read_table is not None
-        kwargs = {
-            "rot_mats_global": self._rot_mats(start, seq_len),
-            "user_id": 0,
-            "page_table": read_table if chunked else fill_table,
-            "chunk_page_table": fill_table if chunked else None,
-            "chunk_start_idx": start if chunked else None,
-            "get_last_token": -1,
-            "kv_cache": kv.layers,
-        }
-        if batch > 1:
-            kwargs["batch_size"] = batch
-        return kwargs
+        ramp = tt.arange(0, seq_len, 1, dtype=tt.int32, device=self.mesh)
+        ramp = tt.to_layout(tt.reshape(ramp, (1, seq_len)), tt.TILE_LAYOUT)
+        if chunked:
+            offset = tt.to_layout(tt.reshape(start, (1, 1)), tt.TILE_LAYOUT)
+            ramp = tt.add(ramp, offset)  # broadcast over the row
+        return tt.typecast(tt.to_layout(ramp, tt.ROW_MAJOR_LAYOUT), tt.uint32)
 
     def forward_hidden(self, tokens: Any, start: Any, fill_table: Any, read_table: Any, kv: Any) -> Any:
-        """One chunk of prefill; returns the post-norm hidden states ``[B, 1, S, H]`` (bfloat16 TILE)."""
+        """One chunk: hidden states ``[1, 1, B*S, H]`` before the final norm (see the module doc)."""
+        tt, model = self.tt, self.model
         b, s = int(tokens.shape[-2]), int(tokens.shape[-1])
-        x = self.embed(tokens)
-        hidden = self.model.ttnn_prefill_forward(x, **self.prefill_kwargs(start, fill_table, read_table, kv, s, b))
-        return self.model.norm(hidden, mode="prefill")
+        x = model.embed_prefill(tt.reshape(tokens, (1, 1, 1, b * s)))
+        cos, sin = model.prepare_prefill_rot_mats(self.positions(start, s, chunked=read_table is not None))
+        if read_table is None:
+            return model.prefill_forward(
+                x, [cos, sin], user_id=list(range(b)) if b > 1 else 0, page_table=fill_table,
+                chunk_page_table=None, get_last_token=-1, batch_size=b, chunk_start_idx_tensor=None)
+        return model.prefill_forward(
+            x, [cos, sin], user_id=0, page_table=read_table, chunk_page_table=fill_table, chunk_start_idx=None,
+            get_last_token=-1, chunk_start_idx_tensor=start, last_token_slice=None, last_token_index=None)
 
     def lm_head(self, hidden_rows: Any) -> Any:
-        """``[1, 1, B, H]`` gathered rows -> logits ``[1, 1, B, V]``."""
-        return self.model.lm_head(hidden_rows)
+        """``[1, 1, B, H]`` gathered rows -> logits ``[1, 1, B, V]`` through ``post_process_prefill_output``."""
+        tt = self.tt
+        b, h = int(hidden_rows.shape[-2]), int(hidden_rows.shape[-1])
+        tile = hidden_rows
+        if b < TILE_ROWS:
+            tile = tt.pad(hidden_rows, [(0, 0), (0, 0), (0, TILE_ROWS - b), (0, 0)], 0.0)
+        logits = self.model.post_process_prefill_output(tile, 0)
+        if b == TILE_ROWS:
+            return logits
+        return tt.slice(logits, (0, 0, 0, 0), (1, 1, b, int(logits.shape[-1])), (1, 1, 1, 1))
