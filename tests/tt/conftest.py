@@ -43,3 +43,13 @@ def recording(ttnn):
     from tt_recording import RecordingTtnnDevice
 
     return RecordingTtnnDevice(ttnn)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Prints what the ttnn tests reported (call sites checked, max differences, replays, live tensors)."""
+    from tt_report import LINES
+
+    if LINES:
+        terminalreporter.section("ttnn")
+        for line in LINES:
+            terminalreporter.write_line(line)
