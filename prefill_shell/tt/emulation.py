@@ -44,7 +44,7 @@ __all__ = ["EmulatedMesh", "EmulatedTensor", "EmulationError", "HostRead", "Refe
 
 _HOST_API = frozenset({
     "uint32", "uint16", "int32", "bfloat16", "float32", "ROW_MAJOR_LAYOUT", "TILE_LAYOUT",
-    "DRAM_MEMORY_CONFIG", "L1_MEMORY_CONFIG", "DataType", "Layout", "Tensor", "from_torch",
+    "DRAM_MEMORY_CONFIG", "L1_MEMORY_CONFIG", "DataType", "Layout", "Tensor", "from_torch", "MeshShape",
 })
 
 
@@ -257,6 +257,10 @@ class ReferenceEmulation:
             raise EmulationError(f"ttnn.{name} during a trace capture: host transfers are not traced")
 
     # -- mesh (one chip: replication is the identity) -------------------------
+    def open_mesh_device(self, mesh_shape: Any = None, **options: Any) -> EmulatedMesh:
+        """The emulated chip, so code written for ``ttnn.open_mesh_device`` runs unchanged."""
+        return self.mesh
+
     def ReplicateTensorToMesh(self, mesh_device: Any) -> None:  # noqa: N802 (ttnn's name)
         return None
 
