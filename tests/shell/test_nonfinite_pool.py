@@ -9,11 +9,23 @@ pool: through the runtime's public API and through ``forward_hidden``.
 
 from __future__ import annotations
 
+import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from prefill_core import PrefillPolicy
 
 BS = 32
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Runs this module's many tiny steps on one thread: on a shared, loaded CPU two threads contend."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def _poison(kv, blocks, value: float) -> None:
@@ -56,3 +68,143 @@ def test_nan_in_own_later_block_leaves_2049_token_row_and_its_kv_finite(tiny_mod
         got_k, got_v = kit.row_kv(rt.config.kv, layer, blocks, 2049)
         assert kit.max_abs_diff(got_k, keys[layer]) <= kit.TOL, f"layer {layer} keys"
         assert kit.max_abs_diff(got_v, values[layer]) <= kit.TOL, f"layer {layer} values"
+
+
+# ---------------------------------------------------------------- garbage and pools
+
+GARBAGE = (float("nan"), float("inf"), float("-inf"), 3.0e38, -3.0e38, 65504.0)
+"""What recycled or overflowed blocks hold: NaN, both infinities, huge finite values (fp32 and fp16 extremes)."""
+
+
+@st.composite
+def garbage_values(draw) -> tuple[tuple[float, ...], int]:
+    """A non-empty subset of ``GARBAGE`` that always holds a non-finite value, and a seed for mixing it."""
+    values = draw(st.lists(st.sampled_from(GARBAGE), min_size=1, max_size=4, unique=True))
+    if all(abs(v) < float("inf") for v in values):
+        values.append(float("nan"))
+    return tuple(values), draw(st.integers(0, 2**31 - 1))
+
+
+def _garbage_fill(kv, blocks, garbage) -> None:
+    """Writes a seeded elementwise mix of ``garbage`` into ``blocks`` (sink allowed) of every layer's K and V."""
+    values, seed = garbage
+    ids = torch.tensor(sorted(blocks))
+    table = torch.tensor(values, dtype=kv.dtype)
+    gen = torch.Generator().manual_seed(seed)
+    for pool in kv.keys + kv.values:
+        pick = torch.randint(len(values), (len(ids), *pool.shape[1:]), generator=gen)
+        pool[ids] = table[pick]
+
+
+def _noise_fill(kv, blocks, seed: int) -> None:
+    """Seeded finite noise in ``blocks``: cached contents, identical on the clean and the garbage side."""
+    if not blocks:
+        return
+    ids = torch.tensor(sorted(blocks))
+    gen = torch.Generator().manual_seed(seed)
+    for pool in kv.keys + kv.values:
+        pool[ids] = torch.randn((len(ids), *pool.shape[1:]), generator=gen, dtype=pool.dtype)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.uint8)
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and torch.equal(_bits(a), _bits(b))
+
+
+def _pools_agree(clean, dirty, blocks) -> bool:
+    """Whether ``blocks`` hold the same bytes in both pools, over every layer's K and V."""
+    return all(_same_bits(clean.block_bytes(b), dirty.block_bytes(b)) for b in blocks)
+
+
+# ---------------------------------------------------------------- the model, step by step
+
+MODEL_BS = 16
+MODEL_BLOCKS = 24
+PROPERTY = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@st.composite
+def chunked_rows(draw) -> dict:
+    """A chunked, cached or fully cached row, scheduled the way the planner does it."""
+    num_blocks = draw(st.integers(1, 12))
+    last = draw(st.integers(1, MODEL_BS))  # tokens in the row's last block
+    length = (num_blocks - 1) * MODEL_BS + last
+    cached = MODEL_BS * draw(st.integers(0, num_blocks if last == MODEL_BS else num_blocks - 1))
+    chunk = draw(st.sampled_from((32, 64, 128)))
+    blocks = draw(st.permutations(range(1, MODEL_BLOCKS)))[:num_blocks]
+    # The table covers every chunk: start + chunk <= width * bs, as the planner's widths guarantee.
+    width = num_blocks - 1 + chunk // MODEL_BS + draw(st.integers(0, 3))
+    tokens = torch.randint(1, 256, (length,), generator=torch.Generator().manual_seed(draw(st.integers(0, 999))))
+    return {"length": length, "cached": cached, "chunk": chunk, "blocks": blocks, "width": width, "tokens": tokens}
+
+
+def _run_chunks(model, kv, row: dict, fixed_shape: bool) -> list[torch.Tensor]:
+    """Every step's hidden output for one row; a fully cached row re-runs its final block, writing nothing."""
+    length, cached, chunk, blocks = row["length"], row["cached"], row["chunk"], row["blocks"]
+    read = torch.tensor([blocks + [0] * (row["width"] - len(blocks))], dtype=torch.int32)
+    first = cached if cached < length else length - MODEL_BS
+    outputs = []
+    for start in range(first, length, chunk):
+        piece = torch.zeros(1, chunk, dtype=torch.int64)
+        real = row["tokens"][start : start + chunk]
+        piece[0, : len(real)] = real
+        columns = range(start, start + chunk, MODEL_BS)
+        fill = torch.tensor([[blocks[p // MODEL_BS] if cached <= p < length else -1 for p in columns]], dtype=torch.int32)
+        outputs.append(model.forward_hidden(piece, torch.tensor([start]), fill, read, kv, fixed_shape=fixed_shape))
+    return outputs
+
+
+@pytest.mark.parametrize("fixed_shape", [False, True], ids=["eager", "fixed_shape"])
+@PROPERTY
+@given(row=chunked_rows(), garbage=garbage_values())
+def test_chunk_steps_ignore_garbage_in_every_block_they_must_not_read(tiny_model, fixed_shape, row, garbage):
+    """Filler, the row's unwritten blocks and the sink full of garbage leave every step's hidden and written block bit-identical."""
+    cached_blocks = row["blocks"][: row["cached"] // MODEL_BS]
+    clean, dirty = (tiny_model.new_kv_cache(MODEL_BLOCKS, MODEL_BS) for _ in range(2))
+    for kv in (clean, dirty):
+        _noise_fill(kv, cached_blocks, seed=5)
+    unreadable = set(range(MODEL_BLOCKS + 1)) - set(cached_blocks)  # the sink included
+    _garbage_fill(dirty, unreadable, garbage)
+    before = dirty.snapshot()
+    expected = _run_chunks(tiny_model, clean, row, fixed_shape)
+    actual = _run_chunks(tiny_model, dirty, row, fixed_shape)
+    assert all(e.isfinite().all() and _same_bits(a, e) for a, e in zip(actual, expected, strict=True))
+    assert _pools_agree(clean, dirty, row["blocks"])
+    foreign = sorted(set(range(MODEL_BLOCKS)) - set(row["blocks"]))
+    assert _same_bits(dirty.snapshot()[:, :, foreign], before[:, :, foreign])
+
+
+@st.composite
+def regular_waves(draw) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """(tokens [B, S], fill table, written blocks) of a regular wave whose last rows may be padding rows."""
+    seq = draw(st.sampled_from((32, 64, 128)))
+    lengths = draw(st.lists(st.integers(1, seq), min_size=1, max_size=3))
+    padding_rows = draw(st.integers(0, 2))
+    free = draw(st.permutations(range(MODEL_BLOCKS)))
+    gen = torch.Generator().manual_seed(draw(st.integers(0, 999)))
+    tokens = torch.zeros(len(lengths) + padding_rows, seq, dtype=torch.int64)
+    fill = torch.full((len(lengths) + padding_rows, seq // MODEL_BS), -1, dtype=torch.int32)
+    written = []
+    for i, n in enumerate(lengths):
+        tokens[i, :n] = torch.randint(1, 256, (n,), generator=gen)
+        need = -(-n // MODEL_BS)
+        fill[i, :need] = torch.tensor(free[len(written) : len(written) + need])
+        written += free[len(written) : len(written) + need]
+    return tokens, fill, written
+
+
+@PROPERTY
+@given(wave=regular_waves(), garbage=garbage_values())
+def test_regular_wave_with_padding_rows_ignores_garbage_anywhere_in_the_pool(tiny_model, wave, garbage):
+    """A regular wave (padding rows write to the sink) gives bit-identical hidden and blocks over a pool of garbage."""
+    tokens, fill, written = wave
+    clean, dirty = (tiny_model.new_kv_cache(MODEL_BLOCKS, MODEL_BS) for _ in range(2))
+    _garbage_fill(dirty, range(MODEL_BLOCKS + 1), garbage)
+    start = torch.zeros(tokens.shape[0], dtype=torch.int64)
+    expected = tiny_model.forward_hidden(tokens, start, fill, None, clean)
+    actual = tiny_model.forward_hidden(tokens, start, fill, None, dirty)
+    assert expected.isfinite().all() and _same_bits(actual, expected)
+    assert _pools_agree(clean, dirty, written)
