@@ -10,15 +10,17 @@ from .errors import __all__ as _error_names
 from .layout import PageTableLayout
 from .manifest import WarmupManifest, manifest_for
 from .plan import plan_prefill
-from .policy import PrefillPolicy
+from .policy import PrefillPolicy, ceil_div, round_up
 from .prepared import PreparedPrefill, prepare_prefill
 from .request import PrefillChunk, PrefillRequest, RequestKind
-from .sampling import SamplingParams, SamplingPath
+from .rules import RULES, Rule
+from .sampling import GREEDY_TEMPERATURE, SamplingParams, SamplingPath
 from .serialize import converter, from_json, to_json
 from .signatures import PrefillProgramSignature, PrefillTraceSignature, TensorSpec
 from .tables import SKIP, PageTableView, TableRole, materialize_table
 
 __all__ = [
+    "GREEDY_TEMPERATURE",
     "PageTableLayout",
     "PageTableView",
     "PrefillBatch",
@@ -29,19 +31,23 @@ __all__ = [
     "PrefillRow",
     "PrefillTraceSignature",
     "PreparedPrefill",
+    "RULES",
     "RequestKind",
+    "Rule",
     "SKIP",
     "SamplingParams",
     "SamplingPath",
     "TableRole",
     "TensorSpec",
     "WarmupManifest",
+    "ceil_div",
     "converter",
     "from_json",
     "manifest_for",
     "materialize_table",
     "plan_prefill",
     "prepare_prefill",
+    "round_up",
     "to_json",
     *_error_names,
 ]

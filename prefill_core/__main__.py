@@ -6,7 +6,8 @@ import argparse
 import sys
 
 from .errors import PrefillInputError
-from .explain import manifest_table, parse_lengths, plan_table, sample_batch
+from .explain import ArgumentError, manifest_table, parse_cached, parse_lengths, plan_table, sample_batches
+from .intmath import ceil_div
 from .layout import PageTableLayout
 from .manifest import manifest_for
 from .policy import PrefillPolicy
@@ -39,21 +40,30 @@ def main(argv: list[str] | None = None) -> int:
     try:
         policy = _policy(args)
         if args.command == "plan":
-            groups = parse_lengths(args.lengths)
-            cached = [int(c) for c in args.cached.split(",")] if args.cached else []
-            longest = max(length for _, length in groups)
-            total = sum(count * -(-length // args.block) for count, length in groups)
-            layout = PageTableLayout(args.block, -(-longest // args.block), max(total, 1))
-            prepared = prepare_prefill(sample_batch(groups, cached, layout), policy, layout)
-            print(to_json(prepared, indent=1) if args.json else plan_table(prepared))
+            _plan(args, policy)
         else:
-            layout = PageTableLayout(args.block, -(-args.max_length // args.block), 1)
+            layout = PageTableLayout(args.block, ceil_div(args.max_length, args.block), 1)
             bill = manifest_for(policy, layout)
             print(bill.to_json() if args.json else manifest_table(bill))
-    except PrefillInputError as error:
+    except (ArgumentError, PrefillInputError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     return 0
+
+
+def _plan(args: argparse.Namespace, policy: PrefillPolicy) -> None:
+    """Plans the sample rows, lane-sized sub-batch by sub-batch, and prints one table."""
+    groups = parse_lengths(args.lengths)
+    cached = parse_cached(args.cached, len(groups))
+    longest = max(length for _, length in groups)
+    total = sum(count * ceil_div(length, args.block) for count, length in groups)
+    layout = PageTableLayout(args.block, ceil_div(longest, args.block), max(total, 1))
+    prepared, first_rows = [], []
+    for first_row, batch in sample_batches(groups, cached, layout, policy):
+        for item in prepare_prefill(batch, policy, layout):
+            prepared.append(item)
+            first_rows.append(first_row)
+    print(to_json(tuple(prepared), indent=1) if args.json else plan_table(tuple(prepared), tuple(first_rows)))
 
 
 if __name__ == "__main__":

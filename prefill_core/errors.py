@@ -17,7 +17,10 @@ __all__ = [
     "InvalidSlotError",
     "InvalidPageTableError",
     "BlockConflictError",
+    "RepeatedBlockError",
+    "SharedBlockColumnError",
     "CapacityError",
+    "PositionLimitError",
     "InvalidSamplingError",
     "InvalidPolicyError",
     "InvalidLayoutError",
@@ -81,8 +84,32 @@ class BlockConflictError(PrefillInputError):
     """One KV block would be written by two rows (or twice by one row)."""
 
 
+class RepeatedBlockError(BlockConflictError):
+    """One row's mapped prefix names the same block at two columns (cached part included).
+
+    A block holds one run of positions, so a row that maps it twice would
+    read (or write) one position's KV as another's.
+    """
+
+
+class SharedBlockColumnError(BlockConflictError):
+    """Two rows share a cached block at different columns.
+
+    Prefix sharing is legal only for the same positions: a shared block
+    holds the KV of one run of positions, so it must sit at one column.
+    """
+
+
 class CapacityError(PrefillInputError):
     """A prompt does not fit the page-table layout."""
+
+
+class PositionLimitError(CapacityError):
+    """A prompt is longer than the model's maximum position count (``max_position``).
+
+    Rotary embeddings past the model's last position are undefined; some
+    implementations clamp them silently, so the core refuses such a prompt.
+    """
 
 
 class InvalidSamplingError(PrefillInputError):

@@ -5,32 +5,65 @@ from __future__ import annotations
 from .batch import PrefillBatch, PrefillRow
 from .layout import PageTableLayout
 from .manifest import WarmupManifest
+from .policy import PrefillPolicy
 from .prepared import PreparedPrefill
 
-__all__ = ["parse_lengths", "sample_batch", "plan_table", "manifest_table"]
+__all__ = ["ArgumentError", "parse_lengths", "parse_cached", "sample_batches", "plan_table", "manifest_table"]
+
+
+class ArgumentError(ValueError):
+    """A command-line argument is malformed; the message is one line naming it."""
+
+
+def _positive(argument: str, text: str, what: str) -> int:
+    if not text.strip().isdecimal() or int(text) <= 0:
+        raise ArgumentError(f"{argument}: {text.strip()!r} is not {what} (a positive integer)")
+    return int(text)
 
 
 def parse_lengths(spec: str) -> list[tuple[int, int]]:
     """``"100,4097,15x128"`` -> ``[(1, 100), (1, 4097), (15, 128)]`` (count, length)."""
     groups = []
     for item in spec.split(","):
-        count, _, length = item.strip().rpartition("x")
-        groups.append((int(count) if count else 1, int(length)))
+        count, sep, length = item.strip().rpartition("x")
+        number = _positive("--lengths", count, "a row count") if sep else 1
+        groups.append((number, _positive("--lengths", length, "a LENGTH or COUNTxLENGTH length")))
     return groups
 
 
-def sample_batch(groups: list[tuple[int, int]], cached: list[int], layout: PageTableLayout) -> PrefillBatch:
-    """A batch with one group of rows per ``(count, length)``, given disjoint blocks in order."""
-    if cached and len(cached) != len(groups):
-        raise SystemExit(f"--cached has {len(cached)} values for {len(groups)} length groups")
+def parse_cached(spec: str, num_groups: int) -> list[int]:
+    """``"768,0"`` -> ``[768, 0]``: one cached length per length group (empty: none cached)."""
+    if not spec:
+        return [0] * num_groups
+    values = []
+    for item in spec.split(","):
+        if not item.strip().isdecimal():
+            raise ArgumentError(f"--cached: {item.strip()!r} is not a cached length (an integer >= 0)")
+        values.append(int(item))
+    if len(values) != num_groups:
+        raise ArgumentError(f"--cached: {len(values)} values given for {num_groups} length groups")
+    return values
+
+
+def sample_batches(
+    groups: list[tuple[int, int]], cached: list[int], layout: PageTableLayout, policy: PrefillPolicy
+) -> list[tuple[int, PrefillBatch]]:
+    """``(first row, batch)`` per lane-sized sub-batch of the rows ``groups`` describe.
+
+    Rows get disjoint blocks in order; each sub-batch uses slots ``0..k-1``,
+    as a caller without explicit slots does.
+    """
+    shapes = [(length, cached[group]) for group, (count, length) in enumerate(groups) for _ in range(count)]
     rows, next_block = [], 0
-    for group, (count, length) in enumerate(groups):
-        for _ in range(count):
-            need = layout.blocks_for(length)
-            blocks = tuple(range(next_block, next_block + need))
-            next_block += need
-            rows.append(PrefillRow(length, cached[group] if cached else 0, len(rows), blocks))
-    return PrefillBatch.from_rows(tuple(rows))
+    for length, offset in shapes:
+        need = layout.blocks_for(length)
+        rows.append((length, offset, tuple(range(next_block, next_block + need))))
+        next_block += need
+    out = []
+    for lane in policy.lane_groups(len(rows)):
+        picked = [PrefillRow(rows[i][0], rows[i][1], slot, rows[i][2]) for slot, i in enumerate(lane)]
+        out.append((lane.start, PrefillBatch.from_rows(picked)))
+    return out
 
 
 def _rows_text(rows: tuple[int, ...]) -> str:
@@ -39,7 +72,8 @@ def _rows_text(rows: tuple[int, ...]) -> str:
     return ",".join(map(str, rows))
 
 
-def plan_table(prepared: tuple[PreparedPrefill, ...]) -> str:
+def plan_table(prepared: tuple[PreparedPrefill, ...], first_rows: tuple[int, ...] | None = None) -> str:
+    """The plan as a table; ``first_rows[i]`` offsets request i's rows (sub-batches of one call)."""
     header = ("#", "kind", "rows", "active/padded", "padded len", "chunk", "chunks (first start)", "tables", "sampling", "efficiency")
     lines = [header]
     real = computed = 0
@@ -50,7 +84,7 @@ def plan_table(prepared: tuple[PreparedPrefill, ...]) -> str:
             tables += f" + {r.read_table.role.value}[{r.read_table.width}]"
         real, computed = real + r.real_tokens, computed + r.computed_tokens
         lines.append((
-            str(i), r.kind.value, _rows_text(r.source_rows), f"{r.active_batch_size}/{r.padded_batch}",
+            str(i), r.kind.value, _rows_text(tuple(row + (first_rows[i] if first_rows else 0) for row in r.source_rows)), f"{r.active_batch_size}/{r.padded_batch}",
             str(r.padded_length), str(r.chunk_length), f"{r.num_chunks} ({r.first_chunk_start})", tables,
             p.sampling_path.value, f"{r.real_tokens / r.computed_tokens:.1%}",
         ))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import attrs
 
 from .errors import InvalidLayoutError, field_error
+from .intmath import ceil_div
 
 __all__ = ["PageTableLayout"]
 
@@ -44,4 +45,4 @@ class PageTableLayout:
 
     def blocks_for(self, num_tokens: int) -> int:
         """Blocks needed to hold ``num_tokens`` tokens."""
-        return -(-num_tokens // self.block_size)
+        return ceil_div(num_tokens, self.block_size)

@@ -1,8 +1,13 @@
 """The warm-up manifest: every identity a policy can produce, enumerated.
 
 ``manifest_for`` walks the length buckets of a layout's capacity and, per
-bucket, the variants the planner can pick (regular single, each batched
-wave, chunked), crossed with sampling paths and log-prob settings. It uses
+bucket, the variants the planner can pick (regular single and each batched
+wave when the bucket's rung fits the max chunk; one chunked body per chunk
+length a row of the bucket can reach), crossed with sampling paths and
+log-prob settings. A chunked row's chunk comes from the rung of its
+uncached work, so a bucket reaches the chunk of every rung of ``1 ..
+longest - block_size`` tokens (cached rows), its own rung's chunk when that
+exceeds the max chunk (uncached rows), and the fully cached re-run step. It uses
 the planner's own geometry rules (``geometry.py``, ``PrefillPolicy``), which
 is what makes it complete: warming every entry leaves nothing to compile at
 serving time. ``observe`` instead records what a real workload used.
@@ -23,7 +28,7 @@ from .sampling import SamplingPath
 from .serialize import from_json, to_json
 from .signatures import PrefillProgramSignature, PrefillTraceSignature
 
-__all__ = ["WarmupManifest", "manifest_for", "length_buckets"]
+__all__ = ["WarmupManifest", "manifest_for", "length_buckets", "reachable_chunks"]
 
 ALL_PATHS = tuple(SamplingPath)
 
@@ -69,18 +74,31 @@ def length_buckets(policy: PrefillPolicy, max_length: int) -> Iterator[tuple[int
         shortest = padded + 1
 
 
+def reachable_chunks(policy: PrefillPolicy, block_size: int, padded: int, shortest: int, longest: int) -> set[int]:
+    """Chunk lengths a chunked row of ``shortest..longest`` tokens (rung ``padded``) can run."""
+    chunks = set()
+    if padded > policy.max_chunk_length:  # uncached rows of this bucket run chunked
+        chunks.add(policy.chunk_length(padded, block_size))
+    # A cached row leaves 1 .. longest - block_size tokens of work; a bucket
+    # spans at least one block, so every such count occurs.
+    for work, _, _ in length_buckets(policy, longest - block_size):
+        chunks.add(policy.chunk_length(work, block_size))
+    if longest // block_size * block_size >= shortest:  # a block-aligned length can be fully cached
+        chunks.add(policy.fully_cached_step(block_size))
+    return chunks
+
+
 def _bodies(policy: PrefillPolicy, layout: PageTableLayout) -> Iterator[tuple[PrefillTraceSignature, int, int]]:
     """Every hidden-body geometry, with the bucket's (shortest, longest) lengths."""
     bs = layout.block_size
     for padded, shortest, longest in length_buckets(policy, layout.capacity):
-        if shortest <= policy.max_chunk_length:
+        if padded <= policy.max_chunk_length:
             width = regular_table_width(policy, bs, padded)
             yield PrefillTraceSignature(RequestKind.REGULAR_SINGLE, 1, padded, width, 0), shortest, longest
             max_wave = policy.max_wave_for(padded) if policy.batching_enabled else 0
             for wave in sorted({policy.wave_for(k) for k in range(2, max_wave + 1)}):
                 yield PrefillTraceSignature(RequestKind.REGULAR_BATCHED, wave, padded, width, 0), shortest, longest
-        if longest > policy.max_chunk_length or longest >= bs:
-            chunk = policy.chunk_length(padded)
+        for chunk in sorted(reachable_chunks(policy, bs, padded, shortest, longest)):
             read = chunked_read_width(policy, bs, padded, chunk)
             fill = chunked_fill_width(policy, bs, chunk)
             yield PrefillTraceSignature(RequestKind.CHUNKED, 1, chunk, fill, read), shortest, longest
@@ -89,7 +107,6 @@ def _bodies(policy: PrefillPolicy, layout: PageTableLayout) -> Iterator[tuple[Pr
 def _tiles(policy: PrefillPolicy, body: PrefillTraceSignature, shortest: int, longest: int) -> tuple[int | None, ...]:
     if not policy.static_last_token_tile or body.variant is not RequestKind.REGULAR_SINGLE:
         return (None,)
-    longest = min(longest, policy.max_chunk_length)
     return tuple(sorted({(n - 1) // policy.tile_size * policy.tile_size for n in range(shortest, longest + 1)}))
 
 

@@ -1,48 +1,72 @@
 """The planner: a caller's batch -> ordered, immutable ``PrefillRequest``s.
 
-Rules (each is a property in tests/core/test_plan_properties.py):
+Theory of operation
+-------------------
+Let ``rung(n)`` be the policy's ladder rung for n tokens (``padded_length``)
+and ``bs`` the block size. Each rule is a property in
+tests/core/test_plan_properties.py (named after the rule) or
+tests/core/test_chunk_rules.py.
 
 1. Every row lands in exactly one request; ``source_rows`` maps back.
-2. A wave's padded batch is the smallest supported wave >= its active rows;
-   a bucket larger than its largest usable wave splits into several waves
-   (and, unless the policy pads partial waves, a partial wave splits into
-   exact supported sizes).
-3. Rows batch together only when they share a padded length and a sampling
-   kind (logits or sampled), are uncached, fit one chunk, and the policy
-   allows batching; every other row is a sequential single request. This is
-   a planning fallback: it changes geometry, never results.
-4. A chunked request is a single row whose length exceeds the max chunk or
-   that has a cached prefix. Its chunks start at the cached offset and step by
-   the chunk length at absolute positions, stopping after the chunk holding
-   the last token. A fully cached row re-runs its final block read-only.
-5. Output order: batched waves first (by their first source row), then
+2. A row is *regular* iff ``cached == 0`` and ``rung(length) <=
+   max_chunk_length``; it runs one step of ``rung(length)`` positions.
+   Every other row is *chunked*.
+3. Regular rows batch together only when they share a rung and a sampling
+   kind (logits or sampled) and the policy allows batching; a wave's padded
+   batch is the smallest supported wave >= its active rows; a bucket larger
+   than its largest usable wave splits into several waves (and, unless the
+   policy pads partial waves, a partial wave splits into exact supported
+   sizes). Every other row is a sequential single request: a planning
+   fallback that changes geometry, never results.
+4. A chunked row's work is ``P = rung(length - cached)`` (what is left to
+   compute, not the whole prompt). Its chunk length is ``P`` when ``P <=
+   max_chunk_length``; otherwise the largest multiple of ``chunk_quantum``
+   that is <= ``max_chunk_length`` and divides ``P``; failing that, the
+   largest such multiple of ``bs`` (``PrefillPolicy.chunk_length``).
+   Chunks start at ``cached``, step at absolute positions and stop after
+   the chunk holding the last token, so a row computes at most ``P``
+   positions and no step is longer than ``max_chunk_length``.
+5. A fully cached row (``cached == length``) still owes its last-token
+   output: it re-runs its final block, read-only (its fill table is all
+   -1), in one step of ``min(rung(bs), max_chunk_length)`` starting at
+   ``length - bs`` (vLLM recomputes the last token the same way).
+6. Table widths (``geometry.py``): regular ``table_width(rung(length) /
+   bs)``; a chunked row's read table ``table_width(rung(length) / bs +
+   chunk / bs - 1)`` (its last chunk may overhang the rung) and its fill
+   table ``table_width(chunk / bs)``.
+7. Output order: batched waves first (by their first source row), then
    singles by source row.
 
-Planning reads lengths, offsets and block ids, never token contents.
+Planning reads lengths, offsets and block ids, never token contents, and
+its cost grows with rows and mapped blocks, never with tokens.
 """
 
 from __future__ import annotations
 
-from itertools import compress, repeat
-from operator import is_, is_not
-
-from .batch import PrefillBatch, PrefillRow
+from .batch import PrefillBatch
 from .geometry import chunked_fill_width, chunked_read_width, regular_table_width
+from .intmath import ceil_div
 from .layout import PageTableLayout
 from .policy import PrefillPolicy
 from .request import PrefillRequest, RequestKind
 from .tables import SKIP, PageTableView, TableRole
 from .validate import check_inputs
 
-__all__ = ["plan_prefill", "CHUNKED_FILLER"]
+__all__ = ["plan_prefill", "chunk_plan", "CHUNKED_FILLER"]
 
 CHUNKED_FILLER = 0
 """Block id in unmapped columns of a chunked full-request table (never attended)."""
 
 
-def plan_prefill(batch: PrefillBatch, policy: PrefillPolicy, layout: PageTableLayout) -> tuple[PrefillRequest, ...]:
-    """Plans ``batch``; raises a ``PrefillInputError`` subclass on any bad input."""
-    mapped_blocks = check_inputs(batch, policy, layout)
+def plan_prefill(
+    batch: PrefillBatch, policy: PrefillPolicy, layout: PageTableLayout, *, max_position: int | None = None
+) -> tuple[PrefillRequest, ...]:
+    """Plans ``batch``; raises a ``PrefillInputError`` subclass on any bad input.
+
+    ``max_position``: the model's maximum position count; when given, a row
+    longer than it raises ``PositionLimitError``.
+    """
+    check_inputs(batch, policy, layout, max_position=max_position)
     buckets, singles = _bucket_rows(batch, policy)
     waves: list[PrefillRequest] = []
     for (padded_length, _), members in buckets.items():
@@ -57,52 +81,36 @@ def plan_prefill(batch: PrefillBatch, policy: PrefillPolicy, layout: PageTableLa
                 if len(group) == 1:
                     singles.append(group[0])
                 else:
-                    waves.append(_regular_request(batch, mapped_blocks, group, padded_length, policy, layout))
+                    waves.append(_regular_request(batch, group, padded_length, policy, layout))
     waves.sort(key=lambda request: request.source_rows[0])
     singles.sort()
-    return tuple(waves) + tuple(_single_request(batch, mapped_blocks, index, policy, layout) for index in singles)
+    return tuple(waves) + tuple(_single_request(batch, index, policy, layout) for index in singles)
 
 
 def _bucket_rows(batch: PrefillBatch, policy: PrefillPolicy) -> tuple[dict[tuple[int, bool], list[int]], list[int]]:
-    """Rows that may batch, by (padded length, logits-or-sampled); the rest are singles."""
-    lengths, sampling, n = batch.lengths, batch.sampling, len(batch)
+    """Regular rows that may batch, by (rung, logits-or-sampled); every other row is a single."""
     if not policy.batching_enabled:
-        return {}, list(range(n))
+        return {}, list(range(len(batch)))
     max_chunk = policy.max_chunk_length
-    first = lengths[0]
-    if first <= max_chunk and lengths == (first,) * n and not any(batch.cached):
-        # One length, nothing cached (a uniform wave): at most two buckets, built in C.
-        padded = policy.padded_length(first)
-        if sampling == (None,) * n or not any(map(is_, sampling, repeat(None))):
-            return {(padded, sampling[0] is None): list(range(n))}, []
-        logits = list(compress(range(n), map(is_, sampling, repeat(None))))
-        return {(padded, True): logits, (padded, False): list(compress(range(n), map(is_not, sampling, repeat(None))))}, []
     buckets: dict[tuple[int, bool], list[int]] = {}
     singles: list[int] = []
-    padded_of: dict[int, int] = {}  # rows of a wave usually share lengths: rule once per length
-    for index, (length, cached, params) in enumerate(zip(lengths, batch.cached, sampling)):
-        if cached == 0 and length <= max_chunk:
-            padded = padded_of.get(length)
-            if padded is None:
-                padded = padded_of[length] = policy.padded_length(length)
-            key = (padded, params is None)
-            bucket = buckets.get(key)
-            if bucket is None:
-                buckets[key] = [index]
-            else:
-                bucket.append(index)
+    rung_of: dict[int, int] = {}  # rows of a wave usually share lengths: one ladder walk per length
+    for index, (length, cached, params) in enumerate(zip(batch.lengths, batch.cached, batch.sampling)):
+        padded = rung_of.get(length)
+        if padded is None:
+            padded = rung_of[length] = policy.padded_length(length)
+        if cached == 0 and padded <= max_chunk:  # rule 2, as PrefillPolicy.is_regular states it
+            buckets.setdefault((padded, params is None), []).append(index)
         else:
             singles.append(index)
     return buckets, singles
 
 
-def _single_request(
-    batch: PrefillBatch, mapped_blocks: tuple[int, ...], index: int, policy: PrefillPolicy, layout: PageTableLayout
-) -> PrefillRequest:
-    length = batch.lengths[index]
-    if batch.cached[index] == 0 and length <= policy.max_chunk_length:
-        return _regular_request(batch, mapped_blocks, [index], policy.padded_length(length), policy, layout)
-    return _chunked_request(batch.row(index), index, policy, layout)
+def _single_request(batch: PrefillBatch, index: int, policy: PrefillPolicy, layout: PageTableLayout) -> PrefillRequest:
+    length, cached = batch.lengths[index], batch.cached[index]
+    if policy.is_regular(length, cached):
+        return _regular_request(batch, [index], policy.padded_length(length), policy, layout)
+    return _chunked_request(batch, index, policy, layout)
 
 
 def _pick(column: tuple, members: list[int]) -> tuple:
@@ -113,22 +121,18 @@ def _pick(column: tuple, members: list[int]) -> tuple:
 
 
 def _regular_request(
-    batch: PrefillBatch,
-    mapped_blocks: tuple[int, ...],
-    members: list[int],
-    padded_length: int,
-    policy: PrefillPolicy,
-    layout: PageTableLayout,
+    batch: PrefillBatch, members: list[int], padded_length: int, policy: PrefillPolicy, layout: PageTableLayout
 ) -> PrefillRequest:
     bs = layout.block_size
     padded_batch = 1 if len(members) == 1 else policy.wave_for(len(members))
-    real_blocks = _pick(mapped_blocks, members) + (0,) * (padded_batch - len(members))
+    lengths = _pick(batch.lengths, members)
+    real_blocks = tuple(ceil_div(n, bs) for n in lengths) + (0,) * (padded_batch - len(members))
     table = PageTableView(TableRole.REGULAR, regular_table_width(policy, bs, padded_length), real_blocks, SKIP)
     return PrefillRequest(
         kind=RequestKind.REGULAR_SINGLE if len(members) == 1 else RequestKind.REGULAR_BATCHED,
         source_rows=tuple(members),
         slots=_pick(batch.slots, members),
-        lengths=_pick(batch.lengths, members),
+        lengths=lengths,
         cached=(0,) * len(members),
         blocks=_pick(batch.blocks, members),
         sampling=_pick(batch.sampling, members),
@@ -144,30 +148,33 @@ def _regular_request(
     )
 
 
-def _chunked_request(row: PrefillRow, index: int, policy: PrefillPolicy, layout: PageTableLayout) -> PrefillRequest:
+def chunk_plan(length: int, cached: int, policy: PrefillPolicy, block_size: int) -> tuple[int, int, int]:
+    """``(chunk length, first start, number of chunks)`` of a chunked row (rules 4 and 5)."""
+    if cached == length:
+        return policy.fully_cached_step(block_size), length - block_size, 1
+    chunk = policy.chunk_length(policy.padded_length(length - cached), block_size)
+    # Stop after the chunk holding the last token: arithmetic, never a walk over tokens.
+    return chunk, cached, ceil_div(length - cached, chunk)
+
+
+def _chunked_request(batch: PrefillBatch, index: int, policy: PrefillPolicy, layout: PageTableLayout) -> PrefillRequest:
     bs = layout.block_size
-    length, cached = row.length, row.cached
+    length, cached = batch.lengths[index], batch.cached[index]
     padded_length = policy.padded_length(length)
-    chunk_length = policy.chunk_length(padded_length)
+    chunk_length, first_start, num_chunks = chunk_plan(length, cached, policy, bs)
     read_width = chunked_read_width(policy, bs, padded_length, chunk_length)
-    read_table = PageTableView(TableRole.CHUNKED_FULL, read_width, (-(-length // bs),), CHUNKED_FILLER)
+    read_table = PageTableView(TableRole.CHUNKED_FULL, read_width, (ceil_div(length, bs),), CHUNKED_FILLER)
     fill_width = chunked_fill_width(policy, bs, chunk_length)
-    # A fully cached row still owes its last-token output: re-run its final
-    # block, writing nothing (vLLM recomputes the last token the same way).
-    first_start = cached if cached < length else length - bs
-    # Chunks step by chunk_length from first_start and stop after the one
-    # holding the last token: arithmetic, so the cost never grows with tokens.
-    num_chunks = -(-(length - first_start) // chunk_length)
     final_start = first_start + (num_chunks - 1) * chunk_length
-    final_written = -(-(length - final_start) // bs) if final_start >= cached else 0
+    final_written = ceil_div(length - final_start, bs) if final_start >= cached else 0
     return PrefillRequest(
         kind=RequestKind.CHUNKED,
         source_rows=(index,),
-        slots=(row.slot,),
+        slots=(batch.slots[index],),
         lengths=(length,),
         cached=(cached,),
-        blocks=(row.blocks,),
-        sampling=(row.sampling,),
+        blocks=(batch.blocks[index],),
+        sampling=(batch.sampling[index],),
         padded_batch=1,
         padded_length=padded_length,
         chunk_length=chunk_length,

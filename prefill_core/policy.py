@@ -6,9 +6,12 @@ A policy is every planning choice that tt-metal hard-codes, made a field:
 
 * Padded length: the first ladder rung >= n, else the next power of two
   (tt-metal's ladder is 128, 1024, then powers of two).
-* Chunk length for a padded length P: the largest multiple of
-  ``chunk_quantum`` that is <= min(P, max_chunk_length) and divides P; when
-  none exists (P below the quantum, or an odd rung), min(P, max_chunk_length).
+* Chunk length for P padded tokens of work (``chunk_length``): P itself when
+  it fits ``max_chunk_length``; otherwise the largest multiple of
+  ``chunk_quantum`` (tt-metal's 2048) that is <= ``max_chunk_length`` and
+  divides P; failing that, the largest such multiple of the block size
+  (which always exists: the block size divides every rung and the max
+  chunk). No step is ever longer than ``max_chunk_length``.
 * Wave: the smallest supported wave >= the active row count. A bucket's
   largest usable wave also respects ``max_batch_size``, ``lane_size`` and
   ``padded_batch * padded_length < max_batched_tokens``.
@@ -23,13 +26,10 @@ from __future__ import annotations
 import attrs
 
 from .errors import InvalidPolicyError, field_error
+from .intmath import ceil_div, round_up
 from .layout import PageTableLayout
 
-__all__ = ["PrefillPolicy", "check_policy_fits_layout", "round_up"]
-
-
-def round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
+__all__ = ["PrefillPolicy", "check_policy_fits_layout", "ceil_div", "round_up"]
 
 
 def _fail(field: str, value: object, rule: str) -> InvalidPolicyError:
@@ -83,7 +83,14 @@ def _optional_lengths(instance, attribute, value):
 
 @attrs.frozen
 class PrefillPolicy:
-    """Every planning rule as a value. Defaults follow tt-metal's measured choices."""
+    """Every planning rule as a value. Defaults follow tt-metal's measured choices.
+
+    ``lane_size`` is the number of KV slots in one lane: an explicit slot
+    must lie in ``[0, lane_size)`` and slots are unique within a batch, so a
+    batch holds at most ``lane_size`` rows. A caller without explicit slots
+    splits its rows into lane-sized sub-batches (``lane_groups``), each
+    planned with slots ``0..k-1``.
+    """
 
     tile_size: int = attrs.field(default=32, validator=_positive_int)
     waves: tuple[int, ...] = attrs.field(default=(1, 2, 4, 8, 16, 32), validator=_waves)
@@ -115,14 +122,25 @@ class PrefillPolicy:
         floor = self.length_ladder[-1] if self.length_ladder else self.tile_size
         return 1 << (max(num_tokens, floor) - 1).bit_length()
 
-    def chunk_length(self, padded_length: int) -> int:
-        """Tokens per model-body step for a chunked request of ``padded_length``."""
-        limit = min(padded_length, self.max_chunk_length)
-        quantum = self.chunk_quantum
-        for candidate in range(limit - limit % quantum, 0, -quantum):
-            if padded_length % candidate == 0:
-                return candidate
-        return limit
+    def chunk_length(self, padded_work: int, block_size: int) -> int:
+        """Tokens per model-body step for ``padded_work`` (a rung) of chunked work."""
+        limit = self.max_chunk_length
+        if padded_work <= limit:
+            return padded_work
+        for unit in (self.chunk_quantum, block_size):
+            for candidate in range(limit - limit % unit, 0, -unit):
+                if padded_work % candidate == 0:
+                    return candidate
+        msg = f"no multiple of block_size={block_size} <= {limit} divides {padded_work}"
+        raise AssertionError(msg)  # check_policy_fits_layout makes the block size divide both
+
+    def is_regular(self, length: int, cached: int) -> bool:
+        """Whether a row runs as one regular step (and may join a wave)."""
+        return cached == 0 and self.padded_length(length) <= self.max_chunk_length
+
+    def fully_cached_step(self, block_size: int) -> int:
+        """Step length of a fully cached row's read-only re-run of its final block."""
+        return min(self.padded_length(block_size), self.max_chunk_length)
 
     def wave_for(self, num_active: int) -> int:
         """Smallest supported wave holding ``num_active`` rows."""
@@ -150,6 +168,11 @@ class PrefillPolicy:
             sizes.append(size)
             num_rows -= size
         return sizes
+
+    def lane_groups(self, num_rows: int) -> tuple[range, ...]:
+        """Consecutive row ranges of at most ``lane_size`` rows covering ``num_rows`` rows, in order."""
+        lane = self.lane_size
+        return tuple(range(first, min(first + lane, num_rows)) for first in range(0, num_rows, lane))
 
     def table_width(self, num_blocks: int) -> int:
         """Page-table width holding ``num_blocks`` columns, rounded up."""

@@ -40,6 +40,15 @@ def prepare_request(request: PrefillRequest, policy: PrefillPolicy) -> PreparedP
     return PreparedPrefill(request, path, program, body if policy.is_trace_eligible(request.chunk_length) else None)
 
 
-def prepare_prefill(batch: PrefillBatch, policy: PrefillPolicy, layout: PageTableLayout) -> tuple[PreparedPrefill, ...]:
-    """Plans ``batch`` and classifies each request; raises ``PrefillInputError`` on bad input."""
-    return tuple(prepare_request(request, policy) for request in plan_prefill(batch, policy, layout))
+def prepare_prefill(
+    batch: PrefillBatch, policy: PrefillPolicy, layout: PageTableLayout, *, max_position: int | None = None
+) -> tuple[PreparedPrefill, ...]:
+    """Plans ``batch`` and classifies each request; raises ``PrefillInputError`` on bad input.
+
+    ``max_position`` is the model's maximum position count (Hugging Face's
+    ``max_position_embeddings``); when given, a longer row raises
+    ``PositionLimitError`` naming it. ``None`` checks lengths against the
+    layout's capacity only.
+    """
+    requests = plan_prefill(batch, policy, layout, max_position=max_position)
+    return tuple(prepare_request(request, policy) for request in requests)

@@ -3,7 +3,8 @@
 Paths, decided once per request at prepare time:
 
 * ``logits``: no row asked for sampling; the program returns last-token logits.
-* ``argmax``: every active row is greedy and the policy allows forced argmax.
+* ``argmax``: every active row is greedy (temperature below
+  ``GREEDY_TEMPERATURE`` or top_k 1) and the policy allows forced argmax.
 * ``topk``: device sampling with per-row K/P/T (a single active row's values
   are broadcast to the whole wave on the device).
 * ``host``: some row's top_k exceeds the device cap (or is 0: no limit); the program returns
@@ -14,13 +15,13 @@ Paths, decided once per request at prepare time:
 from __future__ import annotations
 
 import enum
-import math
 
 import attrs
 
-from .errors import InvalidSamplingError
+__all__ = ["GREEDY_TEMPERATURE", "SamplingParams", "SamplingPath", "classify_sampling", "distinct_params"]
 
-__all__ = ["SamplingParams", "SamplingPath", "classify_sampling", "check_sampling", "distinct_params"]
+GREEDY_TEMPERATURE = 1e-5
+"""A temperature below this is greedy (vLLM's epsilon): 1/T would overflow sampling."""
 
 
 class SamplingPath(enum.Enum):
@@ -39,11 +40,15 @@ class SamplingPath(enum.Enum):
 class SamplingParams:
     """How one row's first token is chosen.
 
-    ``top_k == 0`` means no top-k limit; ``top_p == 1`` no nucleus limit;
-    ``seed None`` draws from the runtime's generator. ``num_logprobs`` is how
-    many top log-probs to return beside the sampled token's own.
-    Values are checked against their domains by ``check_sampling`` (which
-    knows the row index), not here, so a bad value always names its row.
+    ``temperature`` is a finite number >= 0; any value below
+    ``GREEDY_TEMPERATURE`` (1e-5, as in vLLM) means greedy: the row takes the
+    argmax, because dividing logits by a tinier temperature overflows
+    (1/T is inf in bfloat16 and float32 alike). ``top_k == 0`` means no
+    top-k limit; ``top_p == 1`` no nucleus limit; ``seed None`` draws from
+    the runtime's generator. ``num_logprobs`` is how many top log-probs to
+    return beside the sampled token's own. Values are checked against their
+    domains by the planner's rule table (``rules.RULES``), not here, so a bad
+    value always names its row.
     """
 
     temperature: float = 1.0
@@ -54,44 +59,12 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0 or self.top_k == 1
+        """Whether the row takes the argmax: temperature below ``GREEDY_TEMPERATURE``, or top_k 1."""
+        return self.temperature < GREEDY_TEMPERATURE or self.top_k == 1
 
     @classmethod
     def greedy(cls, num_logprobs: int = 0) -> SamplingParams:
         return cls(temperature=0.0, top_k=1, num_logprobs=num_logprobs)
-
-
-def _bad(row: int, field: str, value: object, rule: str) -> InvalidSamplingError:
-    msg = f"row {row}: sampling.{field}={value!r} is invalid: {rule}"
-    return InvalidSamplingError(msg, row=row, field=f"sampling.{field}")
-
-
-def _is_real(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _is_finite(value: int | float) -> bool:
-    """``math.isfinite`` that calls an int too large for a float infinite instead of raising."""
-    try:
-        return math.isfinite(value)
-    except OverflowError:
-        return False
-
-
-def check_sampling(row: int, params: SamplingParams, max_logprobs: int) -> None:
-    """Raises ``InvalidSamplingError`` naming ``row`` for the first bad field."""
-    t, k, p = params.temperature, params.top_k, params.top_p
-    if not _is_real(t) or not _is_finite(t) or t < 0:
-        raise _bad(row, "temperature", t, "must be a finite number >= 0")
-    if type(k) is not int or k < 0:
-        raise _bad(row, "top_k", k, "must be an int >= 0 (0 = no limit)")
-    if not _is_real(p) or not (0 < p <= 1):
-        raise _bad(row, "top_p", p, "must be a number in (0, 1]")
-    if params.seed is not None and (type(params.seed) is not int or not 0 <= params.seed < 2**63):
-        raise _bad(row, "seed", params.seed, "must be None or an int in [0, 2**63)")
-    n = params.num_logprobs
-    if type(n) is not int or not 0 <= n <= max_logprobs:
-        raise _bad(row, "num_logprobs", n, f"must be an int in [0, {max_logprobs}] (the policy's max_logprobs)")
 
 
 def distinct_params(sampling: tuple[SamplingParams | None, ...]) -> list[SamplingParams | None]:

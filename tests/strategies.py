@@ -38,10 +38,13 @@ from prefill_core import (
     InvalidSamplingError,
     InvalidSlotError,
     PageTableLayout,
+    PositionLimitError,
     PrefillBatch,
     PrefillPolicy,
     PrefillRow,
+    RepeatedBlockError,
     SamplingParams,
+    SharedBlockColumnError,
     prepare_prefill,
 )
 
@@ -130,11 +133,12 @@ class InvalidCase:
     field: str
     value: object
     spec: CaseSpec
+    max_position: int | None = None
 
     def run(self):
         """Builds the values and prepares them: the whole public path a caller takes."""
         case = self.spec.build()
-        return prepare_prefill(case.batch, case.policy, case.layout)
+        return prepare_prefill(case.batch, case.policy, case.layout, max_position=self.max_position)
 
 
 # ---------------------------------------------------------------- layouts and policies
@@ -211,12 +215,18 @@ def policies(block_size: int, min_lane: int = 1) -> st.SearchStrategy[PrefillPol
     return policy_kwargs(block_size, min_lane).map(lambda kwargs: PrefillPolicy(**kwargs))
 
 
+EXTREME_TEMPERATURES = (5e-324, 1e-300, 1e-39, 1e-6, 9.999e-6, 1e-5, 1e300)
+"""Valid but extreme temperatures: subnormal, below and at the greedy epsilon, huge."""
+EXTREME_TOP_P = (5e-324, 1e-46, 1e-39, 1e-7)
+"""Valid top-p values that underflow in bfloat16 or float32."""
+
+
 @st.composite
 def sampling_params(draw, max_logprobs: int = 20) -> SamplingParams:
-    """Valid sampling parameters (greedy, device top-k and beyond-cap top-k all occur)."""
-    temperature = draw(st.one_of(st.sampled_from((0.0, 0.7, 1.0)), st.floats(0.0, 4.0)))
+    """Valid sampling parameters (greedy, device top-k, beyond-cap top-k and extreme floats all occur)."""
+    temperature = draw(st.one_of(st.sampled_from((0.0, 0.7, 1.0)), st.sampled_from(EXTREME_TEMPERATURES), st.floats(0.0, 4.0)))
     top_k = draw(st.one_of(st.sampled_from((0, 1, 32, 33)), st.integers(0, 200)))
-    top_p = draw(st.one_of(st.just(1.0), st.floats(0.0, 1.0, exclude_min=True)))
+    top_p = draw(st.one_of(st.just(1.0), st.sampled_from(EXTREME_TOP_P), st.floats(0.0, 1.0, exclude_min=True)))
     seed = draw(st.one_of(st.none(), st.integers(0, 2**63 - 1)))
     num_logprobs = draw(st.integers(0, max_logprobs))
     return SamplingParams(temperature, top_k, top_p, seed, num_logprobs)
@@ -455,6 +465,28 @@ def _breakers(spec: CaseSpec) -> dict[str, Callable]:
             "written block is another row's cached block", BlockConflictError, reader, f"blocks[{column}]", value, changed
         )
 
+    def repeated_in_row(draw):
+        i = draw(st.sampled_from([k for k, r in enumerate(rows) if r.cached >= 2 * bs]))
+        first, second = sorted(draw(st.lists(st.integers(0, rows[i].cached // bs - 1), min_size=2, max_size=2, unique=True)))
+        value = rows[i].blocks[first]
+        changed = _with_block(spec, i, second, value)
+        return InvalidCase("block repeated in a row", RepeatedBlockError, i, f"blocks[{second}]", value, changed)
+
+    def shared_elsewhere(draw):
+        i, c_i, k, c_k = draw(st.sampled_from(_shared_column_targets(rows, bs)))
+        value = rows[i].blocks[c_i]
+        changed = _with_block(spec, k, c_k, value)
+        holders = [(r, row.blocks.index(value)) for r, row in enumerate(changed.rows) if value in row.blocks[: row.cached // bs]]
+        first_column = holders[0][1]
+        row, column = next((r, c) for r, c in holders[1:] if c != first_column)
+        return InvalidCase("shared cached block at another column", SharedBlockColumnError, row, f"blocks[{column}]", value, changed)
+
+    def beyond_max_position(draw):
+        longest = max(r.length for r in rows)
+        limit = draw(st.integers(1, longest - 1))
+        i = next(k for k, r in enumerate(rows) if r.length > limit)
+        return InvalidCase("length beyond max_position", PositionLimitError, i, "length", rows[i].length, spec, limit)
+
     def beyond_capacity(draw):
         i = any_row(draw)
         value = capacity + draw(st.integers(1, 4 * bs))
@@ -529,7 +561,28 @@ def _breakers(spec: CaseSpec) -> dict[str, Callable]:
         out["written block is another row's cached block"] = overwrites_cached
     if bs > TILE:
         out["max chunk not a multiple of the block size"] = chunk_unaligned
+    if any(r.cached >= 2 * bs for r in rows):
+        out["block repeated in a row"] = repeated_in_row
+    if _shared_column_targets(rows, bs):
+        out["shared cached block at another column"] = shared_elsewhere
+    if any(r.length > 1 for r in rows):
+        out["length beyond max_position"] = beyond_max_position
     return out
+
+
+def _shared_column_targets(rows: tuple[PrefillRow, ...], bs: int) -> list[tuple[int, int, int, int]]:
+    """``(i, column in i, k, column in k)``: copying row i's cached block into row k's other cached column
+    makes a block shared at two columns (and nothing else: k does not already map it)."""
+    found = []
+    for i, a in enumerate(rows):
+        for k, b in enumerate(rows):
+            if i == k or not a.cached or not b.cached:
+                continue
+            for c_i in sorted({0, a.cached // bs - 1}):
+                for c_k in sorted({0, b.cached // bs - 1} - {c_i}):
+                    if a.blocks[c_i] not in b.blocks[: -(-b.length // bs)]:
+                        found.append((i, c_i, k, c_k))
+    return found[:16]
 
 
 INVALID_RULES = (
@@ -546,6 +599,9 @@ INVALID_RULES = (
     "row writes a block twice",
     "written block is another row's cached block",
     "length beyond capacity",
+    "length beyond max_position",
+    "block repeated in a row",
+    "shared cached block at another column",
     "wave not a power of two",
     "ladder not increasing",
     "max chunk not a multiple of the block size",
@@ -643,3 +699,81 @@ def garbled_specs(draw) -> tuple[str, CaseSpec | tuple]:
     args = [case.batch, case.policy, case.layout]
     args[draw(st.integers(0, 2))] = junk
     return f"argument={junk!r}", tuple(args)
+
+
+# ---------------------------------------------------------------- shell input forms and extreme sampling
+# Generators for the classes issue 15 found getting through: ragged token
+# lists, list page tables, extreme sampling floats and adversarial logits.
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+_JUNK_INTS = st.one_of(st.integers(-2, 300), st.integers(INT64_MIN, INT64_MAX))
+"""Values past a row's prompt or mapped prefix: never read, so any int64 is allowed there."""
+
+
+@st.composite
+def token_lists(draw, lengths: list[int], vocab: int, short_row: int | None = None) -> list[list[int]]:
+    """Prompts as ragged Python lists: each row holds its prompt, then up to 8 junk ints.
+
+    With ``short_row`` that row holds fewer tokens than its prompt length
+    (possibly none), the class that was once zero-padded silently.
+    """
+    rows = []
+    for row, length in enumerate(lengths):
+        prompt = draw(st.lists(st.integers(1, vocab - 1), min_size=length, max_size=length))
+        if row == short_row:
+            rows.append(prompt[: draw(st.integers(0, length - 1))])
+        else:
+            rows.append(prompt + draw(st.lists(_JUNK_INTS, max_size=8)))
+    return rows
+
+
+@st.composite
+def list_page_tables(draw, blocks: list[list[int]], short_row: int | None = None) -> list[list[int]]:
+    """A page table as ragged Python lists: each row's mapped blocks, then up to 4 stale entries.
+
+    With ``short_row`` that row stops before the end of its mapped prefix.
+    """
+    rows = []
+    for row, mapped in enumerate(blocks):
+        if row == short_row:
+            rows.append(list(mapped[: draw(st.integers(0, len(mapped) - 1))]))
+        else:
+            rows.append(list(mapped) + draw(st.lists(_JUNK_INTS, max_size=4)))
+    return rows
+
+
+EXTREME_SAMPLING_TEMPERATURES = (0.0, 5e-324, 1e-300, 1e-39, 1e-6, 1e-5, 1.0, 1e300, 1.7976931348623157e308)
+"""Accepted temperatures at the edges of float64: subnormal, around the greedy epsilon, the largest float."""
+EXTREME_SAMPLING_TOP_P = (5e-324, 1e-300, 1e-46, 1e-7, 0.5, 1.0 - 2**-53, 1.0)
+"""Accepted top-p values that underflow float32 or bfloat16, and the float just below 1."""
+EXTREME_SAMPLING_TOP_K = (0, 1, 2, 20, 32, 33, 10**9, 2**62)
+
+
+@st.composite
+def extreme_sampling_params(draw, max_logprobs: int = 5) -> SamplingParams:
+    """Accepted sampling parameters biased to extreme floats and top-k values (greedy rows included)."""
+    temperature = draw(st.one_of(
+        st.sampled_from(EXTREME_SAMPLING_TEMPERATURES),
+        st.floats(0.0, 1e308, allow_nan=False, allow_infinity=False, allow_subnormal=True),
+    ))
+    top_k = draw(st.one_of(st.sampled_from(EXTREME_SAMPLING_TOP_K), st.integers(0, 300)))
+    top_p = draw(st.one_of(
+        st.sampled_from(EXTREME_SAMPLING_TOP_P),
+        st.floats(0.0, 1.0, exclude_min=True, allow_nan=False, allow_subnormal=True),
+    ))
+    seed = draw(st.integers(0, INT64_MAX))
+    return SamplingParams(temperature, top_k, top_p, seed, draw(st.integers(0, max_logprobs)))
+
+
+@st.composite
+def adversarial_logits(draw, vocab: int) -> list[float]:
+    """float32-representable logits with ties, ``-inf`` entries and huge magnitudes (at least one finite).
+
+    Magnitudes stay below 1e37 so that differences of two logits stay finite in float32.
+    """
+    finite = st.floats(-1e37, 1e37, allow_nan=False, allow_infinity=False, width=32)
+    pool = draw(st.lists(finite, min_size=1, max_size=6)) + [0.0, float("-inf")]
+    values = draw(st.lists(st.sampled_from(pool), min_size=vocab, max_size=vocab))
+    values[draw(st.integers(0, vocab - 1))] = pool[0]  # at least one finite logit
+    return values

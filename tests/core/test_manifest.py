@@ -67,12 +67,18 @@ def test_manifest_traces_are_the_trace_eligible_program_bodies(case):
     assert set(manifest.trace_signatures) == bodies
 
 
-def test_default_manifest_for_8192_tokens_lists_23_bodies_and_138_programs():
-    """The default policy over an 8192-token layout (block 32) warms 23 bodies as 138 programs."""
+def test_default_manifest_for_8192_tokens_lists_30_bodies_and_180_programs():
+    """The default policy over an 8192-token layout (block 32) warms 30 bodies as 180 programs.
+
+    Chunked bodies: bucket 128 reaches chunk 128; 1024 reaches 128 and 1024;
+    2048, 4096 and 8192 each reach 128, 1024 and 2048 (12 in all).
+    """
     manifest = manifest_for(PrefillPolicy(), PageTableLayout(32, 256, 1024))
     kinds = [t.variant for t in manifest.trace_signatures]
-    assert (len(manifest.trace_signatures), len(manifest.program_signatures)) == (23, 138)
-    assert (kinds.count(RequestKind.REGULAR_SINGLE), kinds.count(RequestKind.REGULAR_BATCHED), kinds.count(RequestKind.CHUNKED)) == (3, 15, 5)
+    assert (len(manifest.trace_signatures), len(manifest.program_signatures)) == (30, 180)
+    assert (kinds.count(RequestKind.REGULAR_SINGLE), kinds.count(RequestKind.REGULAR_BATCHED), kinds.count(RequestKind.CHUNKED)) == (3, 15, 12)
+    chunked = sorted((t.chunk_length, t.read_table_width) for t in manifest.trace_signatures if t.variant is RequestKind.CHUNKED)
+    assert sorted({c for c, _ in chunked}) == [128, 1024, 2048]
 
 
 def test_manifest_restricted_to_sampling_paths_lists_only_those():

@@ -17,7 +17,7 @@ from prefill_core import (
     plan_prefill,
     prepare_prefill,
 )
-from prefill_core.errors import BlockConflictError
+from prefill_core.errors import RepeatedBlockError
 
 BS = 32
 LAYOUT = PageTableLayout(block_size=BS, max_num_blocks_per_seq=4096, num_blocks=200_000)
@@ -70,8 +70,13 @@ def test_default_ladder_is_128_then_1024_then_powers_of_two(tokens, padded):
     ],
 )
 def test_chunk_length_is_the_largest_dividing_multiple_of_2048_within_the_max(max_chunk, padded, chunk):
-    """The chunk is the largest multiple of 2048 <= min(padded, max chunk) dividing the padded length."""
-    assert PrefillPolicy(max_chunk_length=max_chunk).chunk_length(padded) == chunk
+    """The chunk is the padded work when it fits the max, else the largest multiple of 2048 <= max dividing it."""
+    assert PrefillPolicy(max_chunk_length=max_chunk).chunk_length(padded, BS) == chunk
+
+
+def test_chunk_length_falls_back_to_a_block_multiple_when_no_quantum_multiple_divides():
+    """With max chunk 1536 (below the 2048 quantum), 4096 tokens of work run in 1024-token chunks (block fallback)."""
+    assert PrefillPolicy(max_chunk_length=1536).chunk_length(4096, BS) == 1024
 
 
 def test_ladder_with_a_32_tier_pads_short_prompts_to_32():
@@ -131,11 +136,11 @@ def test_short_row_with_a_cached_prefix_runs_chunked():
 
 
 def test_fully_cached_prompt_reruns_its_final_block_read_only():
-    """A fully cached 4096-token prompt runs one chunk at 4064 that writes nothing; its last token is 4095."""
+    """A fully cached 4096-token prompt runs one 128-token step at 4064 that writes nothing; its last token is 4095."""
     batch = batch_of((4096, 4096))
     (prepared,) = prepare_prefill(batch, POLICY, LAYOUT)
     request = prepared.request
-    assert starts(request) == [4096 - BS]
+    assert starts(request) == [4096 - BS] and request.chunk_length == 128
     assert request.final_chunk.is_final
     assert request.last_token_positions == (4095,)
     (fill,) = request.fill_table_of(request.final_chunk)
@@ -266,17 +271,13 @@ def test_cached_prefix_blocks_may_be_shared_by_rows():
     assert [request.fill_table_of(request.final_chunk)[0][:2] for request in requests] == [(1, SKIP), (2, SKIP)]
 
 
-def test_one_row_may_read_a_cached_block_twice_but_not_overwrite_one():
-    """A lone row's repeated id is legal inside its cached prefix (only read) and a
-    conflict once a written column repeats a cached one (the one-row fast path
-    falls back to the exact rule either way)."""
-    reads_twice = PrefillBatch.from_rows((PrefillRow(96, 64, 0, (7, 7, 8)),))
-    (request,) = plan_prefill(reads_twice, POLICY, LAYOUT)
-    assert request.fill_table_of(request.final_chunk)[0][0] == 8
-    overwrites = PrefillBatch.from_rows((PrefillRow(96, 64, 0, (7, 9, 7)),))
-    with pytest.raises(BlockConflictError) as caught:
-        plan_prefill(overwrites, POLICY, LAYOUT)
-    assert caught.value.row == 0 and caught.value.field == "blocks[0]" and "cached block would be overwritten" in str(caught.value)
+@pytest.mark.parametrize(("blocks", "column"), [((7, 7, 8), 1), ((7, 9, 7), 2)])
+def test_a_row_may_not_map_one_block_twice_cached_or_written(blocks, column):
+    """A block id repeated inside one row's mapped prefix (cached part included) is a RepeatedBlockError."""
+    batch = PrefillBatch.from_rows((PrefillRow(96, 64, 0, blocks),))
+    with pytest.raises(RepeatedBlockError) as caught:
+        plan_prefill(batch, POLICY, LAYOUT)
+    assert (caught.value.row, caught.value.field) == (0, f"blocks[{column}]")
 
 
 def test_regular_table_width_rounds_the_padded_blocks_up_to_8():

@@ -36,7 +36,7 @@ def _plan(case):
 
 
 def _batchable(row, policy: PrefillPolicy) -> bool:
-    return policy.batching_enabled and row.cached == 0 and row.length <= policy.max_chunk_length
+    return policy.batching_enabled and row.cached == 0 and policy.padded_length(row.length) <= policy.max_chunk_length
 
 
 # ---------------------------------------------------------------- 1. rows and order
@@ -254,18 +254,17 @@ def test_chunks_are_ordered_contiguous_and_only_the_last_is_final(case):
         if request.kind.is_chunked:
             length, cached = request.lengths[0], request.cached[0]
             assert chunks[0].start == (cached if cached < length else length - bs)
-            assert request.chunk_length == case.policy.chunk_length(request.padded_length)
             assert request.chunk_length % bs == 0 and request.chunk_length <= case.policy.max_chunk_length
         assert {case.policy.padded_length(n) for n in request.lengths} == {request.padded_length}
 
 
 @given(cases())
 def test_chunked_requests_are_exactly_the_long_or_cached_rows(case):
-    """A row runs chunked exactly when it has a cached prefix or exceeds the max chunk length."""
+    """A row runs chunked exactly when it has a cached prefix or its rung exceeds the max chunk length."""
     for request in _plan(case):
         for index in request.source_rows:
             row = case.batch.rows[index]
-            long_or_cached = row.cached > 0 or row.length > case.policy.max_chunk_length
+            long_or_cached = row.cached > 0 or case.policy.padded_length(row.length) > case.policy.max_chunk_length
             assert request.kind.is_chunked == long_or_cached
 
 
@@ -335,13 +334,14 @@ def test_fallback_to_singles_keeps_every_rows_writes_and_last_token(case):
 
 @given(fully_cached_cases())
 def test_fully_cached_row_reruns_its_final_block_read_only(case_and_row):
-    """A fully cached row runs one final chunk at length-bs that writes nothing and reads its blocks."""
+    """A fully cached row runs one step of min(rung(bs), max chunk) at length-bs that writes nothing and reads its blocks."""
     case, index = case_and_row
     bs = case.layout.block_size
     row = case.batch.rows[index]
     request, _ = source_of(_plan(case))[index]
     assert request.kind is RequestKind.CHUNKED
     (chunk,) = request.chunks
+    assert chunk.length == min(case.policy.padded_length(bs), case.policy.max_chunk_length)
     assert chunk.is_final and chunk.start == row.length - bs
     assert chunk.start <= request.last_token_positions[0] == row.length - 1 < chunk.end
     (fill,) = request.fill_table_of(chunk)

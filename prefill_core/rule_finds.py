@@ -1,0 +1,324 @@
+"""How each input rule finds the first row that breaks it (``rules.RULES`` names them).
+
+Every function here takes a ``Scope`` (the batch, plus the layout and policy
+limits in the plan stage) and returns the first ``Hit`` in caller row order,
+or ``None``. A function may first ask a cheap whole-column question whose
+answer ``no`` proves no row breaks its rule (``min``, ``set``); when the
+answer is ``maybe`` the same function walks the rows. Each function is the
+only place its rule is written.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import cached_property
+from itertools import chain, repeat
+from operator import ge, gt, lt, mod
+
+import attrs
+
+from .intmath import ceil_div
+from .sampling import SamplingParams
+
+COLUMNS = ("lengths", "cached", "slots", "blocks", "sampling")
+_INT = {int}
+
+
+@attrs.frozen
+class Hit:
+    """Where a rule broke: the row (``None`` for the batch), the field, the value, extra words."""
+
+    row: int | None
+    field: str
+    value: object
+    detail: str = ""
+    shown: str | None = None  # a summary shown instead of ``repr(value)`` (long tuples, types)
+
+
+@attrs.frozen
+class Limits:
+    """The layout and policy numbers the plan-stage rules judge rows against."""
+
+    block_size: int
+    num_blocks: int
+    capacity: int
+    lane_size: int
+    max_logprobs: int
+    max_position: int | None
+
+
+class Scope:
+    """A batch under judgement, with the derived columns several rules read (each built once)."""
+
+    def __init__(self, batch, limits: Limits | None = None):
+        self.batch = batch
+        self.limits = limits
+
+    @cached_property
+    def needs(self) -> list[int]:
+        """Mapped block count of each row, ``ceil(length / block_size)``."""
+        bs = self.limits.block_size
+        return [ceil_div(n, bs) for n in self.batch.lengths]
+
+    @cached_property
+    def prefixes(self) -> list[tuple[int, ...]]:
+        """Each row's mapped prefix (a row cut to its prefix is itself: no copy)."""
+        return list(map(tuple.__getitem__, self.batch.blocks, map(slice, self.needs)))
+
+    @cached_property
+    def mapped(self) -> list[int]:
+        """Every mapped block id, rows concatenated in order."""
+        return list(chain.from_iterable(self.prefixes))
+
+    @cached_property
+    def has_repeats(self) -> bool:
+        """Whether any block id appears twice in the mapped prefixes (else no repeat rule can fire)."""
+        return len(set(self.mapped)) != len(self.mapped)
+
+    @cached_property
+    def first_written(self) -> list[int]:
+        """Each row's first written column, ``cached // block_size``."""
+        bs = self.limits.block_size
+        return [c // bs for c in self.batch.cached]
+
+    @cached_property
+    def distinct_sampling(self) -> list[tuple[int, SamplingParams]]:
+        """``(first row, params)`` for each distinct parameter object (rows usually share a few)."""
+        first: dict[int, tuple[int, SamplingParams]] = {}
+        for row, params in enumerate(self.batch.sampling):
+            if params is not None and id(params) not in first:
+                first[id(params)] = (row, params)
+        return list(first.values())
+
+
+def _first(flags) -> int | None:
+    """Index of the first truthy flag, else None."""
+    flags = list(flags)
+    return next((i for i, flag in enumerate(flags) if flag), None) if any(flags) else None
+
+
+# ---------------------------------------------------------------- batch stage
+
+
+def column_not_tuple(scope: Scope) -> Hit | None:
+    for name in COLUMNS:
+        value = getattr(scope.batch, name)
+        if type(value) is not tuple:
+            return Hit(None, name, value, shown=type(value).__name__)
+    return None
+
+
+def column_length(scope: Scope) -> Hit | None:
+    n = len(scope.batch.lengths)
+    for name in COLUMNS[1:]:
+        size = len(getattr(scope.batch, name))
+        if size != n:
+            return Hit(None, name, size, f" ({n} rows)", shown=f"<{size} entries>")
+    return None
+
+
+def empty(scope: Scope) -> Hit | None:
+    return Hit(None, "rows", ()) if not scope.batch.lengths else None
+
+
+def bad_length(scope: Scope) -> Hit | None:
+    lengths = scope.batch.lengths
+    i = _first(type(n) is not int or n <= 0 for n in lengths)
+    return None if i is None else Hit(i, "length", lengths[i])
+
+
+def bad_cached(scope: Scope) -> Hit | None:
+    batch = scope.batch
+    i = _first(type(c) is not int or not 0 <= c <= n for c, n in zip(batch.cached, batch.lengths))
+    return None if i is None else Hit(i, "cached", batch.cached[i], f" (length={batch.lengths[i]})")
+
+
+def negative_slot(scope: Scope) -> Hit | None:
+    slots = scope.batch.slots
+    i = _first(type(s) is not int or s < 0 for s in slots)
+    return None if i is None else Hit(i, "slot", slots[i])
+
+
+def repeated_slot(scope: Scope) -> Hit | None:
+    slots = scope.batch.slots
+    if len(set(slots)) == len(slots):
+        return None
+    seen: dict[int, int] = {}
+    for row, slot in enumerate(slots):
+        first = seen.setdefault(slot, row)
+        if first != row:
+            return Hit(row, "slot", slot, f"; row {first} already uses it")
+    return None
+
+
+def blocks_not_tuple(scope: Scope) -> Hit | None:
+    blocks = scope.batch.blocks
+    i = _first(type(b) is not tuple for b in blocks)
+    return None if i is None else Hit(i, "blocks", blocks[i], shown=type(blocks[i]).__name__)
+
+
+def block_not_int(scope: Scope) -> Hit | None:
+    blocks = scope.batch.blocks
+    if _INT.issuperset(map(type, chain.from_iterable(blocks))):
+        return None
+    for row, entries in enumerate(blocks):
+        for column, block in enumerate(entries):
+            if type(block) is not int:
+                return Hit(row, f"blocks[{column}]", block)
+    return None
+
+
+def bad_sampling_type(scope: Scope) -> Hit | None:
+    sampling = scope.batch.sampling
+    i = _first(s is not None and not isinstance(s, SamplingParams) for s in sampling)
+    return None if i is None else Hit(i, "sampling", sampling[i])
+
+
+# ---------------------------------------------------------------- plan stage: rows
+
+
+def unaligned_cached(scope: Scope) -> Hit | None:
+    cached = scope.batch.cached
+    i = _first(map(mod, cached, repeat(scope.limits.block_size)))
+    return None if i is None else Hit(i, "cached", cached[i])
+
+
+def slot_beyond_lane(scope: Scope) -> Hit | None:
+    slots = scope.batch.slots
+    i = _first(map(ge, slots, repeat(scope.limits.lane_size)))
+    return None if i is None else Hit(i, "slot", slots[i])
+
+
+def beyond_capacity(scope: Scope) -> Hit | None:
+    lengths = scope.batch.lengths
+    i = _first(map(gt, lengths, repeat(scope.limits.capacity)))
+    return None if i is None else Hit(i, "length", lengths[i])
+
+
+def beyond_max_position(scope: Scope) -> Hit | None:
+    limit = scope.limits.max_position
+    if limit is None:
+        return None
+    lengths = scope.batch.lengths
+    i = _first(map(gt, lengths, repeat(limit)))
+    return None if i is None else Hit(i, "length", lengths[i])
+
+
+def short_prefix(scope: Scope) -> Hit | None:
+    blocks, needs = scope.batch.blocks, scope.needs
+    i = _first(map(lt, map(len, blocks), needs))
+    if i is None:
+        return None
+    have = len(blocks[i])
+    return Hit(i, "blocks", have, f" (length={scope.batch.lengths[i]} needs {needs[i]})", shown=f"<{have} entries>")
+
+
+# ---------------------------------------------------------------- plan stage: block ids
+
+
+def block_outside_pool(scope: Scope) -> Hit | None:
+    mapped, pool = scope.mapped, scope.limits.num_blocks
+    if min(mapped) >= 0 and max(mapped) < pool:
+        return None
+    for row, prefix in enumerate(scope.prefixes):
+        for column, block in enumerate(prefix):
+            if not 0 <= block < pool:
+                return Hit(row, f"blocks[{column}]", block)
+    return None
+
+
+def repeated_in_row(scope: Scope) -> Hit | None:
+    if not scope.has_repeats:
+        return None
+    for row, prefix in enumerate(scope.prefixes):
+        if len(set(prefix)) == len(prefix):
+            continue
+        seen: dict[int, int] = {}
+        for column, block in enumerate(prefix):
+            first = seen.setdefault(block, column)
+            if first != column:
+                return Hit(row, f"blocks[{column}]", block, f"; it is also at column {first}")
+    return None
+
+
+def two_writers(scope: Scope) -> Hit | None:
+    if not scope.has_repeats:
+        return None
+    writer: dict[int, int] = {}
+    for row, (prefix, lo) in enumerate(zip(scope.prefixes, scope.first_written)):
+        for column in range(lo, len(prefix)):
+            block = prefix[column]
+            other = writer.setdefault(block, row)
+            if other != row:
+                return Hit(row, f"blocks[{column}]", block, f"; row {other} also writes it")
+    return None
+
+
+def cached_overwritten(scope: Scope) -> Hit | None:
+    if not scope.has_repeats or not any(scope.first_written):
+        return None
+    pairs = zip(scope.prefixes, scope.first_written)
+    writer = {block: row for row, (prefix, lo) in enumerate(pairs) for block in prefix[lo:]}
+    for row, (prefix, lo) in enumerate(zip(scope.prefixes, scope.first_written)):
+        for column in range(lo):
+            other = writer.get(prefix[column])
+            if other is not None:
+                return Hit(row, f"blocks[{column}]", prefix[column], f"; row {other} writes it")
+    return None
+
+
+def shared_at_other_column(scope: Scope) -> Hit | None:
+    if not scope.has_repeats or not any(scope.first_written):
+        return None
+    first: dict[int, tuple[int, int]] = {}
+    for row, (prefix, lo) in enumerate(zip(scope.prefixes, scope.first_written)):
+        for column in range(lo):
+            other_row, other_column = first.setdefault(prefix[column], (row, column))
+            if other_column != column:
+                detail = f"; row {other_row} maps it at column {other_column}"
+                return Hit(row, f"blocks[{column}]", prefix[column], detail)
+    return None
+
+
+# ---------------------------------------------------------------- plan stage: sampling
+
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_finite(value: int | float) -> bool:
+    """``math.isfinite`` that calls an int too large for a float infinite instead of raising."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
+def _sampling_hit(scope: Scope, name: str, broken) -> Hit | None:
+    for row, params in scope.distinct_sampling:
+        value = getattr(params, name)
+        if broken(value):
+            return Hit(row, f"sampling.{name}", value)
+    return None
+
+
+def bad_temperature(scope: Scope) -> Hit | None:
+    return _sampling_hit(scope, "temperature", lambda t: not _is_real(t) or not _is_finite(t) or t < 0)
+
+
+def bad_top_k(scope: Scope) -> Hit | None:
+    return _sampling_hit(scope, "top_k", lambda k: type(k) is not int or k < 0)
+
+
+def bad_top_p(scope: Scope) -> Hit | None:
+    return _sampling_hit(scope, "top_p", lambda p: not _is_real(p) or not 0 < p <= 1)
+
+
+def bad_seed(scope: Scope) -> Hit | None:
+    return _sampling_hit(scope, "seed", lambda s: s is not None and (type(s) is not int or not 0 <= s < 2**63))
+
+
+def bad_num_logprobs(scope: Scope) -> Hit | None:
+    limit = scope.limits.max_logprobs
+    return _sampling_hit(scope, "num_logprobs", lambda n: type(n) is not int or not 0 <= n <= limit)
