@@ -1,5 +1,5 @@
-"""``python -m prefill_shell run``: the main job (see ``prefill_shell.demo``)."""
+"""``python -m prefill_shell run``: see ``prefill_shell.cli``."""
 
-from .demo import main
+from .cli import main
 
 main()

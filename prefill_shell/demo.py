@@ -1,127 +1,132 @@
-"""The main job: a real prefill of a mixed batch on the torch backend.
+"""The demo (``make demo``): one mixed batch of real prompts through the runtime, eager and traced.
 
-``python -m prefill_shell run`` builds the embedded default (a seeded
-random-weight "demo" Llama, a batch of short, long-chunked and
-prefix-cached prompts), prints the plan, runs it eagerly and traced, and
-prints each row's first token, log-prob and top-5 with per-phase timings.
-``--model DIR`` loads a local Hugging Face Llama; ``--prompts FILE`` reads
-one prompt per line (token ids, or text when DIR holds a tokenizer.json).
+The batch shows what the runtime is for:
+
+* chat requests sharing one system prompt: its block-aligned part is
+  prefilled once, and the requests then run with it cached, each writing
+  its own partial last block;
+* a document longer than the 2048-token max chunk, run in chunks;
+* short questions, batched into one padded wave.
+
+It prints the plan, each row's five most likely next tokens and a sampled
+one, computed vs cached tokens, whether traced results equal eager ones,
+and tokens per second. ``--model random:demo`` runs the same shapes on a
+seeded random model with token ids in place of text.
 """
 
 from __future__ import annotations
 
 import argparse
+import random
 import time
-from pathlib import Path
 
-import torch
-
-from prefill_core import PageTableLayout, PrefillPolicy, SamplingParams, WarmupManifest
+from prefill_core import WarmupManifest
 from prefill_core.explain import plan_table
 
-from .backends import TorchBackend
-from .config import PrefillRuntimeConfig
+from .cli import make_runtime, print_rows, row_sampling, stage
 from .executor import PrefillExecutor
-from .reference import load_hf_folder, random_llama
-from .runtime import PrefillRuntime
+from .prefix_sharing import SharedPrefixBatch, share_prefix
+from .text import Prompt, encode, load_model, load_tokenizer
 
-__all__ = ["main"]
+__all__ = ["run_demo", "demo_prompts"]
 
-DEFAULT_LENGTHS = (37, 120, 128, 700, 5000, 3000)
-DEFAULT_CACHED = (0, 0, 0, 0, 0, 2048)
-
-
-def _prompts(args: argparse.Namespace, vocab: int) -> tuple[list[list[int]], list[int]]:
-    if args.prompts is None:
-        gen = torch.Generator().manual_seed(args.seed)
-        prompts = [torch.randint(1, vocab, (n,), generator=gen).tolist() for n in DEFAULT_LENGTHS]
-        return prompts, list(DEFAULT_CACHED)
-    lines = [line for line in Path(args.prompts).read_text().splitlines() if line.strip()]
-    tokenizer_file = Path(args.model or "") / "tokenizer.json"
-    if all(part.strip().lstrip("-").isdigit() for line in lines for part in line.split()):
-        prompts = [[int(t) for t in line.split()] for line in lines]
-    elif args.model and tokenizer_file.exists():
-        from tokenizers import Tokenizer
-
-        tokenizer = Tokenizer.from_file(str(tokenizer_file))
-        prompts = [tokenizer.encode(line).ids for line in lines]
-    else:
-        raise SystemExit(f"{args.prompts}: text prompts need --model DIR with a tokenizer.json")
-    return prompts, [0] * len(prompts)
-
-
-def _page_table(lengths: list[int], block_size: int) -> tuple[torch.Tensor, int]:
-    """Disjoint blocks per row, in order; returns the table and the blocks used."""
-    need = [-(-n // block_size) for n in lengths]
-    table = torch.full((len(lengths), max(need)), -1, dtype=torch.int32)
-    first = 0
-    for row, n in enumerate(need):
-        table[row, :n] = torch.arange(first, first + n, dtype=torch.int32)
-        first += n
-    return table, first
+SYSTEM = (
+    "You are the help desk of the Northwind Rail Museum. Answer in one short sentence. Facts: "
+    "The museum opens at 9 am and closes at 5 pm, Tuesday to Sunday; it is closed on Mondays. "
+    "Tickets cost 12 euros for adults, 6 euros for children under 14, and nothing for children under 4. "
+    "The oldest engine on display is the Blue Comet, a steam locomotive built in 1882. "
+    "The cafe on the first floor serves soup, sandwiches and apple cake until 4 pm. "
+    "Guided tours start every hour from the main hall and last forty minutes. "
+    "Visitors may take photographs, but not with a flash. Dogs on a leash are welcome in the garden only. "
+    "The nearest station is Harbour Street, five minutes away on foot."
+)
+QUESTIONS = (
+    "What time does the museum open?",
+    "How much is a ticket for my 10-year-old son?",
+    "Can I bring my dog inside?",
+    "Which is the oldest engine?",
+    "Is there somewhere to eat?",
+    "Are you open on Monday?",
+)
+SHORT = (
+    "The capital of France is",
+    "The largest planet in the solar system is",
+    "Water is made of hydrogen and",
+    "The opposite of hot is",
+)
+CITIES = ("Oslo", "Lisbon", "Cairo", "Lima", "Perth", "Quebec", "Nairobi", "Osaka")
 
 
-def _timed(label: str, timings: dict, fn):
+def document(lines: int = 130, seed: int = 0) -> str:
+    """A long, regular text (a weather log) that ends mid-entry, so the next token is predictable."""
+    rng = random.Random(seed)
+    entries = [f"Day {day}: in {rng.choice(CITIES)} it was {rng.randint(-5, 35)} degrees and {rng.choice(('sunny', 'rainy', 'windy', 'cloudy'))}."
+               for day in range(1, lines + 1)]
+    return "Weather log of the travelling reporter.\n" + "\n".join(entries) + f"\nDay {lines + 1}: in"
+
+
+def demo_prompts(tokenizer, vocab_size: int, seed: int = 0) -> tuple[list[list[int]], list[str], list[int]]:
+    """(token ids, labels, rows sharing the system prompt) of the demo batch.
+
+    Without a tokenizer (random models) the same structure is built from seeded ids.
+    """
+    labels = [f"chat {i}" for i in range(len(QUESTIONS))] + ["document"] + [f"short {i}" for i in range(len(SHORT))]
+    members = list(range(len(QUESTIONS)))
+    if tokenizer is None:
+        rng = random.Random(seed)
+        ids = lambda n: [rng.randrange(1, vocab_size) for _ in range(n)]  # noqa: E731
+        system = ids(150)
+        return [system + ids(12 + i) for i in members] + [ids(2300)] + [ids(6 + i) for i in range(len(SHORT))], labels, members
+    chats = [Prompt(messages=({"role": "system", "content": SYSTEM}, {"role": "user", "content": q})) for q in QUESTIONS]
+    prompts = chats + [Prompt(text=document())] + [Prompt(text=s) for s in SHORT]
+    return [encode(tokenizer, p, chat=False) for p in prompts], labels, members
+
+
+def _summary(batch: SharedPrefixBatch, prepared, members: list[int]) -> None:
+    shared = len(batch.prefix_tokens)
+    real = sum(p.request.real_tokens for p in prepared)
+    computed = sum(p.request.computed_tokens for p in prepared)
+    print(f"\nshared system prompt: {shared} tokens ({len(batch.prefix_blocks)} blocks) prefilled once, "
+          f"then read from cache by {len(members)} rows")
+    print(f"batch: {sum(batch.lengths)} prompt tokens = {sum(batch.cached)} taken from cache + {real} computed "
+          f"({computed} positions with padding); without the shared prefix the chat rows alone would compute "
+          f"{sum(batch.lengths[i] for i in members)}")
+
+
+def _timed(fn):
     start = time.perf_counter()
     value = fn()
-    timings[label] = time.perf_counter() - start
-    return value
+    return value, time.perf_counter() - start
 
 
-def run(args: argparse.Namespace) -> None:
-    model = load_hf_folder(args.model) if args.model else random_llama(args.seed, "demo")
-    prompts, cached = _prompts(args, model.spec.vocab_size)
-    lengths = [len(p) for p in prompts]
-    table, used = _page_table(lengths, args.block_size)
-    kv = model.new_kv_cache(used, args.block_size)
-    layout = PageTableLayout(args.block_size, -(-max(max(lengths), 1) // args.block_size), used)
-    policy = PrefillPolicy(max_chunk_length=args.max_chunk, length_ladder=(128, 256, 512, 1024))
-    runtime = PrefillRuntime(PrefillRuntimeConfig.resolve(model, TorchBackend(args.device), kv, layout, policy))
+def run_demo(args: argparse.Namespace) -> None:
+    """Runs the demo batch on ``args.model`` (default: SmolLM2) and prints what it did."""
+    with stage("load model and tokenizer"):
+        model, tokenizer = load_model(args.model, device=args.device), load_tokenizer(args.model)
+    ids, labels, members = demo_prompts(tokenizer, model.spec.vocab_size, args.seed)
+    batch = share_prefix(ids, args.block_size, members)
+    runtime = make_runtime(model, batch, args.block_size, args.device)
     executor = PrefillExecutor(runtime)
-    sampling = [SamplingParams(temperature=0.8, top_k=20, top_p=0.95, seed=row, num_logprobs=5) for row in range(len(prompts))]
-    sampling[0] = SamplingParams.greedy(num_logprobs=5)
-
-    # Put the cached prefixes in the KV pool first (what an earlier request would have left).
-    prefixes = [row for row, c in enumerate(cached) if c]
-    if prefixes:
-        runtime.prefill([prompts[r][: cached[r]] for r in prefixes], table[prefixes], [cached[r] for r in prefixes])
-
-    timings: dict[str, float] = {}
-    batch = _timed("prepare", timings, lambda: runtime.prepare(prompts, table, lengths, cached, None, sampling))
-    print(f"model: {args.model or 'seeded random demo Llama'} {model.spec}\n")
-    print(plan_table(batch.prepared), "\n")
-    eager = _timed("eager invoke+assemble", timings, lambda: runtime.assemble(executor.invocations(batch, "eager"), batch.num_rows))
-    manifest = WarmupManifest().observe(batch.prepared)
-    _timed("warm-up (compile + capture)", timings, lambda: executor.warm_up(manifest))
-    traced = _timed("traced invoke+assemble", timings, lambda: runtime.assemble(executor.invocations(batch, "traced"), batch.num_rows))
-
-    print(f"{'row':>3} {'len':>5} {'cached':>6}  {'token':>6} {'logprob':>8}  top-5 (token:logprob)")
-    for result in eager:
-        top = " ".join(f"{t}:{lp:.2f}" for t, lp in result.top_logprobs)
-        print(f"{result.row:>3} {lengths[result.row]:>5} {cached[result.row]:>6}  {result.token:>6} {result.logprob:>8.3f}  {top}")
-    same = all(e.token == t.token and e.logprob == t.logprob for e, t in zip(eager, traced))
-    print(f"\ntraced results identical to eager: {same}")
-    print("\nphase timings (ms):")
-    for label, seconds in timings.items():
-        print(f"  {label:<28} {seconds * 1e3:9.1f}")
-    real = sum(p.request.real_tokens for p in batch.prepared)
-    print(f"  eager tokens/s {real / timings['eager invoke+assemble']:,.0f}   traced tokens/s {real / timings['traced invoke+assemble']:,.0f}")
+    sampling = row_sampling(len(ids), args.seed)
+    call = (batch.tokens, batch.page_table, batch.lengths, batch.cached)
+    with stage(f"prefill the shared prefix ({len(batch.prefix_tokens)} tokens)"):
+        executor.prefill(*batch.prefix_call(), mode="eager")
+    prepared = runtime.prepare(*call, sampling=sampling).prepared
+    print(f"model: {args.model or 'SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized to float32)'}\n")
+    print(plan_table(prepared), "\n")
+    with stage(f"eager prefill ({sum(batch.lengths) - sum(batch.cached)} uncached tokens)"):
+        eager, eager_s = _timed(lambda: executor.prefill(*call, sampling=sampling, mode="eager"))
+    with stage("warm-up on the observed programs (compile + capture)"):
+        executor.warm_up(WarmupManifest().observe(prepared))
+    with stage("traced prefill"):
+        traced, traced_s = _timed(lambda: executor.prefill(*call, sampling=sampling, mode="traced"))
+    print_rows(eager, batch, tokenizer, labels)
+    _summary(batch, prepared, members)
+    same = all((e.token, e.logprob, e.top_logprobs) == (t.token, t.logprob, t.top_logprobs) for e, t in zip(eager, traced))
+    real = sum(p.request.real_tokens for p in prepared)
+    print(f"traced results identical to eager: {same}")
+    print(f"tokens/s: eager {real / eager_s:,.0f} ({eager_s:.2f} s), traced {real / traced_s:,.0f} ({traced_s:.2f} s)")
     executor.close()
     print(f"live device tensors after close: {len(runtime.backend.ledger.live())}")
     if not same:
         raise SystemExit("traced results differ from eager")
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m prefill_shell")
-    sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("run", help="prefill a batch on the torch backend and print plan, results, timings")
-    demo.add_argument("--model", help="local Hugging Face Llama folder (config.json + safetensors)")
-    demo.add_argument("--prompts", help="file with one prompt per line (token ids, or text with --model)")
-    demo.add_argument("--device", default="cpu", help="torch device (cpu or cuda)")
-    demo.add_argument("--block-size", type=int, default=32)
-    demo.add_argument("--max-chunk", type=int, default=2048)
-    demo.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    torch.manual_seed(args.seed)
-    run(args)
