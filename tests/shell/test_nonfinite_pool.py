@@ -208,3 +208,54 @@ def test_regular_wave_with_padding_rows_ignores_garbage_anywhere_in_the_pool(tin
     actual = tiny_model.forward_hidden(tokens, start, fill, None, dirty)
     assert expected.isfinite().all() and _same_bits(actual, expected)
     assert _pools_agree(clean, dirty, written)
+
+
+# ---------------------------------------------------------------- the runtime, through its public API
+
+RUNTIME_BLOCKS = 128
+
+
+@st.composite
+def prefill_calls(draw) -> dict:
+    """One to three rows: regular, chunked (256-token chunks), prefix-cached or fully cached, on disjoint blocks."""
+    rows = []
+    free = draw(st.permutations(range(RUNTIME_BLOCKS)))
+    for _ in range(draw(st.integers(1, 3))):
+        num_blocks = draw(st.integers(1, 40))
+        last = draw(st.integers(1, MODEL_BS))
+        cached_blocks = draw(st.integers(0, num_blocks if last == MODEL_BS else num_blocks - 1))
+        rows.append(((num_blocks - 1) * MODEL_BS + last, cached_blocks, free[:num_blocks]))
+        free = free[num_blocks:]
+    gen = torch.Generator().manual_seed(draw(st.integers(0, 999)))
+    lengths = [n for n, _, _ in rows]
+    tokens = torch.zeros(len(rows), max(lengths), dtype=torch.int64)
+    for i, n in enumerate(lengths):
+        tokens[i, :n] = torch.randint(1, 256, (n,), generator=gen)
+    table = torch.full((len(rows), max(len(b) for _, _, b in rows)), -1, dtype=torch.int32)
+    for i, (_, _, blocks) in enumerate(rows):
+        table[i, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+    return {"tokens": tokens, "page_table": table, "prompt_lengths": lengths,
+            "cached_lengths": [c * MODEL_BS for _, c, _ in rows],
+            "cached_blocks": [b for _, c, blocks in rows for b in blocks[:c]],
+            "owned": [b for _, _, blocks in rows for b in blocks]}
+
+
+@PROPERTY
+@given(call=prefill_calls(), garbage=garbage_values())
+def test_runtime_results_ignore_garbage_in_every_block_a_call_must_not_read(tiny_model, kit, call, garbage):
+    """Through ``PrefillRuntime.prefill``, garbage outside the cached prefixes leaves logits and written blocks bit-identical."""
+    cached_blocks, owned = call.pop("cached_blocks"), call.pop("owned")
+    clean, dirty = (
+        kit.build_runtime(tiny_model, num_blocks=RUNTIME_BLOCKS, block_size=MODEL_BS, policy=kit.SMALL_POLICY)
+        for _ in range(2)
+    )
+    for rt in (clean, dirty):
+        _noise_fill(rt.config.kv, cached_blocks, seed=6)
+    _garbage_fill(dirty.config.kv, set(range(RUNTIME_BLOCKS + 1)) - set(cached_blocks), garbage)
+    before = dirty.config.kv.snapshot()
+    expected, actual = clean.prefill(**call), dirty.prefill(**call)
+    for e, a in zip(expected, actual, strict=True):
+        assert e.row == a.row and e.logits.isfinite().all() and _same_bits(a.logits, e.logits), f"row {e.row}"
+    assert _pools_agree(clean.config.kv, dirty.config.kv, owned)
+    foreign = sorted(set(range(RUNTIME_BLOCKS)) - set(owned))
+    assert _same_bits(dirty.config.kv.snapshot()[:, :, foreign], before[:, :, foreign])
