@@ -93,7 +93,7 @@ def _regular_wave(model, kv, rows, seq: int, width: int, pad_rows: int = 0) -> t
     return model.forward_hidden(tokens, start, fill, None, kv)
 
 
-def _chunked_row(model, kv, tokens, blocks, chunk: int, first: int, read_width: int) -> torch.Tensor:
+def _chunked_row(model, kv, tokens, blocks, chunk: int, first: int, read_width: int, fixed_shape=None) -> torch.Tensor:
     """Runs positions [first, len) of one row chunk by chunk; returns the last token's hidden."""
     read = torch.tensor([blocks + [0] * (read_width - len(blocks))], dtype=torch.int32)
     for start in range(first, len(tokens), chunk):
@@ -101,7 +101,7 @@ def _chunked_row(model, kv, tokens, blocks, chunk: int, first: int, read_width: 
         real = tokens[start : start + chunk]
         piece[0, : len(real)] = real
         fill = _table([blocks[start // BS : (start + chunk) // BS]], chunk // BS)
-        hidden = model.forward_hidden(piece, torch.tensor([start]), fill, read, kv)
+        hidden = model.forward_hidden(piece, torch.tensor([start]), fill, read, kv, fixed_shape=fixed_shape)
     return hidden[0, len(tokens) - 1 - start]
 
 
@@ -185,33 +185,41 @@ def test_regular_wave_of_mixed_lengths_with_padding_row_matches_hf(tiny_llama, h
         _assert_close(logits[i], expected)
 
 
-def test_chunked_prefill_matches_unchunked_hf(tiny_llama, hf_tiny_llama):
+READS = pytest.mark.parametrize("fixed_shape", [False, True], ids=["eager_reads", "fixed_shape_reads"])
+"""Both ways a chunked step reads the pool: the eager prefix-sized gather and the capture-safe full-width one."""
+
+
+@READS
+def test_chunked_prefill_matches_unchunked_hf(tiny_llama, hf_tiny_llama, fixed_shape):
     """A 300-token row run in 128-token chunks gives the unchunked HF last-token logits."""
     toks = _tokens(300, seed=2)
-    hidden = _chunked_row(tiny_llama, _pool(tiny_llama), toks, LONG_BLOCKS, chunk=128, first=0, read_width=12)
+    hidden = _chunked_row(
+        tiny_llama, _pool(tiny_llama), toks, LONG_BLOCKS, chunk=128, first=0, read_width=12, fixed_shape=fixed_shape
+    )
     expected, _ = _oracle(hf_tiny_llama, toks)
     _assert_close(tiny_llama.lm_head(hidden[None])[0], expected)
 
 
-def test_prefix_cached_row_runs_only_its_tail_and_matches_hf(tiny_llama, hf_tiny_llama):
+@READS
+def test_prefix_cached_row_runs_only_its_tail_and_matches_hf(tiny_llama, hf_tiny_llama, fixed_shape):
     """After a 128-token prefix is cached, chunking only the tail from 128 gives HF's logits."""
     toks, blocks = _tokens(230, seed=3), LONG_BLOCKS[:8]
     kv = _pool(tiny_llama)
     _regular_wave(tiny_llama, kv, [(toks[:128], blocks[:4])], seq=128, width=4)
-    hidden = _chunked_row(tiny_llama, kv, toks, blocks, chunk=128, first=128, read_width=8)
+    hidden = _chunked_row(tiny_llama, kv, toks, blocks, chunk=128, first=128, read_width=8, fixed_shape=fixed_shape)
     expected, _ = _oracle(hf_tiny_llama, toks)
     _assert_close(tiny_llama.lm_head(hidden[None])[0], expected)
 
 
-def test_fully_cached_final_block_rerun_reads_cache_and_writes_nothing(tiny_llama, hf_tiny_llama):
+@READS
+def test_fully_cached_final_block_rerun_reads_cache_and_writes_nothing(tiny_llama, hf_tiny_llama, fixed_shape):
     """Re-running a cached row's last block read-only yields HF's logits and leaves the pool bit-identical."""
     toks, blocks = _tokens(128, seed=4), [5, 9, 2, 14]
     kv = _pool(tiny_llama)
     _regular_wave(tiny_llama, kv, [(toks, blocks)], seq=128, width=4)
     before = kv.snapshot().view(torch.uint8)
-    hidden = tiny_llama.forward_hidden(
-        toks[None, 96:], torch.tensor([96]), _table([[]], 1), torch.tensor([blocks], dtype=torch.int32), kv
-    )
+    read = torch.tensor([blocks], dtype=torch.int32)
+    hidden = tiny_llama.forward_hidden(toks[None, 96:], torch.tensor([96]), _table([[]], 1), read, kv, fixed_shape=fixed_shape)
     assert torch.equal(kv.snapshot().view(torch.uint8), before)
     expected, _ = _oracle(hf_tiny_llama, toks)
     _assert_close(tiny_llama.lm_head(hidden[:, -1])[0], expected)
@@ -245,7 +253,20 @@ def _kv_after_chunks(model):
     return kv, [(toks, LONG_BLOCKS)]
 
 
-@pytest.mark.parametrize("scenario", [_kv_after_wave, _kv_after_chunks], ids=["regular_wave", "chunked"])
+def _kv_after_fixed_shape_chunks(model):
+    kv = _pool(model, seed=21)
+    toks = _tokens(300, seed=2)
+    _chunked_row(model, kv, toks, LONG_BLOCKS, chunk=128, first=0, read_width=12, fixed_shape=True)
+    return kv, [(toks, LONG_BLOCKS)]
+
+
+KV_SCENARIOS = pytest.mark.parametrize(
+    "scenario", [_kv_after_wave, _kv_after_chunks, _kv_after_fixed_shape_chunks],
+    ids=["regular_wave", "chunked", "chunked_fixed_shape"],
+)
+
+
+@KV_SCENARIOS
 def test_pool_holds_hf_keys_and_values_at_every_written_position(tiny_llama, hf_tiny_llama, scenario):
     """Every real position a row wrote holds HF's cached (post-RoPE) key and value for it."""
     kv, rows = scenario(tiny_llama)
@@ -257,7 +278,7 @@ def test_pool_holds_hf_keys_and_values_at_every_written_position(tiny_llama, hf_
             _assert_close(values, cache.layers[layer].values[0])
 
 
-@pytest.mark.parametrize("scenario", [_kv_after_wave, _kv_after_chunks], ids=["regular_wave", "chunked"])
+@KV_SCENARIOS
 def test_padding_rows_and_negative_entries_write_nothing(tiny_llama, scenario):
     """Blocks no row owns keep their random contents bit for bit; owned blocks are rewritten."""
     untouched = _pool(tiny_llama, seed=20 if scenario is _kv_after_wave else 21)
@@ -283,6 +304,46 @@ def test_fill_table_columns_beyond_invocation_or_missing_are_ignored(tiny_llama)
     assert not torch.equal(narrow.block_bytes(3), reference.block_bytes(3))
     assert torch.equal(narrow.block_bytes(4), reference.block_bytes(4))
     assert not torch.equal(wide.block_bytes(4), reference.block_bytes(4))
+
+
+# ---------------------------------------------------------------- what a chunked step reads
+
+
+@pytest.mark.parametrize(("fixed_shape", "widths"), [(False, [4, 4]), (True, [8] * 4)], ids=["eager", "fixed_shape"])
+def test_chunk_gathers_only_its_prefix_unless_shapes_must_stay_fixed(tiny_llama, monkeypatch, fixed_shape, widths):
+    """Chunks at 0 and 128 of a 12-column table: eagerly 0 then 4 columns per layer, fixed-shape 12 - 128/32 each time."""
+    kv, gathered = _pool(tiny_llama), []
+    gather = kv.gather
+
+    def spy(layer, table):
+        gathered.append(table.shape[1])
+        return gather(layer, table)
+
+    monkeypatch.setattr(kv, "gather", spy)
+    _chunked_row(tiny_llama, kv, _tokens(200, seed=9), LONG_BLOCKS[:7], chunk=128, first=0, read_width=12,
+                 fixed_shape=fixed_shape)
+    assert gathered == widths
+
+
+@READS
+def test_chunked_wave_with_different_starts_gives_each_row_its_own_result(tiny_llama, fixed_shape):
+    """A cached row's chunk at 128 and a fresh row's chunk at 0, run as one wave, each match running alone."""
+    cached_toks, cached_blocks = _tokens(230, seed=3), LONG_BLOCKS[:8]
+    fresh_toks, fresh_blocks = _tokens(100, seed=10), [1, 3, 7, 21]
+    tokens = torch.zeros(2, 128, dtype=torch.int64)
+    tokens[0, :102], tokens[1, :100] = cached_toks[128:], fresh_toks
+    fill = torch.tensor([cached_blocks[4:], fresh_blocks], dtype=torch.int32)
+    read = torch.tensor([cached_blocks, fresh_blocks + [0] * 4], dtype=torch.int32)
+    pools = [_pool(tiny_llama, seed=40) for _ in range(3)]
+    for kv in pools:
+        _regular_wave(tiny_llama, kv, [(cached_toks[:128], cached_blocks[:4])], seq=128, width=4)
+    wave = tiny_llama.forward_hidden(tokens, torch.tensor([128, 0]), fill, read, pools[0], fixed_shape=fixed_shape)
+    for row, start in enumerate((128, 0)):
+        alone = tiny_llama.forward_hidden(
+            tokens[row : row + 1], torch.tensor([start]), fill[row : row + 1], read[row : row + 1], pools[row + 1],
+            fixed_shape=fixed_shape,
+        )
+        _assert_close(wave[row], alone[0])
 
 
 # ---------------------------------------------------------------- loading
