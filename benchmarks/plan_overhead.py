@@ -2,8 +2,10 @@
 
 Every batch is constructed outside the timed region; each figure is the
 median over many timed samples (garbage collection off while timing).
-Targets are printed beside the results; the JSON goes to
-benchmarks/results/plan_overhead.json.
+The figures are reported, not judged: a machine's speed drifts 2x from run
+to run, so speed is compared against a base commit in alternating rounds
+(see the closing notes of the planner work), never against a fixed number
+of microseconds. The JSON goes to benchmarks/results/plan_overhead.json.
 
     python benchmarks/plan_overhead.py [--quick]
 """
@@ -139,20 +141,18 @@ def main(argv: list[str] | None = None) -> int:
     one = per_row[1]
     metrics = [
         *(
-            Metric(
-                f"plan_{n}x128_us", per_row[n], "us", 80.0 if n == 32 else None, f"{per_row[n] / one:.2f}x the 1-row plan"
-            )
+            Metric(f"plan_{n}x128_us", per_row[n], "us", None, f"{per_row[n] / one:.2f}x the 1-row plan")
             for n in (1, 8, 32, 80)
         ),
         Metric("plan_32_mixed_20_1000_us", plan_mixed, "us", None, f"{plan_mixed / per_row[32]:.2f}x 32x128"),
         Metric(
-            "plan_131072_row_cached_2048_us", plan_long, "us", 250.0, f"{long_request.num_chunks} chunks of 2048, 4096 blocks"
+            "plan_131072_row_cached_2048_us", plan_long, "us", None, f"{long_request.num_chunks} chunks of 2048, 4096 blocks"
         ),
         Metric("plan_131072_row_back_to_back_us", warm_long, "us", None, "same row, 20 calls in a row per sample (warm caches)"),
         Metric("plan_131072_row_shuffled_blocks_us", fast["plan_long_shuffled"], "us", None, "same row, 4096 ids in random order"),
         Metric("plan_131072_row_block_runs_us", fast["plan_long_runs"], "us", None, "same row, runs of 16-64 ids in random order"),
         Metric("prepare_32x128_us", prepare_32, "us", None, "plan + sampling path + identities"),
-        Metric("prepare_over_plan_32x128", prepare_32 / per_row[32], "ratio", 1.3),
+        Metric("prepare_over_plan_32x128", prepare_32 / per_row[32], "ratio"),
         Metric("plan_131072_and_iterate_chunks_us", iterate_long, "us", None, f"{iterate_long / plan_long:.2f}x plan alone"),
         Metric(
             "plan_131072_chunks_and_tables_us",
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
             None,
             "also materializes every fill table and the read table",
         ),
-        Metric("manifest_default_8192_ms", manifest_ms, "ms", 50.0, "default policy, block 32"),
+        Metric("manifest_default_8192_ms", manifest_ms, "ms", None, "default policy, block 32"),
         Metric("manifest_default_8192_programs", len(manifest.program_signatures), "count"),
         Metric("manifest_default_8192_traces", len(manifest.trace_signatures), "count"),
         Metric("machine_reference_sum_range_10000_us", fast["reference"], "us", None, "CPython speed of this machine"),

@@ -43,6 +43,9 @@ its cost grows with rows and mapped blocks, never with tokens.
 
 from __future__ import annotations
 
+from itertools import compress, repeat
+from operator import and_, eq, is_, le, not_
+
 from .batch import PrefillBatch
 from .geometry import chunked_fill_width, chunked_read_width, regular_table_width
 from .intmath import ceil_div
@@ -89,20 +92,19 @@ def plan_prefill(
 
 def _bucket_rows(batch: PrefillBatch, policy: PrefillPolicy) -> tuple[dict[tuple[int, bool], list[int]], list[int]]:
     """Regular rows that may batch, by (rung, logits-or-sampled); every other row is a single."""
+    rows = range(len(batch))
     if not policy.batching_enabled:
-        return {}, list(range(len(batch)))
-    max_chunk = policy.max_chunk_length
-    buckets: dict[tuple[int, bool], list[int]] = {}
-    singles: list[int] = []
-    rung_of: dict[int, int] = {}  # rows of a wave usually share lengths: one ladder walk per length
-    for index, (length, cached, params) in enumerate(zip(batch.lengths, batch.cached, batch.sampling)):
-        padded = rung_of.get(length)
-        if padded is None:
-            padded = rung_of[length] = policy.padded_length(length)
-        if cached == 0 and padded <= max_chunk:  # rule 2, as PrefillPolicy.is_regular states it
-            buckets.setdefault((padded, params is None), []).append(index)
-        else:
-            singles.append(index)
+        return {}, list(rows)
+    # Column passes (rows of a wave share a handful of lengths): one ladder walk per distinct length.
+    rung_of = {length: policy.padded_length(length) for length in set(batch.lengths)}
+    rungs = list(map(rung_of.__getitem__, batch.lengths))
+    # Rule 2, as PrefillPolicy.is_regular states it: uncached and the rung fits the max chunk.
+    regular = list(map(and_, map(not_, batch.cached), map(le, rungs, repeat(policy.max_chunk_length))))
+    singles = list(compress(rows, map(not_, regular)))
+    members = list(compress(rows, regular))
+    keys = list(zip(compress(rungs, regular), compress(map(is_, batch.sampling, repeat(None)), regular)))
+    # At most (ladder rungs within the max chunk) x 2 keys, each gathered by one pass over the keys.
+    buckets = {key: list(compress(members, map(eq, keys, repeat(key)))) for key in dict.fromkeys(keys)}
     return buckets, singles
 
 
@@ -126,7 +128,7 @@ def _regular_request(
     bs = layout.block_size
     padded_batch = 1 if len(members) == 1 else policy.wave_for(len(members))
     lengths = _pick(batch.lengths, members)
-    real_blocks = tuple(ceil_div(n, bs) for n in lengths) + (0,) * (padded_batch - len(members))
+    real_blocks = tuple(map(ceil_div, lengths, repeat(bs))) + (0,) * (padded_batch - len(members))
     table = PageTableView(TableRole.REGULAR, regular_table_width(policy, bs, padded_length), real_blocks, SKIP)
     return PrefillRequest(
         kind=RequestKind.REGULAR_SINGLE if len(members) == 1 else RequestKind.REGULAR_BATCHED,

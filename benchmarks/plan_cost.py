@@ -1,0 +1,112 @@
+"""Device work a plan asks for, counted (not timed): positions computed and page-table entries staged.
+
+Per workload (block 32, default policy unless stated):
+
+* computed / real: positions every step computes, all rows of the padded
+  wave included, over real tokens (``max(length - cached, 1)`` per row: a
+  fully cached row still owes one);
+* the same without padding rows (active rows only);
+* page-table entries staged per step (fill table plus read table);
+* tt-metal's rule: ``rung(length - cached)`` per chunked or cached row and
+  ``rung(length)`` per regular row, over the same real tokens.
+
+Counts do not drift with the machine, so they are the targets: the chat
+workload must not compute more than tt-metal's rule. The JSON goes to
+benchmarks/results/plan_cost.json.
+
+    python benchmarks/plan_cost.py
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks._report import Metric, report  # noqa: E402
+from prefill_core import PageTableLayout, PrefillBatch, PrefillPolicy, PrefillRow, ceil_div, plan_prefill  # noqa: E402
+
+BLOCK = 32
+POLICY = PrefillPolicy()
+
+
+def layout_for(longest: int) -> PageTableLayout:
+    return PageTableLayout(BLOCK, ceil_div(longest, BLOCK), 1 << 22)
+
+
+def batch_of(shapes: list[tuple[int, int]]) -> PrefillBatch:
+    """Rows of ``(length, cached)`` with disjoint consecutive blocks and slots 0..n-1."""
+    rows, block = [], 0
+    for slot, (length, cached) in enumerate(shapes):
+        need = ceil_div(length, BLOCK)
+        rows.append(PrefillRow(length, cached, slot, tuple(range(block, block + need))))
+        block += need
+    return PrefillBatch.from_rows(rows)
+
+
+def workloads() -> dict[str, list[list[tuple[int, int]]]]:
+    """Each workload as its batches of ``(length, cached)`` rows (seeded: the counts are fixed)."""
+    rng = random.Random(20240611)
+    chat = []
+    for _ in range(2):
+        rows = []
+        for _ in range(32):
+            length = rng.randint(1000, 20000)
+            fresh = rng.randint(20, 500)  # the new turn: all but these tokens are cached, block aligned
+            rows.append((length, (length - fresh) // BLOCK * BLOCK))
+        chat.append(rows)
+    return {
+        "32x128": [[(128, 0)] * 32],
+        "32_mixed_20_1000": [[(rng.randint(20, 1000), 0) for _ in range(32)]],
+        "chat_prefix_cached_64": chat,
+        "one_131072_cached_2048": [[(131072, 2048)]],
+        "16_fully_cached_2048": [[(2048, 2048)] * 16],
+    }
+
+
+def tt_metal_positions(length: int, cached: int) -> int:
+    """tt-metal's rule for one row: the rung of its uncached work (its regular rung when uncached)."""
+    return POLICY.padded_length(max(length - cached, 1))
+
+
+def counts(batches: list[list[tuple[int, int]]]) -> dict[str, float]:
+    real = computed = active = entries = num_steps = reference = 0
+    for shapes in batches:
+        layout = layout_for(max(length for length, _ in shapes))
+        for request in plan_prefill(batch_of(shapes), POLICY, layout):
+            real += request.real_tokens
+            computed += request.computed_tokens
+            active += request.active_batch_size * request.num_chunks * request.chunk_length
+            read = 0 if request.read_table is None else request.read_table.width
+            entries += request.num_chunks * request.padded_batch * (request.fill_table.width + read)
+            num_steps += request.num_chunks
+        reference += sum(tt_metal_positions(length, cached) for length, cached in shapes)
+    return {
+        "computed_per_real": computed / real,
+        "active_per_real": active / real,
+        "table_entries_per_step": entries / num_steps,
+        "steps": num_steps,
+        "tt_metal_per_real": reference / real,
+    }
+
+
+def main() -> int:
+    metrics = []
+    for name, batches in workloads().items():
+        c = counts(batches)
+        # Only the chat workload carries a target: tt-metal's rule, which the plan must not exceed.
+        target = c["tt_metal_per_real"] if name.startswith("chat") else None
+        metrics += [
+            Metric(f"{name}_computed_per_real", c["computed_per_real"], "ratio", None, "padding rows included"),
+            Metric(f"{name}_active_per_real", c["active_per_real"], "ratio", target, "padding rows excluded"),
+            Metric(f"{name}_tt_metal_rule_per_real", c["tt_metal_per_real"], "ratio", None, "rung(max(length - cached, 1)) per row"),
+            Metric(f"{name}_table_entries_per_step", c["table_entries_per_step"], "count", None, f"{c['steps']} steps"),
+        ]
+    report("plan_cost", metrics)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
