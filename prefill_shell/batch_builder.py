@@ -4,6 +4,13 @@ This is the runtime's input boundary: a wrong dtype, rank or shape is a
 ``PrefillInputError`` naming the field (and row), never a torch exception.
 Only each row's mapped page-table prefix is read (``ceil(length / block)``
 entries), so vLLM's stale tails never reach the plan or the device.
+
+Forms: tokens and the page table are 2-D integer tensors or sequences of
+rows (each a sequence of Python ints or a 1-D integer tensor); lengths,
+cached lengths and slots are 1-D integer tensors or sequences of Python
+ints. Bools, floats and numpy values are refused by name. Tensor rows are
+right-padded by contract; a list row may be longer than its prompt (or
+mapped prefix) but never shorter.
 """
 
 from __future__ import annotations
@@ -18,58 +25,132 @@ from prefill_core.errors import PrefillInputError
 __all__ = ["build_batch", "as_token_matrix", "check_token_ids", "host_page_table"]
 
 _INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+_LIST_WIDTHS = "_prefill_list_row_widths"
+"""Attribute naming, on a matrix this module built from rows, each row's own width.
+
+Padding makes a short list row look like a right-padded tensor row; the
+widths let ``build_batch`` tell the two apart. Tensors the caller passed
+never carry it, so their path pays nothing.
+"""
 
 
 def _fail(field: str, value: object, rule: str) -> PrefillInputError:
     return PrefillInputError(f"{field}={value} is invalid: {rule}", field=field)
 
 
+def _row_fail(row: int, field: str, value: object, rule: str, *, column: int | None = None) -> PrefillInputError:
+    where = field if column is None else f"{field}[{column}]"
+    return PrefillInputError(f"row {row}: {where}={value} is invalid: {rule}", row=row, field=field)
+
+
+def _shown(value: object) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"<tensor {value.dtype} {tuple(value.shape)}>"
+    return type(value).__name__
+
+
+def _numpy_hint(value: object) -> str:
+    return " (convert a numpy array with torch.from_numpy, numpy ints with int())" if type(value).__module__ == "numpy" else ""
+
+
+def _is_sequence(value: object) -> bool:
+    return isinstance(value, Sequence) and not isinstance(value, (str, bytes))
+
+
+def _check_ints(row: int, field: str, values: Sequence) -> None:
+    """Every item of a caller row is a Python int (bool excluded) that fits in int64."""
+    if not set(map(type, values)) <= {int}:
+        column, item = next((c, v) for c, v in enumerate(values) if type(v) is not int)
+        raise _row_fail(row, field, repr(item), "must be an int" + _numpy_hint(item), column=column)
+    if values and (min(values) < _INT64_MIN or max(values) > _INT64_MAX):
+        column, item = next((c, v) for c, v in enumerate(values) if not _INT64_MIN <= v <= _INT64_MAX)
+        raise _row_fail(row, field, item, "must fit in int64", column=column)
+
+
 def _int_vector(name: str, value, num_rows: int) -> list[int]:
     if isinstance(value, torch.Tensor):
         if value.dtype not in _INT_DTYPES or value.dim() != 1:
-            raise _fail(name, f"<tensor {value.dtype} {tuple(value.shape)}>", "must be a 1-D integer tensor")
+            raise _fail(name, _shown(value), "must be a 1-D integer tensor")
         value = value.tolist()
-    if not isinstance(value, Sequence) or isinstance(value, (str, bytes)):
-        raise _fail(name, type(value).__name__, "must be a sequence of ints or a 1-D integer tensor")
+    if not _is_sequence(value):
+        raise _fail(name, _shown(value), "must be a sequence of ints or a 1-D integer tensor" + _numpy_hint(value))
     if len(value) != num_rows:
         raise _fail(name, f"<{len(value)} values>", f"must hold one value per row ({num_rows} rows)")
     if not set(map(type, value)) <= {int}:
         row, item = next((row, item) for row, item in enumerate(value) if type(item) is not int)
-        raise PrefillInputError(f"row {row}: {name}={item!r} is invalid: must be an int", row=row, field=name)
+        raise _row_fail(row, name, repr(item), "must be an int" + _numpy_hint(item))
     return list(value)
 
 
-def as_token_matrix(tokens) -> torch.Tensor:
-    """The caller's tokens as an int64 ``[N, T]`` host tensor (rows right-padded)."""
-    if isinstance(tokens, torch.Tensor):
-        if tokens.dtype not in _INT_DTYPES or tokens.dim() != 2:
-            raise _fail("tokens", f"<tensor {tokens.dtype} {tuple(tokens.shape)}>", "must be a 2-D integer tensor [rows, tokens]")
-        if tokens.dtype is torch.int64 and tokens.device.type == "cpu":
-            return tokens  # already the host matrix: no conversion op
-        return tokens.to(device="cpu", dtype=torch.int64)
-    if not isinstance(tokens, Sequence) or not tokens:
-        raise _fail("tokens", type(tokens).__name__, "must be a non-empty 2-D integer tensor or a list of token lists")
-    rows = []
-    for row, item in enumerate(tokens):
-        t = torch.as_tensor(item) if not isinstance(item, torch.Tensor) else item
-        if t.dtype not in _INT_DTYPES or t.dim() != 1:
-            raise PrefillInputError(f"row {row}: tokens must be a 1-D list of ints", row=row, field="tokens")
-        rows.append(t.to(torch.int64))
-    width = max(len(r) for r in rows)
-    out = torch.zeros(len(rows), max(width, 1), dtype=torch.int64)
-    for row, t in enumerate(rows):
-        out[row, : len(t)] = t
+def _caller_row(field: str, row: int, item) -> torch.Tensor | Sequence:
+    """One row of a 2-D field given as rows: a 1-D integer tensor or a sequence of ints."""
+    if isinstance(item, torch.Tensor):
+        if item.dtype not in _INT_DTYPES or item.dim() != 1:
+            raise _row_fail(row, field, _shown(item), "a row must be a 1-D integer tensor or a list of ints")
+        return item
+    if not _is_sequence(item):
+        rule = "a row must be a list of ints or a 1-D integer tensor" + _numpy_hint(item)
+        raise _row_fail(row, field, _shown(item), rule)
+    _check_ints(row, field, item)
+    return item
+
+
+def _int_matrix(field: str, value, filler: int) -> torch.Tensor:
+    """A 2-D field as a host integer matrix; rows given as a sequence are right-padded with ``filler``.
+
+    A matrix built from rows is int64 and carries each row's own width (see
+    ``_LIST_WIDTHS``); a caller tensor is returned as it is (moved to the
+    host), so its path costs no conversion.
+    """
+    if isinstance(value, torch.Tensor):
+        if value.dtype not in _INT_DTYPES or value.dim() != 2:
+            raise _fail(field, _shown(value), "must be a 2-D integer tensor [rows, columns] or a list of int lists")
+        return value if value.device.type == "cpu" else value.to("cpu")
+    if not _is_sequence(value):
+        rule = "must be a 2-D integer tensor [rows, columns] or a list of int lists" + _numpy_hint(value)
+        raise _fail(field, _shown(value), rule)
+    rows = [_caller_row(field, row, item) for row, item in enumerate(value)]
+    widths = [len(r) for r in rows]
+    out = torch.full((len(rows), max(widths, default=0)), filler, dtype=torch.int64)
+    for row, values in enumerate(rows):
+        if widths[row]:
+            out[row, : widths[row]] = values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=torch.int64)
+    setattr(out, _LIST_WIDTHS, widths)
     return out
 
 
+def as_token_matrix(tokens) -> torch.Tensor:
+    """The caller's tokens as an ``[N, T]`` host integer matrix (tensor rows right-padded by contract)."""
+    return _int_matrix("tokens", tokens, 0)
+
+
 def host_page_table(page_table, num_rows: int) -> torch.Tensor:
-    """The caller's page table as a host tensor, checked for dtype, rank and row count."""
-    if not isinstance(page_table, torch.Tensor) or page_table.dtype not in _INT_DTYPES or page_table.dim() != 2:
-        shown = f"<tensor {page_table.dtype} {tuple(page_table.shape)}>" if isinstance(page_table, torch.Tensor) else type(page_table).__name__
-        raise _fail("page_table", shown, "must be a 2-D integer tensor [rows, blocks]")
-    if page_table.shape[0] != num_rows:
-        raise _fail("page_table", f"<{page_table.shape[0]} rows>", f"must have one row per prompt ({num_rows})")
-    return page_table if page_table.device.type == "cpu" else page_table.to("cpu")
+    """The caller's page table as a host integer matrix, checked for dtype, rank and row count.
+
+    List rows are right-padded with ``-1`` (no block); ``build_batch`` checks
+    that each one covers its row's mapped prefix.
+    """
+    table = _int_matrix("page_table", page_table, -1)
+    if table.shape[0] != num_rows:
+        raise _fail("page_table", f"<{table.shape[0]} rows>", f"must have one row per prompt ({num_rows})")
+    return table
+
+
+def _check_list_widths(tokens: torch.Tensor, table: torch.Tensor, lengths: list[int], need: list[int]) -> None:
+    """A row given as a list holds at least its prompt, and its page-table row its mapped prefix."""
+    widths = getattr(tokens, _LIST_WIDTHS, None)
+    if widths is not None:
+        for row, (width, length) in enumerate(zip(widths, lengths)):
+            if width < length:
+                rule = f"a token list row must hold at least its prompt length ({length}); it holds {width}"
+                raise _row_fail(row, "tokens", f"<list of {width} tokens>", rule)
+    widths = getattr(table, _LIST_WIDTHS, None)
+    if widths is not None:
+        for row, (width, blocks) in enumerate(zip(widths, need)):
+            if width < blocks:
+                rule = f"a page-table list row must cover the row's mapped prefix ({blocks} blocks); it holds {width}"
+                raise _row_fail(row, "page_table", f"<list of {width} blocks>", rule)
 
 
 def _raise_first_shape_rule(lengths: list[int], need: list[int], columns: int, table_columns: int) -> None:
@@ -106,6 +187,7 @@ def build_batch(
         raise _fail("sampling", f"<{len(params)} entries>", f"must hold one entry per row ({num_rows})")
     bs, columns = layout.block_size, tokens.shape[1]
     need = [-(-length // bs) for length in lengths]  # <= 0 for a bad length, which the core names
+    _check_list_widths(tokens, table, lengths, need)
     if num_rows and (max(lengths) > columns or max(need) > table.shape[1]):
         _raise_first_shape_rule(lengths, need, columns, table.shape[1])
     # One host conversion of the mapped columns; stale tails past each row's
@@ -126,7 +208,8 @@ def check_token_ids(tokens: torch.Tensor, batch: PrefillBatch, vocab_size: int) 
     low, high = torch.aminmax(tokens)
     if int(low) >= 0 and int(high) < vocab_size:
         return  # the whole matrix is in range: no per-row mask needed
-    lengths = torch.tensor(batch.lengths).unsqueeze(1)
+    # Clamped: a length far outside the matrix (which the core names) must not overflow the tensor.
+    lengths = torch.tensor([min(max(n, 0), tokens.shape[1]) for n in batch.lengths]).unsqueeze(1)
     inside = torch.arange(tokens.shape[1]).unsqueeze(0) < lengths  # [N, T]
     bad = inside & ((tokens < 0) | (tokens >= vocab_size))
     if bool(bad.any()):
