@@ -293,7 +293,8 @@ class PagedLlama:
         residual = x.view(-1, x.shape[-1])  # [B*S, H]
         eps = self.config.rms_norm_eps
         for i, layer in enumerate(self._layers):
-            attn = self._attention(i, layer, _rms_norm(x, layer.attn_norm, eps), (cos, sin), fill_table, read_table, reads, kv)
+            normed = _rms_norm(x, layer.attn_norm, eps)
+            attn = self._attention(i, layer, normed, (cos, sin), fill_table, read_table, reads, kv)
             # Each residual add rides in its projection's GEMM (beta = 1): no
             # separate add pass and no fresh [B*S, H] buffer per add.
             residual.addmm_(attn, layer.o.t())

@@ -219,7 +219,8 @@ def test_fully_cached_final_block_rerun_reads_cache_and_writes_nothing(tiny_llam
     _regular_wave(tiny_llama, kv, [(toks, blocks)], seq=128, width=4)
     before = kv.snapshot().view(torch.uint8)
     read = torch.tensor([blocks], dtype=torch.int32)
-    hidden = tiny_llama.forward_hidden(toks[None, 96:], torch.tensor([96]), _table([[]], 1), read, kv, fixed_shape=fixed_shape)
+    start, fill = torch.tensor([96]), _table([[]], 1)
+    hidden = tiny_llama.forward_hidden(toks[None, 96:], start, fill, read, kv, fixed_shape=fixed_shape)
     assert torch.equal(kv.snapshot().view(torch.uint8), before)
     expected, _ = _oracle(hf_tiny_llama, toks)
     _assert_close(tiny_llama.lm_head(hidden[:, -1])[0], expected)
@@ -311,7 +312,7 @@ def test_fill_table_columns_beyond_invocation_or_missing_are_ignored(tiny_llama)
 
 @pytest.mark.parametrize(("fixed_shape", "widths"), [(False, [4, 4]), (True, [8] * 4)], ids=["eager", "fixed_shape"])
 def test_chunk_gathers_only_its_prefix_unless_shapes_must_stay_fixed(tiny_llama, monkeypatch, fixed_shape, widths):
-    """Chunks at 0 and 128 of a 12-column table: eagerly 0 then 4 columns per layer, fixed-shape 12 - 128/32 each time."""
+    """Chunks at 0 and 128 of a 12-column table: eagerly 0 then 4 columns a layer, fixed-shape 12 - 128/32 each time."""
     kv, gathered = _pool(tiny_llama), []
     gather = kv.gather
 
