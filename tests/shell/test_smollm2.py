@@ -1,0 +1,214 @@
+"""The runtime on the real SmolLM2-135M-Instruct GGUF against transformers loading the same file (float32).
+
+Every prompt is a prefix of one long real-text document, so one transformers
+forward over the longest prompt yields the oracle for all of them: the
+last-token logits at each prompt's final position (a causal model's output
+there depends on nothing later) and every prompt's K/V (the first ``n``
+positions of the cache). The runtime runs each block size in two calls:
+every prompt uncached, then the cached variants, whose prefix blocks are the
+uncached run's blocks of one prompt (as a serving engine's cache would be).
+
+Tolerances: logits within 1e-4 of the largest logit magnitude; argmax equal
+where transformers' top-2 margin exceeds twice that; K/V within 1e-4 of the
+largest K/V magnitude of the row.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+import torch
+
+from prefill_core import PageTableLayout, SamplingParams
+from prefill_shell.backends import TorchBackend
+from prefill_shell.cli import cpu_policy
+from prefill_shell.config import PrefillRuntimeConfig
+from prefill_shell.demo import document
+from prefill_shell.reference.gguf import load_gguf
+from prefill_shell.reference.smollm2 import ENV_VAR, ModelFileMissingError, smollm2_path
+from prefill_shell.runtime import PrefillRuntime
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("gguf")
+
+REL_TOL = 1e-4
+SHORT = (1, 127, 128, 129, 300)
+LONG = (2047, 2048, 2049, 4133)
+# Cached prefix per prompt length: a whole number of blocks below the length,
+# or all of it for a block-aligned prompt (a fully cached row re-runs its last block).
+SHORT_CACHED = {16: {127: 112, 128: 128, 129: 128, 300: 288},
+                32: {127: 96, 128: 128, 129: 128, 300: 288},
+                64: {127: 64, 128: 128, 129: 128, 300: 256}}
+LONG_CACHED = {2047: 1024, 2048: 2048, 2049: 2048, 4133: 2048}
+
+
+@pytest.fixture(scope="session")
+def smollm2_file() -> Path:
+    """The pinned GGUF (sha256 checked); skipped only when nothing points at it and the cache lacks it."""
+    try:
+        return smollm2_path()
+    except ModelFileMissingError as missing:
+        if os.environ.get(ENV_VAR):
+            raise
+        pytest.skip(f"{missing} (make test fetches it)")
+
+
+@pytest.fixture(scope="session")
+def smollm2(smollm2_file):
+    """Our reference Llama holding the file's weights, dequantized to float32."""
+    return load_gguf(smollm2_file, dtype=torch.float32)
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer(smollm2_file):
+    """transformers' tokenizer rebuilt from the file's metadata."""
+    return transformers.AutoTokenizer.from_pretrained(smollm2_file.parent, gguf_file=smollm2_file.name)
+
+
+@pytest.fixture(scope="session")
+def smollm2_hf(smollm2_file):
+    """transformers' Llama loaded from the same file (its own dequantization), float32."""
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        smollm2_file.parent, gguf_file=smollm2_file.name, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="session")
+def doc_tokens(smollm2_tokenizer) -> torch.Tensor:
+    """A real-text document of at least max(LONG) tokens."""
+    ids = smollm2_tokenizer(document(lines=240))["input_ids"]
+    assert len(ids) >= max(LONG)
+    return torch.tensor(ids[: max(LONG)], dtype=torch.int64)
+
+
+class Oracle(NamedTuple):
+    logits: dict[int, torch.Tensor]  # prompt length -> float32 [V] at its last position
+    keys: torch.Tensor  # [L, H_kv, T, D]
+    values: torch.Tensor
+
+
+@pytest.fixture(scope="session")
+def oracle(smollm2_hf, doc_tokens) -> Oracle:
+    """One transformers forward over the whole document, logits kept at every tested prompt's last position."""
+    lengths = sorted(set(SHORT + LONG))
+    with torch.no_grad():
+        out = smollm2_hf(doc_tokens[None], use_cache=True, logits_to_keep=torch.tensor([n - 1 for n in lengths]))
+    cache = out["cache"] if "cache" in out else out["past_key_values"]
+    keys = torch.stack([layer.keys[0] for layer in cache.layers])
+    values = torch.stack([layer.values[0] for layer in cache.layers])
+    return Oracle({n: out.logits[0, i].float() for i, n in enumerate(lengths)}, keys, values)
+
+
+class RowCheck(NamedTuple):
+    length: int
+    cached: int
+    logits_err: float
+    logits_scale: float
+    margin: float  # transformers' top-1 minus top-2 logit
+    argmax_equal: bool
+    kv_err: float
+    kv_scale: float
+
+
+def _check_row(kv, blocks: list[int], length: int, cached: int, logits: torch.Tensor, oracle: Oracle) -> RowCheck:
+    """Compares one row's logits and its K/V, read from the pool through its blocks, with the oracle."""
+    ids = torch.tensor(blocks)
+    kv_err = kv_scale = 0.0
+    for layer, (k_pool, v_pool) in enumerate(zip(kv.keys, kv.values)):
+        for pool, expected in ((k_pool, oracle.keys[layer]), (v_pool, oracle.values[layer])):
+            part = pool[ids]  # [nb, H_kv, bs, D] -> [H_kv, nb*bs, D]
+            ours = part.transpose(0, 1).reshape(part.shape[1], -1, part.shape[3])[:, :length]
+            kv_err = max(kv_err, (ours - expected[:, :length]).abs().max().item())
+            kv_scale = max(kv_scale, expected[:, :length].abs().max().item())
+    hf = oracle.logits[length]
+    top2 = hf.topk(2).values
+    return RowCheck(length, cached, (logits - hf).abs().max().item(), hf.abs().max().item(),
+                    (top2[0] - top2[1]).item(), logits.argmax().item() == hf.argmax().item(), kv_err, kv_scale)
+
+
+def run_case(model, doc: torch.Tensor, oracle: Oracle, bs: int, lengths, cached_of: dict[int, int],
+             prefix_from: int) -> tuple[list[RowCheck], list[RowCheck]]:
+    """Runs ``lengths`` uncached, then each ``cached_of`` variant reading ``prefix_from``'s blocks as its cache."""
+    need = [-(-n // bs) for n in lengths]
+    own = [-(-n // bs) - c // bs for n, c in cached_of.items()]
+    num_blocks = sum(need) + sum(own)
+    kv = model.new_kv_cache(num_blocks, bs)
+    layout = PageTableLayout(bs, -(-model.spec.max_position // bs), num_blocks)
+    runtime = PrefillRuntime(PrefillRuntimeConfig.resolve(model, TorchBackend(), kv, layout, cpu_policy(bs)))
+    starts = [sum(need[:i]) for i in range(len(lengths))]
+    rows = [list(range(s, s + k)) for s, k in zip(starts, need)]
+    uncached = _call(runtime, doc, lengths, rows, [0] * len(lengths), oracle)
+    source = rows[lengths.index(prefix_from)]
+    first, cached_rows = sum(need), []
+    for (n, c), k in zip(cached_of.items(), own):
+        cached_rows.append(source[: c // bs] + list(range(first, first + k)))
+        first += k
+    cached = _call(runtime, doc, list(cached_of), cached_rows, list(cached_of.values()), oracle)
+    runtime.close()
+    return uncached, cached
+
+
+def _call(runtime, doc, lengths, rows, cached, oracle) -> list[RowCheck]:
+    tokens = torch.zeros(len(lengths), max(lengths), dtype=torch.int64)
+    table = torch.full((len(lengths), max(len(r) for r in rows)), -1, dtype=torch.int32)
+    for i, (n, blocks) in enumerate(zip(lengths, rows)):
+        tokens[i, :n] = doc[:n]
+        table[i, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+    results = runtime.prefill(tokens, table, lengths, cached)
+    kv = runtime.config.kv
+    return [_check_row(kv, rows[r.row], lengths[r.row], cached[r.row], r.logits, oracle) for r in results]
+
+
+def assert_matches(checks: list[RowCheck]) -> None:
+    for c in checks:
+        where = f"length {c.length}, cached {c.cached}"
+        assert c.logits_err <= REL_TOL * c.logits_scale, f"{where}: logits differ by {c.logits_err:.2e}"
+        if c.margin > 2 * REL_TOL * c.logits_scale:
+            assert c.argmax_equal, f"{where}: argmax differs with top-2 margin {c.margin:.3f}"
+        assert c.kv_err <= REL_TOL * c.kv_scale, f"{where}: K/V differ by {c.kv_err:.2e} (scale {c.kv_scale:.1f})"
+
+
+@pytest.fixture(scope="session", params=(16, 32, 64), ids=lambda bs: f"block{bs}")
+def short_case(request, smollm2, doc_tokens, oracle):
+    """Prompts of 1-300 tokens at one block size: (uncached checks, cached checks)."""
+    bs = request.param
+    return run_case(smollm2, doc_tokens, oracle, bs, list(SHORT), SHORT_CACHED[bs], prefix_from=300)
+
+
+@pytest.fixture(scope="session")
+def long_case(smollm2, doc_tokens, oracle):
+    """Prompts of 2047-4133 tokens at block size 32 (chunked past 2048): (uncached checks, cached checks)."""
+    return run_case(smollm2, doc_tokens, oracle, 32, list(LONG), LONG_CACHED, prefix_from=2048)
+
+
+def test_short_prompts_uncached_match_transformers(short_case):
+    """Uncached prompts of 1, 127, 128, 129 and 300 tokens match transformers' logits and K/V."""
+    assert_matches(short_case[0])
+
+
+def test_short_prompts_with_cached_prefix_match_transformers(short_case):
+    """The same prompts run over a cached block-aligned prefix (one fully cached) match transformers."""
+    assert_matches(short_case[1])
+
+
+def test_long_prompts_uncached_match_transformers(long_case):
+    """Uncached prompts of 2047, 2048, 2049 and 4133 tokens (the last two chunked) match transformers."""
+    assert_matches(long_case[0])
+
+
+def test_long_prompts_with_cached_prefix_match_transformers(long_case):
+    """Those prompts over cached prefixes of 1024 or 2048 tokens (2048 fully cached) match transformers."""
+    assert_matches(long_case[1])
+
+
+def test_capital_of_france_is_paris(smollm2, smollm2_tokenizer):
+    """'The capital of France is' prefilled by the runtime gives ' Paris' as the most likely next token."""
+    ids = smollm2_tokenizer("The capital of France is")["input_ids"]
+    kv = smollm2.new_kv_cache(1, 32)
+    runtime = PrefillRuntime(PrefillRuntimeConfig.resolve(smollm2, TorchBackend(), kv, policy=cpu_policy(32)))
+    (result,) = runtime.prefill(torch.tensor([ids]), torch.tensor([[0]], dtype=torch.int32), [len(ids)],
+                                sampling=[SamplingParams.greedy(num_logprobs=3)])
+    assert smollm2_tokenizer.decode([result.token]) == " Paris"
+    assert [smollm2_tokenizer.decode([t]) for t, _ in result.top_logprobs] == [" Paris", " the", " London"]
