@@ -76,12 +76,6 @@ class Scope:
         return prefixes[0] if len(prefixes) == 1 else list(chain.from_iterable(prefixes))
 
     @cached_property
-    def ordered(self) -> list[int]:
-        """Every mapped block id, sorted: one pass of int compares for the ascending runs a paged
-        allocator hands out, cheaper than ``min`` plus ``max``."""
-        return sorted(self.mapped)
-
-    @cached_property
     def has_repeats(self) -> bool:
         """Whether any block id appears twice in the mapped prefixes (else no repeat rule can fire)."""
         return len(set(self.mapped)) != len(self.mapped)
@@ -109,6 +103,12 @@ def _first(flags) -> int | None:
     """Index of the first truthy flag, else None."""
     flags = list(flags)
     return next((i for i, flag in enumerate(flags) if flag), None) if any(flags) else None
+
+
+def _hit_at(column: tuple, field: str, flags) -> Hit | None:
+    """A hit at the first row whose flag is set (its value taken from ``column``), else None."""
+    i = _first(flags)
+    return None if i is None else Hit(i, field, column[i])
 
 
 def _all_ints(column: tuple) -> bool:
@@ -208,20 +208,17 @@ def bad_sampling_type(scope: Scope) -> Hit | None:
 
 def unaligned_cached(scope: Scope) -> Hit | None:
     cached = scope.batch.cached
-    i = _first(map(mod, cached, repeat(scope.limits.block_size)))
-    return None if i is None else Hit(i, "cached", cached[i])
+    return _hit_at(cached, "cached", map(mod, cached, repeat(scope.limits.block_size)))
 
 
 def slot_beyond_lane(scope: Scope) -> Hit | None:
     slots = scope.batch.slots
-    i = _first(map(ge, slots, repeat(scope.limits.lane_size)))
-    return None if i is None else Hit(i, "slot", slots[i])
+    return _hit_at(slots, "slot", map(ge, slots, repeat(scope.limits.lane_size)))
 
 
 def beyond_capacity(scope: Scope) -> Hit | None:
     lengths = scope.batch.lengths
-    i = _first(map(gt, lengths, repeat(scope.limits.capacity)))
-    return None if i is None else Hit(i, "length", lengths[i])
+    return _hit_at(lengths, "length", map(gt, lengths, repeat(scope.limits.capacity)))
 
 
 def beyond_max_position(scope: Scope) -> Hit | None:
@@ -229,8 +226,7 @@ def beyond_max_position(scope: Scope) -> Hit | None:
     if limit is None:
         return None
     lengths = scope.batch.lengths
-    i = _first(map(gt, lengths, repeat(limit)))
-    return None if i is None else Hit(i, "length", lengths[i])
+    return _hit_at(lengths, "length", map(gt, lengths, repeat(limit)))
 
 
 def short_prefix(scope: Scope) -> Hit | None:
@@ -246,8 +242,8 @@ def short_prefix(scope: Scope) -> Hit | None:
 
 
 def block_outside_pool(scope: Scope) -> Hit | None:
-    ordered = scope.ordered  # one sort gives both bounds
-    if ordered[0] >= 0 and ordered[-1] < scope.limits.num_blocks:
+    mapped = scope.mapped
+    if min(mapped) >= 0 and max(mapped) < scope.limits.num_blocks:
         return None
     pool = scope.limits.num_blocks
     for row, prefix in enumerate(scope.prefixes):
