@@ -41,6 +41,7 @@ class NullBody:
 
     def __init__(self):
         self.spec = ModelSpec(VOCAB, HIDDEN, 1, 1, 1, HIDDEN, 8192)
+        self.dtype = torch.float32
         self._hidden = torch.zeros(ROWS, LENGTH, HIDDEN)
         self._logits = torch.zeros(ROWS, VOCAB)
 

@@ -31,7 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from prefill_core import PageTableLayout, PrefillBatch, PrefillPolicy, PrefillRow, plan_prefill  # noqa: E402
 from prefill_shell.backends import TorchBackend  # noqa: E402
-from prefill_shell.inputs import STEP_FIELDS, build_host_steps  # noqa: E402
+from prefill_shell.contract import SLOTS  # noqa: E402
+from prefill_shell.inputs import build_host_steps  # noqa: E402
 from prefill_shell.ledger import Ownership  # noqa: E402
 from benchmarks._report import Metric, report  # noqa: E402
 
@@ -70,15 +71,16 @@ def _timed_us(stage, step) -> float:
     return elapsed
 
 
-def _torch_stager(backend: TorchBackend, fields: tuple[str, ...]):
+def _torch_stager(backend: TorchBackend, only=None):
     def stage(step) -> list:
-        return [backend.upload(getattr(step, n), n, Ownership.INVOCATION) for n in fields]
+        return [backend.upload(host, spec, Ownership.INVOCATION) for spec, host in step.items()
+                if only is None or spec is only]
     return stage
 
 
 def _ttnn_slots_stager(ttnn_staging):
     """The per-tensor floor: one int32 [B] vector (no range check), as staged in every step."""
-    return lambda step: ttnn_staging.stage_int_vector(step.slots, name="slots")
+    return lambda step: ttnn_staging.stage_int_vector(step[SLOTS], name="slots")
 
 
 def run(repeats: int) -> dict[str, dict[str, float]]:
@@ -86,8 +88,8 @@ def run(repeats: int) -> dict[str, dict[str, float]]:
 
     backend = TorchBackend("cpu")
     steps = {name: host_step(lengths, cached) for name, lengths, cached in CASES}
-    cases = {name: (ttnn_staging.stage_step, _torch_stager(backend, _fields(step))) for name, step in steps.items()}
-    cases["slots32"] = (_ttnn_slots_stager(ttnn_staging), _torch_stager(backend, ("slots",)))
+    cases = {name: (ttnn_staging.stage_step, _torch_stager(backend)) for name in steps}
+    cases["slots32"] = (_ttnn_slots_stager(ttnn_staging), _torch_stager(backend, SLOTS))
     steps["slots32"] = steps["wave32x128"]
     out = {}
     for name, (ttnn_stage, torch_stage) in cases.items():
@@ -102,10 +104,6 @@ def run(repeats: int) -> dict[str, dict[str, float]]:
         ttnn_us, torch_us = statistics.median(times["ttnn"]), statistics.median(times["torch"])
         out[name] = {"ttnn_us": ttnn_us, "torch_us": torch_us, "ratio": ttnn_us / torch_us, "repeats": repeats}
     return out
-
-
-def _fields(step) -> tuple[str, ...]:
-    return tuple(n for n in STEP_FIELDS if getattr(step, n) is not None)
 
 
 def _release(backend: TorchBackend) -> None:

@@ -10,22 +10,17 @@ output buffer, so a result must be a host copy before the generator advances.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from itertools import repeat
-
 import torch
 
 from prefill_core import SamplingPath
 from prefill_core.errors import PrefillStateError
 
 from .backends.base import Backend
+from .contract import LOGITS, SAMPLED_TOKENS, TOKEN_LOGPROB, TOP_IDS, TOP_LOGPROBS, TensorSpec
 from .result import InvocationResult, PrefillResult
 from .torch_sampling import sample_row, top_logprobs
 
 __all__ = ["PrefillResultAssembler"]
-
-
-def _logits_result(row: int, logits: torch.Tensor) -> PrefillResult:
-    return PrefillResult(row, logits=logits)
 
 
 class PrefillResultAssembler:
@@ -54,9 +49,9 @@ class PrefillResultAssembler:
         if invocation.consumed:
             raise PrefillStateError("this invocation result was already assembled")
         invocation.consumed = True
-        names = list(invocation.outputs)
+        specs = list(invocation.outputs)
         try:
-            host = dict(zip(names, self.backend.read([invocation.outputs[n] for n in names])))
+            host = dict(zip(specs, self.backend.read([invocation.outputs[s] for s in specs])))
         except BaseException as primary:
             # Release failures ride on the read error as notes, never replace it.
             self._release(invocation.owned, primary=primary)
@@ -64,28 +59,26 @@ class PrefillResultAssembler:
         self._release(invocation.owned)
         return self._normalize(invocation, host)
 
-    def _normalize(self, invocation: InvocationResult, host: dict[str, torch.Tensor]) -> list[PrefillResult]:
+    def _normalize(self, invocation: InvocationResult, host: dict[TensorSpec, torch.Tensor]) -> list[PrefillResult]:
         prepared = invocation.prepared
         request = prepared.request
         if prepared.sampling_path is SamplingPath.HOST:
-            host = self._sample_on_host(invocation, host["logits"])
+            host = self._sample_on_host(invocation, host[LOGITS])
         if prepared.sampling_path is SamplingPath.LOGITS:
-            # unbind: every row's view in one call (per-row indexing costs ~1 us a row).
-            return list(map(_logits_result, request.source_rows, host["logits"].unbind(0)))
-        # One host conversion per output, not one tensor index per row.
-        tokens, token_lp = host["tokens"].tolist(), host["token_logprob"].tolist()
-        if host.get("top_ids") is None:  # no row asked for top log-probs: one C-level pass builds the records
-            return list(map(PrefillResult, request.source_rows, repeat(None), tokens, token_lp))
-        top_ids, top_values = host["top_ids"].tolist(), host["top_logprobs"].tolist()
+            logits = host[LOGITS]
+            return [PrefillResult(row, logits=logits[b]) for b, row in enumerate(request.source_rows)]
+        tokens, token_lp = host[SAMPLED_TOKENS].tolist(), host[TOKEN_LOGPROB].tolist()
+        top_ids = host[TOP_IDS].tolist() if TOP_IDS in host else None
+        top_values = host[TOP_LOGPROBS].tolist() if TOP_IDS in host else None
         results = []
         for b, row in enumerate(request.source_rows):
-            n = request.sampling[b].num_logprobs
+            n = request.sampling[b].num_logprobs if top_ids is not None else 0
             top = tuple(zip(top_ids[b][:n], top_values[b][:n])) if n else ()
             results.append(PrefillResult(row, token=tokens[b], logprob=token_lp[b], top_logprobs=top))
         return results
 
     @staticmethod
-    def _sample_on_host(invocation: InvocationResult, logits: torch.Tensor) -> dict[str, torch.Tensor]:
+    def _sample_on_host(invocation: InvocationResult, logits: torch.Tensor) -> dict[TensorSpec, torch.Tensor]:
         """The ``host`` path: device returned logits; sample here with each row's seed."""
         request = invocation.prepared.request
         active = logits[: request.active_batch_size]
@@ -95,4 +88,7 @@ class PrefillResultAssembler:
         ])
         top_n = max(p.num_logprobs for p in request.sampling)
         token_lp, ids, values = top_logprobs(active, tokens, top_n)
-        return {"tokens": tokens, "token_logprob": token_lp, "top_ids": ids, "top_logprobs": values}
+        host = {SAMPLED_TOKENS: tokens, TOKEN_LOGPROB: token_lp}
+        if ids is not None:
+            host.update({TOP_IDS: ids, TOP_LOGPROBS: values})
+        return host

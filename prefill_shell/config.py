@@ -20,6 +20,20 @@ def _config_error(field: str, value: object, rule: str) -> PrefillConfigError:
     return PrefillConfigError(f"PrefillRuntimeConfig.{field}={value!r} is invalid: {rule}")
 
 
+def _check_capabilities(policy: PrefillPolicy, backend: Backend) -> None:
+    """Refuses a policy that would ask the backend for more than it declares it can do."""
+    device_cap = backend.max_device_top_k
+    if device_cap is not None and policy.device_top_k_cap > device_cap:
+        rule = f"must be <= the backend's max_device_top_k={device_cap}; larger top_k rows sample on the host"
+        raise _config_error("policy.device_top_k_cap", policy.device_top_k_cap, rule)
+    wave_cap = backend.max_sampled_wave
+    largest_wave = max((w for w in policy.waves if w <= min(policy.max_batch_size, policy.lane_size)), default=1)
+    if wave_cap is not None and largest_wave > wave_cap:
+        rule = (f"its largest wave ({largest_wave} rows) exceeds the backend's max_sampled_wave={wave_cap}; "
+                f"lower max_batch_size or lane_size to {wave_cap}")
+        raise _config_error("policy.waves", policy.waves, rule)
+
+
 @attrs.frozen
 class PrefillRuntimeConfig:
     """Model, backend, KV pool, page-table layout and policy of one execution lane.
@@ -55,10 +69,7 @@ class PrefillRuntimeConfig:
                 raise _config_error("kv", type(kv).__name__, f"must expose an int {name}")
         ceiling = PageTableLayout(kv.block_size, -(-model.spec.max_position // kv.block_size), kv.num_blocks)
         policy = policy or PrefillPolicy()
-        device_cap = getattr(backend, "max_device_top_k", None)
-        if device_cap is not None and policy.device_top_k_cap > device_cap:
-            rule = f"must be <= the backend's max_device_top_k={device_cap}; larger top_k rows sample on the host"
-            raise _config_error("policy.device_top_k_cap", policy.device_top_k_cap, rule)
+        _check_capabilities(policy, backend)
         config = cls(model, backend, kv, layout or ceiling, policy, ceiling)
         config.check_layout(config.layout)
         return config

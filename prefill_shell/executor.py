@@ -19,75 +19,46 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import torch
-
-from prefill_core import PrefillProgramSignature, SamplingParams, SamplingPath, WarmupManifest
+from prefill_core import PrefillProgramSignature, WarmupManifest
 from prefill_core.errors import PrefillInputError, PrefillStateError, TraceCoverageError
 
-from .ledger import DeviceTensor, Ownership
 from .result import InvocationResult, PrefillResult
 from .runtime import PrefillRuntime, PreparedBatch
-from .trace import PrefillTraceLifecycle, warmup_step
 
 __all__ = ["PrefillExecutor", "MODES"]
 
 MODES = ("auto", "eager", "traced")
 
 
-def _warmup_params(signature: PrefillProgramSignature) -> tuple:
-    b = signature.padded_batch
-    if signature.sampling_path is SamplingPath.LOGITS:
-        return (None,) * b
-    if signature.sampling_path is SamplingPath.ARGMAX:
-        return (SamplingParams.greedy(),) * b
-    return (SamplingParams(top_k=2, top_p=0.9),) * b
-
-
 class PrefillExecutor:
-    """Owns the program registry and the trace lifecycle of one runtime."""
+    """Owns the program registry, the warm-up order and the eager-or-traced choice of one runtime."""
 
     def __init__(self, runtime: PrefillRuntime):
         self.runtime = runtime
-        model = runtime.config.model
-        self.lifecycle = PrefillTraceLifecycle(
-            runtime.backend, runtime.stager, runtime.postprocessor, runtime.run_body, model.spec,
-            getattr(model, "dtype", torch.float32), runtime.release,
-        )
         self.compiled: set[PrefillProgramSignature] = set()
         self.compile_count = 0
         self._closed = False
 
     # -- warm-up --------------------------------------------------------
     def compile(self, signature: PrefillProgramSignature) -> None:
-        """Runs ``signature``'s body and postprocessing once on inputs that write no KV."""
+        """Compiles ``signature`` once (an eager run that writes no KV)."""
         if signature in self.compiled:
             return
-        runtime = self.runtime
-        step = warmup_step(signature.body)
-        acquired: list[DeviceTensor] = []
-        try:
-            inputs = runtime.stager.stage(step, acquired)
-            hidden = runtime.backend.adopt(runtime.run_body(inputs), "hidden", Ownership.INVOCATION)
-            acquired.append(hidden)
-            params = _warmup_params(signature)
-            runtime.postprocessor.finish(signature, params, hidden, inputs.last_index, (0,) * len(params), acquired)
-        finally:
-            runtime.release(acquired)
+        self.runtime.compile(signature)
         self.compiled.add(signature)
         self.compile_count += 1
 
     def warm_up(self, manifest: WarmupManifest) -> None:
-        """Compile every program, allocate every workspace, then capture every trace."""
+        """Compile every program, allocate every workspace, then capture every trace, largest first."""
         self._check_open()
         for signature in manifest.program_signatures:
             self.compile(signature)
         captured = set(manifest.trace_signatures)
         for signature in manifest.program_signatures:
             if signature.body in captured:
-                self.lifecycle.allocate_workspace(signature)
-        order = sorted(captured, key=lambda s: (s.padded_batch * s.chunk_length, s.key), reverse=True)
-        for body in order:
-            self.lifecycle.capture(body)
+                self.runtime.allocate_workspace(signature)
+        for body in sorted(captured, key=lambda s: (s.padded_batch * s.chunk_length, s.key), reverse=True):
+            self.runtime.capture(body)
 
     # -- dispatch -------------------------------------------------------
     def invocations(self, batch: PreparedBatch, mode: str = "auto") -> Iterator[InvocationResult]:
@@ -95,29 +66,22 @@ class PrefillExecutor:
         self._check_open()
         if mode not in MODES:
             raise PrefillInputError(f"mode={mode!r} is invalid: must be one of {MODES}", field="mode")
-        gaps = [(p, self.lifecycle.missing(p)) for p in batch.prepared]
+        gaps = [(p, self.runtime.trace_gap(p)) for p in batch.prepared]
         gaps = [(p, why) for p, why in gaps if why is not None]
         if mode == "traced" and gaps:
             prepared, why = gaps[0]
             msg = (f"traced prefill of rows {prepared.request.source_rows} is not covered: {why}; "
                    f"program {prepared.program_signature.key}; warm up a manifest that holds it or run mode='eager'")
             raise TraceCoverageError(msg)
-        traced = mode == "traced" or (mode == "auto" and not gaps)
-        return self._run(batch, traced)
+        return self._run(batch, traced=mode == "traced" or (mode == "auto" and not gaps))
 
     def _run(self, batch: PreparedBatch, traced: bool) -> Iterator[InvocationResult]:
-        runtime = self.runtime
         for index, prepared in enumerate(batch.prepared):
             self._check_open()  # a stream opened before close() must not outlive it
-            seeds = runtime.resolve_seeds(prepared)
-            steps = list(batch.steps[index])
-            if traced:
-                yield self.lifecycle.replay(prepared, steps, seeds)
-                continue
-            if prepared.program_signature not in self.compiled:
+            if not traced and prepared.program_signature not in self.compiled:
                 self.compiled.add(prepared.program_signature)
                 self.compile_count += 1  # a program first seen while serving: a late compile
-            yield runtime.runner.run(prepared, steps, seeds)
+            yield self.runtime.invoke(batch, index, traced=traced)
 
     def prefill(self, tokens, page_table, prompt_lengths, cached_lengths=None, slots=None, sampling=None,
                 mode: str = "auto") -> list[PrefillResult]:
@@ -128,7 +92,7 @@ class PrefillExecutor:
     def close(self) -> None:
         """Releases every trace and workspace, then the runtime's orphans; refuses further calls."""
         self._closed = True
-        self.lifecycle.release_all()
+        self.runtime.release_traces()
         self.runtime.cleanup()
 
     def _check_open(self) -> None:

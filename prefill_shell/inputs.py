@@ -1,65 +1,50 @@
 """``PrefillInputStager``: caller tensors -> host step values -> device inputs.
 
 Host values are torch CPU tensors built per chunk from the plan and the
-caller's tokens: tokens ``[B, S]`` (int64; zero past each prompt and for
-padding rows), ``start [B]``, ``slots [B]`` (-1 for padding rows), the exact
-fill table ``[B, Wf]`` and, for chunked requests, the read table ``[B, Wr]``
-(int32), and the chunk-relative last-token index ``[B]``.
+caller's tokens, one per ``contract.STEP_INPUTS`` entry: the token block
+(zero past each prompt and for padding rows), the chunk start, the slots
+(-1 for padding rows), the exact fill table and, for chunked requests, the
+read table, and the chunk-relative last-token index.
 """
 
 from __future__ import annotations
-
-from array import array
 
 import torch
 
 from prefill_core import PageTableView, PrefillChunk, PrefillRequest
 
 from .backends.base import Backend
+from .contract import (BODY_INPUTS, CHUNK_START, FILL_TABLE, INPUT_TOKENS, LAST_TOKEN_INDEX, READ_TABLE, SLOTS,
+                       STEP_INPUTS, TensorSpec)
 from .ledger import DeviceTensor, Ownership
 
 __all__ = ["HostStep", "DeviceStep", "PrefillInputStager", "build_host_steps"]
 
-BODY_FIELDS = ("tokens", "start", "slots", "fill_table", "read_table")
-STEP_FIELDS = (*BODY_FIELDS, "last_index")
-_ARRAY_CODES = {torch.int64: "q", torch.int32: "i"}
 
+class HostStep(dict):
+    """Host values of one model-body step (one chunk of one request), keyed by ``TensorSpec``.
 
-class HostStep:
-    """Host values of one model-body step (one chunk of one request)."""
+    ``READ_TABLE`` is present only for chunked steps.
+    """
 
-    __slots__ = ("chunk", *STEP_FIELDS)
+    __slots__ = ("chunk",)
 
-    def __init__(self, chunk: PrefillChunk, tokens, start, slots, fill_table, read_table, last_index):
+    def __init__(self, chunk: PrefillChunk | None, values: dict[TensorSpec, torch.Tensor]):
+        super().__init__(values)
         self.chunk = chunk
-        self.tokens = tokens  # [B, S] int64
-        self.start = start  # [B] int64
-        self.slots = slots  # [B] int32
-        self.fill_table = fill_table  # [B, Wf] int32
-        self.read_table = read_table  # [B, Wr] int32 or None
-        self.last_index = last_index  # [B] int64, chunk-relative
 
 
-class DeviceStep:
-    """Device handles of one step, in ``STEP_FIELDS`` order (``read_table`` may be None)."""
+class DeviceStep(dict):
+    """Device handles of one step, keyed by ``TensorSpec`` (``READ_TABLE`` only for chunked steps)."""
 
-    __slots__ = STEP_FIELDS
-
-    def __init__(self, handles: dict[str, DeviceTensor | None]):
-        for name in STEP_FIELDS:
-            setattr(self, name, handles.get(name))
+    __slots__ = ()
 
     def handles(self) -> list[DeviceTensor]:
-        return [h for h in (getattr(self, n) for n in STEP_FIELDS) if h is not None]
+        return list(self.values())
 
 
-def _small_int_tensor(values, dtype: torch.dtype) -> torch.Tensor:
-    """A 1-D host tensor of a few dozen Python ints.
-
-    Built through a C array: about 3x cheaper than ``torch.tensor`` on a
-    list, which converts element by element. The tensor keeps the array alive.
-    """
-    return torch.frombuffer(array(_ARRAY_CODES[dtype], values), dtype=dtype)
+def _int_vector(values, dtype: torch.dtype) -> torch.Tensor:
+    return torch.tensor(values, dtype=dtype)
 
 
 def _caller_rows(matrix: torch.Tensor, request: PrefillRequest) -> torch.Tensor:
@@ -67,7 +52,7 @@ def _caller_rows(matrix: torch.Tensor, request: PrefillRequest) -> torch.Tensor:
     rows, active = request.source_rows, request.active_batch_size
     if rows[-1] - rows[0] == active - 1:  # contiguous caller rows (the common wave): no gather
         return matrix[rows[0] : rows[0] + active]
-    return matrix[_small_int_tensor(rows, torch.int64)]
+    return matrix[_int_vector(rows, torch.int64)]
 
 
 def _padded_copy(src: torch.Tensor, rows: int, cols: int, filler: int) -> torch.Tensor:
@@ -89,7 +74,7 @@ def _token_block(tokens: torch.Tensor, request: PrefillRequest, chunk: PrefillCh
     block = _caller_rows(tokens, request)[:, chunk.start : chunk.start + width]  # [A, width]
     if min(request.lengths) < chunk.start + width:  # some row ends inside the block: zero its tail
         positions = torch.arange(chunk.start, chunk.start + width)
-        block = block.masked_fill(positions >= _small_int_tensor(request.lengths, torch.int64).unsqueeze(1), 0)
+        block = block.masked_fill(positions >= _int_vector(request.lengths, torch.int64).unsqueeze(1), 0)
     return _padded_copy(block, padded_batch, chunk.length, 0)
 
 
@@ -113,7 +98,7 @@ def _table_from_caller(
         return torch.full((view.num_rows, view.width), view.filler, dtype=torch.int32)
     src = _caller_rows(page_table, request)[:, first_block : first_block + cols]  # [A, cols]
     if min(real) < cols:  # some row maps fewer blocks than the cut holds: its tail is filler
-        unmapped = torch.arange(cols) >= _small_int_tensor(real, torch.int64).unsqueeze(1)
+        unmapped = torch.arange(cols) >= _int_vector(real, torch.int64).unsqueeze(1)
         src = src.masked_fill(unmapped, view.filler)
     if src.dtype != torch.int32:
         src = src.to(torch.int32)
@@ -125,8 +110,6 @@ def _host_step(
 ) -> HostStep:
     b, active = request.padded_batch, request.active_batch_size
     pad = b - active
-    start = _small_int_tensor((chunk.start,) * b, torch.int64)
-    slots = _small_int_tensor(request.slots + (-1,) * pad, torch.int32)
     if page_table is None:
         fill = _table_tensor(request.fill_table_of(chunk))
         read = None if request.read_table is None else _table_tensor(request.read_table_values())
@@ -136,8 +119,16 @@ def _host_step(
     # Made chunk-relative only here, at the staging boundary; padding rows
     # point at token 0 of their (zero) row.
     last = [p - chunk.start for p in request.last_token_positions] if chunk.is_final else [0] * active
-    last_index = _small_int_tensor(last + [0] * pad, torch.int64)
-    return HostStep(chunk, _token_block(tokens, request, chunk, b), start, slots, fill, read, last_index)
+    values = {
+        INPUT_TOKENS: _token_block(tokens, request, chunk, b),
+        CHUNK_START: _int_vector((chunk.start,) * b, torch.int64),
+        SLOTS: _int_vector(request.slots + (-1,) * pad, torch.int32),
+        FILL_TABLE: fill,
+        LAST_TOKEN_INDEX: _int_vector(last + [0] * pad, torch.int64),
+    }
+    if read is not None:
+        values[READ_TABLE] = read
+    return HostStep(chunk, values)
 
 
 def build_host_steps(
@@ -164,19 +155,19 @@ class PrefillInputStager:
         Each handle is appended to ``acquired`` as soon as it exists, so the
         caller's failure path releases exactly what was allocated.
         """
-        handles: dict[str, DeviceTensor | None] = {}
-        for name in STEP_FIELDS:
-            host = getattr(step, name)
+        handles = DeviceStep()
+        for spec in STEP_INPUTS:
+            host = step.get(spec)
             if host is not None:
-                handles[name] = self.backend.upload(host, name, Ownership.INVOCATION)
-                acquired.append(handles[name])
-        return DeviceStep(handles)
+                handles[spec] = self.backend.upload(host, spec, Ownership.INVOCATION)
+                acquired.append(handles[spec])
+        return handles
 
     def refresh(self, step: HostStep, persistent: DeviceStep) -> None:
         """Copies ``step``'s body inputs into a trace's persistent inputs in place (no allocation)."""
-        for name in BODY_FIELDS:
-            host, target = getattr(step, name), getattr(persistent, name)
+        for spec in BODY_INPUTS:
+            host, target = step.get(spec), persistent.get(spec)
             if (host is None) != (target is None):
-                raise AssertionError(f"step field {name} does not match the capture schema")
+                raise AssertionError(f"step input {spec.name} does not match the trace's persistent inputs")
             if host is not None:
                 self.backend.refresh(host, target)

@@ -30,14 +30,18 @@ class Ownership(enum.Enum):
 class DeviceTensor:
     """A handle to one backend tensor that knows its owner and whether it was released."""
 
-    __slots__ = ("id", "name", "ownership", "_value", "_ledger")
+    __slots__ = ("id", "spec", "ownership", "_value", "_ledger")
 
-    def __init__(self, ledger: ResourceLedger, value: Any, name: str, ownership: Ownership):
+    def __init__(self, ledger: ResourceLedger, value: Any, spec: Any, ownership: Ownership):
         self.id = next(ledger._ids)
-        self.name = name
+        self.spec = spec  # its entry in the tensor contract (``contract.TensorSpec``)
         self.ownership = ownership
         self._value = value
         self._ledger = ledger
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
 
     @property
     def released(self) -> bool:
@@ -64,8 +68,8 @@ class ResourceLedger:
         self.allocations = 0
         self.releases = 0
 
-    def register(self, value: Any, name: str, ownership: Ownership) -> DeviceTensor:
-        handle = DeviceTensor(self, value, name, ownership)
+    def register(self, value: Any, spec: Any, ownership: Ownership) -> DeviceTensor:
+        handle = DeviceTensor(self, value, spec, ownership)
         self._live[handle.id] = handle
         self.allocations += 1
         return handle

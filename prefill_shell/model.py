@@ -54,6 +54,7 @@ class PrefillModel(Protocol):
     """
 
     spec: ModelSpec
+    dtype: torch.dtype  # of the hidden states ``forward_hidden`` returns
 
     def forward_hidden(
         self,

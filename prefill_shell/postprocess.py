@@ -16,14 +16,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import torch
-
 from prefill_core import PreparedPrefill, PrefillProgramSignature, SamplingPath
 
 from .backends.base import Backend
+from .contract import LAST_HIDDEN, LOGITS, SAMPLED_TOKENS, TOKEN_LOGPROB, TOP_IDS, TOP_LOGPROBS, TensorSpec
 from .ledger import DeviceTensor, Ownership
 
-__all__ = ["PrefillPostprocessor", "wave_params", "output_specs"]
+__all__ = ["PrefillPostprocessor", "wave_params"]
 
 
 def wave_params(prepared: PreparedPrefill) -> tuple:
@@ -31,19 +30,6 @@ def wave_params(prepared: PreparedPrefill) -> tuple:
     request = prepared.request
     params = request.sampling
     return params + (params[0],) * (request.padded_batch - request.active_batch_size)
-
-
-def output_specs(signature: PrefillProgramSignature, hidden_size: int, vocab_size: int, max_logprobs: int,
-                 hidden_dtype: torch.dtype) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-    """Shape and dtype of every tensor the postprocessing of ``signature`` produces."""
-    b = signature.padded_batch
-    specs = {"last_index": ((b,), torch.int64), "last_hidden": ((b, hidden_size), hidden_dtype),
-             "logits": ((b, vocab_size), torch.float32)}
-    if not signature.sampling_path.returns_logits:
-        specs.update(tokens=((b,), torch.int64), token_logprob=((b,), torch.float32))
-        if signature.logprobs:
-            specs.update(top_ids=((b, max_logprobs), torch.int64), top_logprobs=((b, max_logprobs), torch.float32))
-    return specs
 
 
 class PrefillPostprocessor:
@@ -62,39 +48,39 @@ class PrefillPostprocessor:
         last_index: DeviceTensor,
         seeds: tuple[int, ...],
         acquired: list[DeviceTensor],
-        workspace: dict[str, DeviceTensor] | None = None,
-    ) -> dict[str, DeviceTensor]:
-        """Named outputs for the collector.
+        workspace: dict[TensorSpec, DeviceTensor] | None = None,
+    ) -> dict[TensorSpec, DeviceTensor]:
+        """The program's outputs (``contract.output_specs``) for the assembler.
 
-        Logits paths (``logits``, ``host``) return ``logits [B, V]``; device
-        paths return ``tokens [B]``, ``token_logprob [B]`` and, when the
-        program computes log-probs, ``top_ids``/``top_logprobs [B, N]``.
-        ``params`` are per physical row (``wave_params``). Eager outputs are
-        appended to ``acquired``; traced ones live in ``workspace``.
+        Logits paths (``logits``, ``host``) return ``LOGITS``; device paths
+        return ``SAMPLED_TOKENS``, ``TOKEN_LOGPROB`` and, when the program
+        computes log-probs, ``TOP_IDS`` / ``TOP_LOGPROBS``. ``params`` are per
+        physical row (``wave_params``). Eager outputs are appended to
+        ``acquired``; traced ones are written into ``workspace``.
         """
         backend = self.backend
 
-        def emit(name: str, value: Any) -> DeviceTensor:
+        def emit(spec: TensorSpec, value: Any) -> DeviceTensor:
             if workspace is not None:
-                backend.assign(workspace[name], value)
-                return workspace[name]
-            handle = backend.adopt(value, name, Ownership.INVOCATION)
+                backend.assign(workspace[spec], value)
+                return workspace[spec]
+            handle = backend.adopt(value, spec, Ownership.INVOCATION)
             acquired.append(handle)
             return handle
 
-        rows = emit("last_hidden", backend.gather_rows(hidden.value, last_index.value))  # [B, H]
-        logits = emit("logits", self._lm_head(rows.value))  # [B, V] float32
+        rows = emit(LAST_HIDDEN, backend.gather_rows(hidden.value, last_index.value))  # [B, H]
+        logits = emit(LOGITS, self._lm_head(rows.value))  # [B, V] float32
         path = signature.sampling_path
         if path.returns_logits:
-            return {"logits": logits}
+            return {LOGITS: logits}
         if path is SamplingPath.ARGMAX:
-            tokens = emit("tokens", backend.argmax(logits.value))
+            tokens = emit(SAMPLED_TOKENS, backend.argmax(logits.value))
         else:
-            tokens = emit("tokens", backend.sample(logits.value, params, seeds))
+            tokens = emit(SAMPLED_TOKENS, backend.sample(logits.value, params, seeds))
         top_n = self.max_logprobs if signature.logprobs else 0
         token_lp, top_ids, top_values = backend.logprobs(logits.value, tokens.value, top_n)
-        outputs = {"tokens": tokens, "token_logprob": emit("token_logprob", token_lp)}
+        outputs = {SAMPLED_TOKENS: tokens, TOKEN_LOGPROB: emit(TOKEN_LOGPROB, token_lp)}
         if top_ids is not None:
-            outputs["top_ids"] = emit("top_ids", top_ids)
-            outputs["top_logprobs"] = emit("top_logprobs", top_values)
+            outputs[TOP_IDS] = emit(TOP_IDS, top_ids)
+            outputs[TOP_LOGPROBS] = emit(TOP_LOGPROBS, top_values)
         return outputs

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import attrs
+import torch
 
 from prefill_core import PreparedPrefill
 
@@ -13,20 +14,26 @@ from .ledger import DeviceTensor
 __all__ = ["PrefillResult", "InvocationResult"]
 
 
-@attrs.define(eq=False)
+def _same_logits(a: Any, b: Any) -> bool:
+    """Logits compare by value (shape, dtype and every element; NaN equals NaN)."""
+    if a is None or b is None:
+        return a is b
+    return a.shape == b.shape and a.dtype == b.dtype and torch.allclose(a, b, rtol=0, atol=0, equal_nan=True)
+
+
+@attrs.frozen
 class PrefillResult:
-    """The prefill output of one caller row: a plain record the caller owns.
+    """The prefill output of one caller row.
 
-    (Not frozen: a frozen attrs class costs twice as much to build, and the
-    runtime keeps no reference to a result once it is handed out.)
-
-    ``logits`` (float32 ``[V]``, host) when the row asked for no sampling;
-    otherwise ``token``, its ``logprob`` under the model's raw distribution,
-    and ``top_logprobs``: the row's ``num_logprobs`` best ``(token, logprob)``.
+    ``logits`` (float32 ``[V]``, a host copy the caller owns) when the row
+    asked for no sampling; otherwise ``token``, its ``logprob`` under the
+    model's raw distribution, and ``top_logprobs``: the row's
+    ``num_logprobs`` best ``(token, logprob)``. Results compare with ``==``
+    (logits by value), so eager and traced results can be compared directly.
     """
 
     row: int
-    logits: Any = None
+    logits: Any = attrs.field(default=None, eq=attrs.cmp_using(eq=_same_logits), hash=False)
     token: int | None = None
     logprob: float | None = None
     top_logprobs: tuple[tuple[int, float], ...] = ()
@@ -37,7 +44,7 @@ class InvocationResult:
 
     __slots__ = ("prepared", "outputs", "owned", "seeds", "consumed")
 
-    def __init__(self, prepared: PreparedPrefill, outputs: dict[str, DeviceTensor], owned: list[DeviceTensor],
+    def __init__(self, prepared: PreparedPrefill, outputs: dict, owned: list[DeviceTensor],
                  seeds: tuple[int, ...]):
         self.prepared = prepared
         self.outputs = outputs

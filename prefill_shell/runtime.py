@@ -1,34 +1,42 @@
 """``PrefillRuntime``: the facade that composes the collaborators around one config.
 
 prepare (caller tensors -> prepared requests + host step values, once)
-  -> invoke each prepared request (eager sequence runner or trace replay)
+  -> invoke each prepared request (eager sequence runner, or trace replay)
   -> assemble (stream: read, restore source rows, release)
-  -> cleanup (retry failed releases, release traces)
+  -> cleanup (retry failed releases) / close (release traces and workspaces too)
+
+The collaborators (input stager, postprocessor, sequence runner, trace
+lifecycle, result assembler) are private and share this runtime's identities:
+the same stager, the same model-body boundary, the same postprocessor and
+the same release callback on the eager and the traced path. What sits above
+the package (program and trace registries, warm-up order, eager-or-traced
+choice) is ``PrefillExecutor``'s, and it uses only the public methods here.
 """
 
 from __future__ import annotations
 
-import contextlib
 import random
-import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import attrs
 import torch
 
-from prefill_core import PageTableLayout, PreparedPrefill, SamplingPath, prepare_prefill
+from prefill_core import (PageTableLayout, PreparedPrefill, PrefillProgramSignature, PrefillTraceSignature,
+                          SamplingParams, SamplingPath, prepare_prefill)
 from prefill_core.errors import CleanupError, PrefillStateError
 
+from .assembler import PrefillResultAssembler
 from .batch_builder import as_token_matrix, build_batch, check_token_ids, host_page_table
 from .config import PrefillRuntimeConfig
+from .contract import CHUNK_START, FILL_TABLE, INPUT_TOKENS, READ_TABLE
 from .inputs import DeviceStep, HostStep, PrefillInputStager, build_host_steps
 from .ledger import DeviceTensor
 from .notes import add_note
-from .postprocess import PrefillPostprocessor
+from .postprocess import PrefillPostprocessor, wave_params
 from .result import InvocationResult, PrefillResult
-from .assembler import PrefillResultAssembler
 from .sequence_runner import PrefillSequenceRunner
+from .trace import CapturedTrace, PrefillTraceLifecycle, warmup_step
 
 __all__ = ["PrefillRuntime", "PreparedBatch"]
 
@@ -44,9 +52,14 @@ class PreparedBatch:
     num_rows: int
 
 
-def _inference_mode():
-    """``torch.inference_mode()``, or a no-op when already inside it (entering costs ~4 us)."""
-    return contextlib.nullcontext() if torch.is_inference_mode_enabled() else torch.inference_mode()
+def _warmup_params(signature: PrefillProgramSignature) -> tuple:
+    """Sampling parameters that exercise ``signature``'s postprocessing path."""
+    b = signature.padded_batch
+    if signature.sampling_path is SamplingPath.LOGITS:
+        return (None,) * b
+    if signature.sampling_path is SamplingPath.ARGMAX:
+        return (SamplingParams.greedy(),) * b
+    return (SamplingParams(top_k=2, top_p=0.9),) * b
 
 
 class PrefillRuntime:
@@ -56,33 +69,34 @@ class PrefillRuntime:
         self.config = config
         self.backend = config.backend
         self.orphans: list[DeviceTensor] = []
-        self.timings: dict[str, float] = {}
         self._rng = random.Random(seed)
         self._closed = False
-        self.stager = PrefillInputStager(self.backend)
-        self.postprocessor = PrefillPostprocessor(self.backend, self.run_lm_head, config.policy.max_logprobs)
-        self.runner = PrefillSequenceRunner(self.backend, self.stager, self.postprocessor, self.run_body, self.release)
-        self.assembler = PrefillResultAssembler(self.backend, self.release)
+        self._stager = PrefillInputStager(self.backend)
+        self._postprocessor = PrefillPostprocessor(self.backend, self._run_lm_head, config.policy.max_logprobs)
+        self._runner = PrefillSequenceRunner(self.backend, self._stager, self._postprocessor, self._run_body,
+                                             self.release)
+        self._traces = PrefillTraceLifecycle(self.backend, self._stager, self._postprocessor, self._run_body,
+                                             config.model.spec, config.model.dtype, self.release)
+        self._assembler = PrefillResultAssembler(self.backend, self.release)
 
     # -- model-body boundaries (shared by eager and traced paths) ---------
-    def run_body(self, step: DeviceStep) -> Any:
-        """One model-body step on staged inputs: the boundary eager and traced paths share."""
-        read = None if step.read_table is None else step.read_table.value
-        with _inference_mode():
+    def _run_body(self, step: DeviceStep) -> Any:
+        read = step.get(READ_TABLE)
+        with torch.inference_mode():
             return self.config.model.forward_hidden(
-                step.tokens.value, step.start.value, step.fill_table.value, read, self.config.kv
+                step[INPUT_TOKENS].value, step[CHUNK_START].value, step[FILL_TABLE].value,
+                None if read is None else read.value, self.config.kv,
             )
 
-    def run_lm_head(self, rows: Any) -> Any:
-        """The LM head on last-token rows (the postprocessor calls it)."""
-        with _inference_mode():
+    def _run_lm_head(self, rows: Any) -> Any:
+        with torch.inference_mode():
             return self.config.model.lm_head(rows)
 
-    # -- public API -----------------------------------------------------
+    # -- prepare, invoke, assemble ----------------------------------------
     def prepare(
         self,
         tokens,
-        page_table: torch.Tensor,
+        page_table,
         prompt_lengths: Sequence[int] | torch.Tensor,
         cached_lengths: Sequence[int] | torch.Tensor | None = None,
         slots: Sequence[int] | torch.Tensor | None = None,
@@ -103,33 +117,40 @@ class PrefillRuntime:
         steps = tuple(tuple(build_host_steps(matrix, p.request, table)) for p in prepared)
         return PreparedBatch(prepared, steps, len(batch))
 
-    def invoke(self, batch: PreparedBatch, index: int) -> InvocationResult:
-        """Runs request ``index`` of ``batch`` eagerly."""
+    def invoke(self, batch: PreparedBatch, index: int, *, traced: bool = False) -> InvocationResult:
+        """Runs request ``index`` of ``batch``: eagerly, or by replaying its captured trace.
+
+        ``traced=True`` never falls back to eager: a request without a trace
+        or workspace raises ``TraceCoverageError`` before anything runs.
+        """
         self._check_open()
         prepared = batch.prepared[index]
-        with torch.inference_mode():  # entered once here; the model boundaries then skip it
-            return self.runner.run(prepared, list(batch.steps[index]), self.resolve_seeds(prepared))
+        steps, seeds = list(batch.steps[index]), self._resolve_seeds(prepared)
+        if traced:
+            return self._traces.replay(prepared, steps, seeds)
+        outputs, owned = self._runner.run(prepared.program_signature, wave_params(prepared), steps, seeds)
+        return InvocationResult(prepared, outputs, owned, seeds)
 
-    def invocations(self, batch: PreparedBatch) -> Iterator[InvocationResult]:
-        """Eager invocations in plan order, produced lazily (one in flight at a time)."""
+    def invocations(self, batch: PreparedBatch, *, traced: bool = False) -> Iterator[InvocationResult]:
+        """Invocations in plan order, produced lazily (one in flight at a time)."""
         for index in range(len(batch.prepared)):
-            yield self.invoke(batch, index)
+            yield self.invoke(batch, index, traced=traced)
+
+    def stream(self, invocations: Iterable[InvocationResult]) -> Iterator[PrefillResult]:
+        """Each source row's result as its invocation is read and released (plan order)."""
+        return self._assembler.stream(invocations)
 
     def assemble(self, invocations: Iterable[InvocationResult], num_rows: int) -> list[PrefillResult]:
         """Reads each invocation before pulling the next; results in caller row order."""
-        return self.assembler.assemble(invocations, num_rows)
+        return self._assembler.assemble(invocations, num_rows)
 
-    def prefill(self, tokens, page_table, prompt_lengths, cached_lengths=None, slots=None, sampling=None) -> list[PrefillResult]:
-        """prepare + eager invoke + assemble, with per-phase timings in ``self.timings``."""
-        t0 = time.perf_counter()
+    def prefill(self, tokens, page_table, prompt_lengths, cached_lengths=None, slots=None, sampling=None, *,
+                traced: bool = False) -> list[PrefillResult]:
+        """prepare + invoke + assemble: one row's result per caller row, in caller order."""
         batch = self.prepare(tokens, page_table, prompt_lengths, cached_lengths, slots, sampling)
-        t1 = time.perf_counter()
-        results = self.assemble(self.invocations(batch), batch.num_rows)
-        t2 = time.perf_counter()
-        self.timings = {"prepare": t1 - t0, "invoke+assemble": t2 - t1}
-        return results
+        return self.assemble(self.invocations(batch, traced=traced), batch.num_rows)
 
-    def resolve_seeds(self, prepared: PreparedPrefill) -> tuple[int, ...]:
+    def _resolve_seeds(self, prepared: PreparedPrefill) -> tuple[int, ...]:
         """A seed per physical row: the row's own, else one drawn from the runtime's generator.
 
         Only the sampling paths read seeds; logits and argmax waves get zeros
@@ -144,6 +165,41 @@ class PrefillRuntime:
         ]
         return tuple(seeds + [seeds[0]] * (request.padded_batch - request.active_batch_size))
 
+    # -- programs and traces ------------------------------------------------
+    def compile(self, signature: PrefillProgramSignature) -> None:
+        """Runs ``signature``'s body and postprocessing once on a step that writes no KV.
+
+        The normal eager path on a warm-up step; on a device this compiles
+        every program the invocation uses. Its outputs are released at once.
+        """
+        self._check_open()
+        step = warmup_step(signature.body, self.config.model.spec.hidden_size)
+        params = _warmup_params(signature)
+        _, owned = self._runner.run(signature, params, [step], (0,) * len(params))
+        self.release(owned)
+
+    def allocate_workspace(self, signature: PrefillProgramSignature) -> None:
+        """Allocates the persistent postprocessing workspace of one program alias."""
+        self._check_open()
+        self._traces.allocate_workspace(signature)
+
+    def capture(self, body: PrefillTraceSignature) -> None:
+        """Captures the hidden-body trace of ``body`` with its persistent inputs."""
+        self._check_open()
+        self._traces.capture(body)
+
+    def trace_gap(self, prepared: PreparedPrefill) -> str | None:
+        """Why ``prepared`` cannot run traced (no trace, no workspace, not eligible), or None."""
+        return self._traces.gap(prepared)
+
+    def captured_traces(self) -> tuple[CapturedTrace, ...]:
+        """Every live captured trace (signature, persistent inputs, replay count), in capture order."""
+        return tuple(self._traces.traces.values())
+
+    def release_traces(self) -> None:
+        """Releases every trace and workspace (``CleanupError`` names traces that would not go)."""
+        self._traces.release_all()
+
     def configure_page_table_layout(self, layout: PageTableLayout) -> None:
         """Installs a bounded replacement layout; collaborators are not rebuilt."""
         self._check_open()
@@ -154,23 +210,28 @@ class PrefillRuntime:
         """Releases live ``handles``; a failed release becomes an orphan for ``cleanup``.
 
         With ``primary`` (an error in flight) each cleanup failure is attached
-        to it as a note; the primary error itself is never replaced.
+        to it as a note; the primary error itself is never replaced. An
+        interrupt (any ``BaseException`` that is not an ``Exception``, such as
+        ``KeyboardInterrupt``) during a release orphans that handle and every
+        one not yet released, then propagates: nothing is left unowned.
         """
-        for handle in handles:
-            if handle.released:
-                continue
+        pending = [h for h in handles if not h.released]
+        for position, handle in enumerate(pending):
             try:
                 self.backend.release(handle)
             except Exception as failure:  # noqa: BLE001 (kept as orphan, reported below)
                 self.orphans.append(handle)
                 if primary is not None:
                     add_note(primary, f"cleanup: releasing {handle!r} failed: {failure!r}")
+            except BaseException:
+                self.orphans.extend(h for h in pending[position:] if not h.released)
+                raise
 
     def cleanup(self) -> None:
         """Retries every orphan; raises ``CleanupError`` with what is still alive."""
         pending, self.orphans = self.orphans, []
         failures = []
-        for handle in pending:
+        for position, handle in enumerate(pending):
             if handle.released:
                 continue
             try:
@@ -178,13 +239,19 @@ class PrefillRuntime:
             except Exception as failure:  # noqa: BLE001
                 self.orphans.append(handle)
                 failures.append(repr(failure))
+            except BaseException:
+                self.orphans.extend(h for h in pending[position:] if not h.released)
+                raise
         if self.orphans:
             raise CleanupError(f"{len(self.orphans)} device tensors could not be released: {failures}", self.orphans)
 
     def close(self) -> None:
-        """``cleanup`` and refuse further calls."""
-        self.cleanup()
+        """Releases traces, workspaces and orphans, then refuses further calls."""
         self._closed = True
+        try:
+            self.release_traces()
+        finally:
+            self.cleanup()
 
     def _check_open(self) -> None:
         if self._closed:

@@ -2,28 +2,38 @@
 
 Each chunk is staged, run through the model body, and its inputs released;
 a non-final chunk's hidden output is released as soon as the next step no
-longer needs it. On any failure every handle acquired so far is released,
-the primary error propagates unchanged, and cleanup failures ride along as
-notes (the release callback keeps failed releases as orphans).
+longer needs it. Every handle has exactly one owner at a time: a handle is
+taken out of the invocation's list before it is handed to the runtime's
+release, so a release that fails (the runtime keeps it as an orphan) is
+never released again by this invocation. On any failure every handle still
+owned is released, the primary error propagates unchanged, and cleanup
+failures ride along as notes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from prefill_core import PreparedPrefill
+from prefill_core import PrefillProgramSignature
 
 from .backends.base import Backend
+from .contract import HIDDEN, LAST_TOKEN_INDEX, TensorSpec
 from .inputs import DeviceStep, HostStep, PrefillInputStager
 from .ledger import DeviceTensor, Ownership
-from .postprocess import PrefillPostprocessor, wave_params
-from .result import InvocationResult
+from .postprocess import PrefillPostprocessor
 
 __all__ = ["PrefillSequenceRunner"]
 
 
+def _hand_off(owned: list[DeviceTensor], handles: list[DeviceTensor]) -> list[DeviceTensor]:
+    """Removes ``handles`` from ``owned`` and returns them: the caller now owns them."""
+    gone = set(map(id, handles))
+    owned[:] = [h for h in owned if id(h) not in gone]
+    return handles
+
+
 class PrefillSequenceRunner:
-    """Runs every chunk of a prepared request eagerly and finishes the last one."""
+    """Runs every chunk of one program eagerly and finishes the last one."""
 
     def __init__(
         self,
@@ -33,30 +43,31 @@ class PrefillSequenceRunner:
         body: Callable[[DeviceStep], object],
         release: Callable[..., None],
     ):
-        self.backend = backend
-        self.stager = stager
-        self.postprocessor = postprocessor
+        self._backend = backend
+        self._stager = stager
+        self._postprocessor = postprocessor
         self._body = body
         self._release = release
 
-    def run(self, prepared: PreparedPrefill, steps: list[HostStep], seeds: tuple[int, ...]) -> InvocationResult:
-        acquired: list[DeviceTensor] = []
+    def run(
+        self, signature: PrefillProgramSignature, params: tuple, steps: list[HostStep], seeds: tuple[int, ...]
+    ) -> tuple[dict[TensorSpec, DeviceTensor], list[DeviceTensor]]:
+        """Runs ``steps`` and postprocesses the last; returns the outputs and the handles they keep alive."""
+        owned: list[DeviceTensor] = []
         try:
             hidden = inputs = None
             for step in steps:
                 if hidden is not None:
                     # A non-final chunk's output and last-token index are never read.
-                    self._release([hidden, inputs.last_index])
-                inputs = self.stager.stage(step, acquired)
-                hidden = self.backend.adopt(self._body(inputs), "hidden", Ownership.INVOCATION)
-                acquired.append(hidden)
-                self._release([h for h in inputs.handles() if h is not inputs.last_index])
-            outputs = self.postprocessor.finish(
-                prepared.program_signature, wave_params(prepared), hidden, inputs.last_index, seeds, acquired
-            )
+                    self._release(_hand_off(owned, [hidden, inputs[LAST_TOKEN_INDEX]]))
+                inputs = self._stager.stage(step, owned)
+                hidden = self._backend.adopt(self._body(inputs), HIDDEN, Ownership.INVOCATION)
+                owned.append(hidden)
+                self._release(_hand_off(owned, [h for h in inputs.handles() if h is not inputs[LAST_TOKEN_INDEX]]))
+            outputs = self._postprocessor.finish(signature, params, hidden, inputs[LAST_TOKEN_INDEX], seeds, owned)
         except BaseException as primary:
-            self._release(acquired, primary=primary)
+            self._release(_hand_off(owned, list(owned)), primary=primary)
             raise
         kept = set(map(id, outputs.values()))
-        self._release([h for h in acquired if id(h) not in kept])
-        return InvocationResult(prepared, outputs, [h for h in acquired if id(h) in kept], seeds)
+        self._release(_hand_off(owned, [h for h in owned if id(h) not in kept]))
+        return outputs, owned

@@ -8,8 +8,13 @@ backend ops: the runtime borrows the model and calls it directly.
 Every tensor a backend creates is registered in its ``ledger`` so tests can
 prove nothing leaks; ``release`` frees first and retires the handle only when
 the free succeeded, so a failed release leaves a live handle (an orphan).
-A backend may declare ``max_device_top_k``: the config refuses a policy
-whose device top-k cap exceeds it.
+Tensors are identified by their ``contract.TensorSpec``: a backend stages,
+converts and reads back by spec, never by parsing a name.
+
+Capabilities, checked once by ``PrefillRuntimeConfig.resolve``:
+``max_device_top_k`` (the largest K device sampling takes; ``None``: no
+limit) and ``max_sampled_wave`` (the most rows one device-sampling call
+serves; ``None``: no limit).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from ..contract import TensorSpec
 from ..ledger import DeviceTensor, Ownership, ResourceLedger
 
 __all__ = ["Backend", "TraceHandle"]
@@ -40,19 +46,21 @@ class Backend(Protocol):
 
     ledger: ResourceLedger
     device: Any
+    max_device_top_k: int | None
+    max_sampled_wave: int | None
 
     # -- memory ---------------------------------------------------------
-    def upload(self, host: torch.Tensor, name: str, ownership: Ownership) -> DeviceTensor:
-        """Allocates a device tensor holding ``host``."""
+    def upload(self, host: torch.Tensor, spec: TensorSpec, ownership: Ownership) -> DeviceTensor:
+        """Allocates a device tensor holding ``host`` (in ``spec``'s host dtype and shape)."""
 
     def refresh(self, host: torch.Tensor, target: DeviceTensor) -> None:
         """Copies ``host`` into the existing ``target`` in place (same shape and dtype)."""
 
-    def adopt(self, value: Any, name: str, ownership: Ownership) -> DeviceTensor:
+    def adopt(self, value: Any, spec: TensorSpec, ownership: Ownership) -> DeviceTensor:
         """Registers a tensor something else produced (a model output) in the ledger."""
 
     def read(self, handles: list[DeviceTensor]) -> list[torch.Tensor]:
-        """Host copies of ``handles``: start every transfer, then synchronize once."""
+        """Host copies of ``handles`` in their specs' host dtypes: start every transfer, then synchronize once."""
 
     def release(self, handle: DeviceTensor) -> None:
         """Frees ``handle``; may raise, leaving the handle live (an orphan to retry)."""
@@ -89,6 +97,3 @@ class Backend(Protocol):
 
     def release_trace(self, trace: TraceHandle) -> None:
         """Frees ``trace``; replaying it afterwards raises ``PrefillStateError``."""
-
-    def synchronize(self) -> None:
-        """Waits until every queued device operation has finished."""

@@ -15,6 +15,7 @@ import torch
 
 from prefill_core.errors import PrefillStateError
 
+from ..contract import TensorSpec
 from ..ledger import DeviceTensor, Ownership, ResourceLedger
 from ..torch_sampling import sample_row, top_logprobs
 from .base import TraceHandle
@@ -26,6 +27,8 @@ class TorchBackend:
     """Device operations on one torch device."""
 
     name = "torch"
+    max_device_top_k = None  # sampling runs in torch: any K
+    max_sampled_wave = None
 
     def __init__(self, device: str | torch.device = "cpu"):
         self.device = torch.device(device)
@@ -35,9 +38,9 @@ class TorchBackend:
         self.captures = 0
 
     # -- memory ---------------------------------------------------------
-    def upload(self, host: torch.Tensor, name: str, ownership: Ownership) -> DeviceTensor:
+    def upload(self, host: torch.Tensor, spec: TensorSpec, ownership: Ownership) -> DeviceTensor:
         value = host.to(self.device, non_blocking=True) if self.is_cuda else host.clone()
-        return self.ledger.register(value, name, ownership)
+        return self.ledger.register(value, spec, ownership)
 
     def refresh(self, host: torch.Tensor, target: DeviceTensor) -> None:
         dest = target.value
@@ -46,8 +49,8 @@ class TorchBackend:
             raise PrefillStateError(msg)
         dest.copy_(host, non_blocking=self.is_cuda)
 
-    def adopt(self, value: Any, name: str, ownership: Ownership) -> DeviceTensor:
-        return self.ledger.register(value, name, ownership)
+    def adopt(self, value: Any, spec: TensorSpec, ownership: Ownership) -> DeviceTensor:
+        return self.ledger.register(value, spec, ownership)
 
     def read(self, handles: list[DeviceTensor]) -> list[torch.Tensor]:
         if not self.is_cuda:
@@ -107,7 +110,3 @@ class TorchBackend:
             raise PrefillStateError(f"trace {trace.key} was released twice")
         trace.released = True
         trace.payload = None
-
-    def synchronize(self) -> None:
-        if self.is_cuda:
-            torch.cuda.synchronize(self.device)

@@ -3,7 +3,10 @@
 ``FaultPlan`` counts calls across a wrapped backend and a wrapped model (one
 counter, so "the N-th call" spans the whole run). ``fail_at=None`` only
 counts, which is how a test learns how many fault points a run has before
-sweeping every one of them.
+sweeping every one of them. ``raises`` picks what is raised at the fault
+point: ``InjectedFault`` (a ``RuntimeError``) by default, or any
+``BaseException`` type such as ``KeyboardInterrupt`` (Ctrl-C), which
+``except Exception`` clauses do not catch.
 """
 
 from __future__ import annotations
@@ -25,11 +28,15 @@ class InjectedFault(RuntimeError):
 class FaultPlan:
     """Counts calls of the selected kinds and raises at call number ``fail_at`` (1-based)."""
 
-    def __init__(self, fail_at: int | None = None, kinds: tuple[str, ...] = FAULT_KINDS, failing_releases: int = 0):
+    def __init__(self, fail_at: int | None = None, kinds: tuple[str, ...] = FAULT_KINDS, failing_releases: int = 0,
+                 raises: type[BaseException] = InjectedFault):
         unknown = set(kinds) - set(FAULT_KINDS)
         if unknown:
             raise ValueError(f"unknown fault kinds {sorted(unknown)}; known: {FAULT_KINDS}")
+        if not (isinstance(raises, type) and issubclass(raises, BaseException)):
+            raise ValueError(f"raises={raises!r} must be an exception type")
         self.kinds = kinds
+        self.raises = raises
         self.log: list[str] = []
         self.arm(fail_at, failing_releases)
 
@@ -39,7 +46,7 @@ class FaultPlan:
         self.calls += 1
         self.log.append(f"{kind}:{what}")
         if self.calls == self.fail_at:
-            self.fired = InjectedFault(f"injected fault at call {self.calls} ({kind}: {what})")
+            self.fired = self.raises(f"injected fault at call {self.calls} ({kind}: {what})")
             raise self.fired
         if kind == "release" and self.fired is not None and self.releases_to_fail > 0:
             # Cleanup after the primary fault fails too: these must become
@@ -63,13 +70,15 @@ class FaultInjectingBackend:
         self.plan = plan
         self.ledger = inner.ledger
         self.device = inner.device
+        self.max_device_top_k = inner.max_device_top_k
+        self.max_sampled_wave = inner.max_sampled_wave
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
-    def upload(self, host, name: str, ownership) -> DeviceTensor:
-        self.plan.tick("allocate", name)
-        return self.inner.upload(host, name, ownership)
+    def upload(self, host, spec, ownership) -> DeviceTensor:
+        self.plan.tick("allocate", spec.name)
+        return self.inner.upload(host, spec, ownership)
 
     def refresh(self, host, target: DeviceTensor) -> None:
         self.plan.tick("copy", target.name)
@@ -79,8 +88,8 @@ class FaultInjectingBackend:
         self.plan.tick("copy", target.name)
         self.inner.assign(target, value)
 
-    def adopt(self, value, name: str, ownership) -> DeviceTensor:
-        return self.inner.adopt(value, name, ownership)
+    def adopt(self, value, spec, ownership) -> DeviceTensor:
+        return self.inner.adopt(value, spec, ownership)
 
     def read(self, handles: list[DeviceTensor]) -> list:
         self.plan.tick("readback", ",".join(h.name for h in handles))
@@ -118,9 +127,6 @@ class FaultInjectingBackend:
         self.plan.tick("release", trace.key)
         self.inner.release_trace(trace)
 
-    def synchronize(self) -> None:
-        self.inner.synchronize()
-
 
 class FaultInjectingModel:
     """Wraps a ``PrefillModel``; the hidden body and the LM head are fault points."""
@@ -129,8 +135,7 @@ class FaultInjectingModel:
         self.inner = inner
         self.plan = plan
         self.spec = inner.spec
-        if hasattr(inner, "dtype"):
-            self.dtype = inner.dtype
+        self.dtype = inner.dtype
 
     def forward_hidden(self, tokens, start, fill_table, read_table, kv):
         self.plan.tick("body", f"forward_hidden[{tokens.shape[0]}x{tokens.shape[1]}]")

@@ -53,33 +53,26 @@ import torch
 from prefill_core.errors import PrefillConfigError, PrefillStateError
 
 from ..backends.base import TraceHandle
+from ..contract import LOGITS, TensorSpec
 from ..ledger import DeviceTensor, Ownership, ResourceLedger
 from ..notes import add_note
 from . import staging as ttnn_staging
 
 __all__ = ["TtnnBackend", "host_contract"]
 
-_ID_ROLES = frozenset({"tokens", "top_ids", "last_index"})
-_VECTOR_ROLES = frozenset({"tokens", "token_logprob", "last_index"})
-_ROW_ROLES = frozenset({"logits", "top_ids", "top_logprobs", "last_hidden"})
 SAMPLING_CANDIDATES = 32
 """Top-k candidates handed to ``ttnn.sampling`` (its k is at most 32, so top-32 loses nothing)."""
 
 
-def _role(name: str) -> str:
-    return name.rsplit(".", 1)[-1]
-
-
-def host_contract(name: str, value: torch.Tensor) -> torch.Tensor:
-    """A read-back tensor in the runtime's host form: ``[B]``/``[B, N]``/``[B, S, H]``, int64 ids, float32 values."""
-    role = _role(name)
-    if role in _VECTOR_ROLES:
+def host_contract(spec: TensorSpec, value: torch.Tensor) -> torch.Tensor:
+    """A read-back tensor in ``spec``'s host form: its rank, its host dtype (float32 for model-dtype values)."""
+    if len(spec.dims) == 1:
         value = value.reshape(-1)
-    elif role in _ROW_ROLES:
+    elif len(spec.dims) == 2:
         value = value.reshape(-1, value.shape[-1])
-    elif role == "hidden":
+    else:
         value = value.reshape(value.shape[0], -1, value.shape[-1])
-    return value.to(torch.int64 if role in _ID_ROLES else torch.float32)
+    return value.to(spec.host_dtype or torch.float32)
 
 
 class TtnnBackend:
@@ -87,6 +80,7 @@ class TtnnBackend:
 
     name = "ttnn"
     max_device_top_k = ttnn_staging.MAX_DEVICE_TOP_K
+    max_sampled_wave = SAMPLING_CANDIDATES  # ttnn.sampling serves at most 32 users per call
 
     def __init__(self, mesh_device: Any, *, dp_lane: int = 0, logits_composer: Any = None, ttnn_module: Any = None):
         if ttnn_module is None:
@@ -105,32 +99,32 @@ class TtnnBackend:
         self._logits_mapper = self.tt.ShardTensorToMesh(mesh_device, dim=3) if sharded else self._replicate
 
     # -- memory ---------------------------------------------------------
-    def _stage(self, name: str, host: torch.Tensor) -> Any:
-        mapper = self._logits_mapper if _role(name) == "logits" else self._replicate
-        return ttnn_staging.stage_named(name, host, mapper)
+    def _stage(self, spec: TensorSpec, host: torch.Tensor) -> Any:
+        mapper = self._logits_mapper if spec is LOGITS else self._replicate
+        return ttnn_staging.stage(spec, host, mapper)
 
-    def upload(self, host: torch.Tensor, name: str, ownership: Ownership) -> DeviceTensor:
-        staged = self._stage(name, host)
+    def upload(self, host: torch.Tensor, spec: TensorSpec, ownership: Ownership) -> DeviceTensor:
+        staged = self._stage(spec, host)
         value = self.tt.to_device(staged, self.device, memory_config=self.tt.DRAM_MEMORY_CONFIG)
-        return self.ledger.register(value, name, ownership)
+        return self.ledger.register(value, spec, ownership)
 
     def refresh(self, host: torch.Tensor, target: DeviceTensor) -> None:
-        staged, dest = self._stage(target.name, host), target.value
+        staged, dest = self._stage(target.spec, host), target.value
         if _spec(staged) != _spec(dest):
             msg = f"refresh of {target.name}: host {_spec(staged)} != device {_spec(dest)} (shape, dtype, layout)"
             raise PrefillStateError(msg)
         self.tt.copy_host_to_device_tensor(staged, dest)
 
-    def adopt(self, value: Any, name: str, ownership: Ownership) -> DeviceTensor:
-        return self.ledger.register(value, name, ownership)
+    def adopt(self, value: Any, spec: TensorSpec, ownership: Ownership) -> DeviceTensor:
+        return self.ledger.register(value, spec, ownership)
 
     def read(self, handles: list[DeviceTensor]) -> list[torch.Tensor]:
-        pending = [(h.name, self.tt.from_device(h.value, blocking=False)) for h in handles]
+        pending = [(h.spec, self.tt.from_device(h.value, blocking=False)) for h in handles]
         self.tt.synchronize_device(self.device)
-        return [host_contract(name, self._to_torch(name, host)) for name, host in pending]
+        return [host_contract(spec, self._to_torch(spec, host)) for spec, host in pending]
 
-    def _to_torch(self, name: str, host: Any) -> torch.Tensor:
-        if _role(name) == "logits" and self.logits_composer is not None:
+    def _to_torch(self, spec: TensorSpec, host: Any) -> torch.Tensor:
+        if spec is LOGITS and self.logits_composer is not None:
             return self.tt.to_torch(host, mesh_composer=self.logits_composer)
         if self.num_devices > 1:
             host = self.tt.get_device_tensors(host)[self.dp_lane]  # replicated: one copy is the value
@@ -259,9 +253,6 @@ class TtnnBackend:
         self.tt.release_trace(self.device, trace.payload)  # a failure leaves the trace releasable
         trace.released = True
         trace.payload = None
-
-    def synchronize(self) -> None:
-        self.tt.synchronize_device(self.device)
 
 
 def _spec(tensor: Any) -> tuple:

@@ -7,37 +7,37 @@ programs consume, ready for ``ttnn.to_device`` (a new device input) or
 same shape, dtype and layout: these functions are the only producer of both,
 so a refresh always matches its target).
 
-Inputs (``B`` padded wave, ``S`` chunk length, ``W`` page-table width):
+Inputs (``B`` padded wave, ``S`` chunk length, ``W`` page-table width; names
+are ``contract.TensorSpec`` names):
 
-============  =======  ==========  ===============  ==========================================
-value         dtype    layout      shape            consumer
-============  =======  ==========  ===============  ==========================================
-tokens        uint32   ROW_MAJOR   [1, 1, B, S]     ``ttnn.embedding`` ids; one row is
-                                                    ``[1, 1, 1, S]``, tt_transformers'
-                                                    ``prepare_inputs_prefill`` form; a wave
-                                                    stacks rows on dim 2 (the row-major
-                                                    ``[1, 1, 1, B*S]`` view is a free reshape)
-fill_table    int32    ROW_MAJOR   [B, Wf]          ``paged_fill_cache`` page_table (-1 skips)
-read_table    int32    ROW_MAJOR   [B, Wr]          chunked SDPA ``page_table_tensor``
-start         int32    ROW_MAJOR   [B]              ``chunk_start_idx_tensor`` (``[1]`` for a
-                                                    single-row chunked request)
-slots         int32    ROW_MAJOR   [B]              per-row batch index (``batch_idx_tensor``
-                                                    form); -1 marks a padding row
-last_index    int32    ROW_MAJOR   [B]              chunk-relative last-token row
-top_k         uint32   ROW_MAJOR   [B]              ``ttnn.sampling`` ``k`` (``[num_users]``)
-top_p         bfloat16 ROW_MAJOR   [B]              ``ttnn.sampling`` ``p``
-temperature   bfloat16 ROW_MAJOR   [B]              ``ttnn.sampling`` ``temp``: holds 1/T, the
-                                                    op multiplies logits by it
-hidden        bfloat16 TILE        [B, 1, S, H]     a body activation (the model's output)
-============  =======  ==========  ===============  ==========================================
+::
+
+  value         dtype    layout      shape            consumer
+  input_tokens  uint32   ROW_MAJOR   [1, 1, B, S]     ``ttnn.embedding`` ids; one row is
+                                                      ``[1, 1, 1, S]``, tt_transformers'
+                                                      ``prepare_inputs_prefill`` form; a wave
+                                                      stacks rows on dim 2 (the row-major
+                                                      ``[1, 1, 1, B*S]`` view is a free reshape)
+  fill_table    int32    ROW_MAJOR   [B, Wf]          ``paged_fill_cache`` page_table (-1 skips)
+  read_table    int32    ROW_MAJOR   [B, Wr]          chunked SDPA ``page_table_tensor``
+  chunk_start   int32    ROW_MAJOR   [B]              ``chunk_start_idx_tensor`` (``[1]`` for a
+                                                      single-row chunked request)
+  slots         int32    ROW_MAJOR   [B]              per-row batch index (``batch_idx_tensor``
+                                                      form); -1 marks a padding row
+  last_token_index int32  ROW_MAJOR   [B]              chunk-relative last-token row
+  top_k         uint32   ROW_MAJOR   [B]              ``ttnn.sampling`` ``k`` (``[num_users]``)
+  top_p         bfloat16 ROW_MAJOR   [B]              ``ttnn.sampling`` ``p``
+  inverse_temperature bfloat16 ROW_MAJOR [B]           ``ttnn.sampling`` ``temp``: holds 1/T, the
+                                                      op multiplies logits by it
+  hidden        bfloat16 TILE        [B, 1, S, H]     a body activation (the model's output)
 
 Chunk starts, slots and tables are tensors, never Python scalars, so a
 captured trace reads them from device memory at replay (ANCHORS "Trace rules").
 
-Outputs of the device postprocessing (the persistent ``ws.*`` workspace of a
+Outputs of the device postprocessing (also the persistent workspace of a
 traced program alias) are staged as zeros in the form ``TtnnBackend.assign``
 copies into: ``last_hidden`` bfloat16 TILE ``[1, 1, B, H]``; ``logits``
-float32 TILE ``[1, 1, B, V]``; ``tokens`` uint32 and ``token_logprob``
+float32 TILE ``[1, 1, B, V]``; ``sampled_tokens`` uint32 and ``token_logprob``
 float32 ROW_MAJOR ``[1, 1, 1, B]``; ``top_ids`` uint32 and ``top_logprobs``
 float32 ROW_MAJOR ``[1, 1, B, N]``.
 
@@ -58,11 +58,12 @@ import torch
 
 from prefill_core.errors import PrefillInputError
 
-from ..inputs import STEP_FIELDS
+from ..contract import (CHUNK_START, FILL_TABLE, HIDDEN, INPUT_TOKENS, INVERSE_TEMPERATURE, LAST_HIDDEN,
+                        LAST_TOKEN_INDEX, LOGITS, READ_TABLE, SAMPLED_TOKENS, SLOTS, STEP_INPUTS, TOKEN_LOGPROB,
+                        TOP_IDS, TOP_K, TOP_LOGPROBS, TOP_P, TensorSpec)
 
 __all__ = [
     "MAX_DEVICE_TOP_K",
-    "WORKSPACE_PREFIX",
     "TensorContract",
     "stage_tokens",
     "stage_page_table",
@@ -70,8 +71,7 @@ __all__ = [
     "sampling_vectors",
     "stage_sampling",
     "stage_hidden",
-    "stage_output",
-    "stage_named",
+    "stage",
     "stage_step",
     "contract_of",
 ]
@@ -216,9 +216,29 @@ def stage_sampling(params: Sequence, mesh_mapper=None) -> tuple[Any, Any, Any]:
     """Per-row ``SamplingParams`` -> (K uint32, P bfloat16, 1/T bfloat16), ROW_MAJOR ``[B]`` each.
 
     ``params`` are per physical row (padding rows repeat row 0, see
-    ``postprocess.wave_params``). P and 1/T round to bfloat16 (0.9 -> 0.8984).
+    ``postprocess.wave_params``). P and 1/T round to bfloat16 (0.9 -> 0.8984),
+    never to inf or 0.
     """
     k, p, inverse_t = sampling_vectors(params)
+    bf16 = torch.finfo(torch.bfloat16)
+    # A 1/T past bfloat16's largest finite value would stage as inf, and
+    # logits * inf is NaN in the kernel's softmax. Clamping 1/T to that largest
+    # value would not save it (any logit above 1 times it still overflows), so
+    # such a row stages as the greedy triple k=1, P=1, 1/T=1: top-1 is the
+    # argmax at any draw, which is what T -> 0 means.
+    cold = inverse_t > bf16.max
+    if bool(cold.any()):
+        k, p, inverse_t = k.masked_fill(cold, 1), p.masked_fill(cold, 1.0), inverse_t.masked_fill(cold, 1.0)
+    # A P below bfloat16's smallest normal rounds to 0 (or to a subnormal that
+    # hardware may flush to 0), and P = 0 would drop even the top token. Raising
+    # it to the smallest normal changes no outcome: with at most 32 candidates
+    # the top token holds >= 1/32 of the mass, so any P that small keeps
+    # exactly the top token either way.
+    p = p.clamp(min=bf16.tiny)
+    # A huge T makes 1/T round to 0, and -inf * 0 is NaN for a masked logit.
+    # The smallest normal keeps -inf at -inf while every finite logit still
+    # scales to about 0: the uniform draw over the top k that T -> inf means.
+    inverse_t = inverse_t.clamp(min=bf16.tiny)
     return (
         _host(k, "uint32", "ROW_MAJOR", mesh_mapper),
         _host(p, "bfloat16", "ROW_MAJOR", mesh_mapper),
@@ -246,67 +266,58 @@ def _rows_out(dtype: str, layout: str) -> Callable:
 
 _TORCH = {"uint32": torch.int64, "float32": torch.float32, "bfloat16": torch.bfloat16, "int32": torch.int32}
 
-_OUTPUTS: dict[str, tuple[Callable, TensorContract]] = {
-    "last_index": (lambda host, mesh_mapper=None: stage_int_vector(host, mesh_mapper, name="last_index"),
-                   TensorContract("int32", "ROW_MAJOR")),
-    "last_hidden": (_rows_out("bfloat16", "TILE"), TensorContract("bfloat16", "TILE")),
-    "logits": (_rows_out("float32", "TILE"), TensorContract("float32", "TILE")),
-    "tokens": (_vector_out("uint32"), TensorContract("uint32", "ROW_MAJOR")),
-    "token_logprob": (_vector_out("float32"), TensorContract("float32", "ROW_MAJOR")),
-    "top_ids": (_rows_out("uint32", "ROW_MAJOR"), TensorContract("uint32", "ROW_MAJOR")),
-    "top_logprobs": (_rows_out("float32", "ROW_MAJOR"), TensorContract("float32", "ROW_MAJOR")),
+def _flat(dtype: str) -> Callable:
+    def stage(host: torch.Tensor, mesh_mapper=None) -> Any:
+        return _host(host.reshape(-1).to(_TORCH[dtype]), dtype, "ROW_MAJOR", mesh_mapper)
+
+    return stage
+
+
+def _int_vector(spec: TensorSpec) -> Callable:
+    return lambda host, mesh_mapper=None: stage_int_vector(host, mesh_mapper, name=spec.name)
+
+
+_ROW_MAJOR_INT32 = TensorContract("int32", "ROW_MAJOR")
+
+# Every contract entry the device sees: how its host value is staged, and
+# the dtype and layout that gives on the device.
+_STAGING: dict[TensorSpec, tuple[Callable, TensorContract]] = {
+    INPUT_TOKENS: (stage_tokens, TensorContract("uint32", "ROW_MAJOR")),
+    CHUNK_START: (_int_vector(CHUNK_START), _ROW_MAJOR_INT32),
+    SLOTS: (_int_vector(SLOTS), _ROW_MAJOR_INT32),
+    FILL_TABLE: (stage_page_table, _ROW_MAJOR_INT32),
+    READ_TABLE: (stage_page_table, _ROW_MAJOR_INT32),
+    LAST_TOKEN_INDEX: (_int_vector(LAST_TOKEN_INDEX), _ROW_MAJOR_INT32),
+    TOP_K: (_flat("uint32"), TensorContract("uint32", "ROW_MAJOR")),
+    TOP_P: (_flat("bfloat16"), TensorContract("bfloat16", "ROW_MAJOR")),
+    INVERSE_TEMPERATURE: (_flat("bfloat16"), TensorContract("bfloat16", "ROW_MAJOR")),
+    HIDDEN: (stage_hidden, TensorContract("bfloat16", "TILE")),
+    LAST_HIDDEN: (_rows_out("bfloat16", "TILE"), TensorContract("bfloat16", "TILE")),
+    LOGITS: (_rows_out("float32", "TILE"), TensorContract("float32", "TILE")),
+    SAMPLED_TOKENS: (_vector_out("uint32"), TensorContract("uint32", "ROW_MAJOR")),
+    TOKEN_LOGPROB: (_vector_out("float32"), TensorContract("float32", "ROW_MAJOR")),
+    TOP_IDS: (_rows_out("uint32", "ROW_MAJOR"), TensorContract("uint32", "ROW_MAJOR")),
+    TOP_LOGPROBS: (_rows_out("float32", "ROW_MAJOR"), TensorContract("float32", "ROW_MAJOR")),
 }
 
-_INPUTS: dict[str, tuple[Callable, TensorContract]] = {
-    "tokens": (stage_tokens, TensorContract("uint32", "ROW_MAJOR")),
-    "fill_table": (stage_page_table, TensorContract("int32", "ROW_MAJOR")),
-    "read_table": (stage_page_table, TensorContract("int32", "ROW_MAJOR")),
-    "start": (lambda host, mesh_mapper=None: stage_int_vector(host, mesh_mapper, name="start"),
-              TensorContract("int32", "ROW_MAJOR")),
-    "slots": (lambda host, mesh_mapper=None: stage_int_vector(host, mesh_mapper, name="slots"),
-              TensorContract("int32", "ROW_MAJOR")),
-    "last_index": _OUTPUTS["last_index"],
-    "hidden": (stage_hidden, TensorContract("bfloat16", "TILE")),
-}
 
-WORKSPACE_PREFIX = "ws."
+def _entry(spec: TensorSpec) -> tuple[Callable, TensorContract]:
+    try:
+        return _STAGING[spec]
+    except KeyError:
+        raise KeyError(f"no ttnn staging for {spec!r} (known: {sorted(s.name for s in _STAGING)})") from None
 
 
-def _entry(name: str) -> tuple[Callable, TensorContract]:
-    """Runtime tensor names: ``tokens`` (eager input), ``trace.tokens`` (a trace's
-    persistent input), ``ws.tokens`` (a workspace output: the sampled tokens)."""
-    table = _OUTPUTS if name.startswith(WORKSPACE_PREFIX) else _INPUTS
-    role = name.rsplit(".", 1)[-1]
-    if role not in table:
-        kind = "workspace output" if table is _OUTPUTS else "input"
-        raise KeyError(f"no ttnn staging contract for {kind} {name!r} (known: {sorted(table)})")
-    return table[role]
+def contract_of(spec: TensorSpec) -> TensorContract:
+    """The dtype and layout the tensor ``spec`` has on the device."""
+    return _entry(spec)[1]
 
 
-def contract_of(name: str) -> TensorContract:
-    """The dtype and layout a runtime tensor named ``name`` has on the device."""
-    return _entry(name)[1]
+def stage(spec: TensorSpec, host: torch.Tensor, mesh_mapper=None) -> Any:
+    """Stages the tensor ``spec`` (see ``contract_of``) from its host value."""
+    return _entry(spec)[0](host, mesh_mapper)
 
 
-def stage_named(name: str, host: torch.Tensor, mesh_mapper=None) -> Any:
-    """Stages the runtime tensor ``name`` (see ``contract_of``) from its host value."""
-    return _entry(name)[0](host, mesh_mapper)
-
-
-def stage_output(name: str, host: torch.Tensor, mesh_mapper=None) -> Any:
-    """Stages a postprocessing output ``name`` (``logits``, ``tokens``...) as its workspace form."""
-    return stage_named(WORKSPACE_PREFIX + name, host, mesh_mapper)
-
-
-def stage_step(step, mesh_mapper=None) -> dict[str, Any]:
-    """Every present field of a ``HostStep``, by name (``read_table`` only for chunked steps)."""
-    staged = {
-        "tokens": stage_tokens(step.tokens, mesh_mapper),
-        "start": stage_int_vector(step.start, mesh_mapper, name="start"),
-        "slots": stage_int_vector(step.slots, mesh_mapper, name="slots"),
-        "fill_table": stage_page_table(step.fill_table, mesh_mapper),
-        "last_index": stage_int_vector(step.last_index, mesh_mapper, name="last_index"),
-    }
-    if step.read_table is not None:
-        staged["read_table"] = stage_page_table(step.read_table, mesh_mapper)
-    return {name: staged[name] for name in STEP_FIELDS if name in staged}
+def stage_step(step, mesh_mapper=None) -> dict[TensorSpec, Any]:
+    """Every input a host step holds, by spec (``READ_TABLE`` only for chunked steps)."""
+    return {spec: stage(spec, step[spec], mesh_mapper) for spec in STEP_INPUTS if spec in step}

@@ -211,12 +211,12 @@ def test_auto_mode_runs_uncovered_call_eagerly_with_one_late_compile(half_warmed
     counting, runtime, executor, call = half_warmed
     unseen = runtime.prepare(**call).prepared[1].program_signature
     compiles, calls = executor.compile_count, counting.body_calls
-    replays = sum(t.replays for t in executor.lifecycle.traces.values())
+    replays = sum(t.replays for t in executor.runtime.captured_traces())
     results = executor.prefill(**call, mode="auto")
     assert [r.row for r in results] == [0, 1]
     assert executor.compile_count == compiles + 1 and unseen in executor.compiled
     assert counting.body_calls > calls
-    assert sum(t.replays for t in executor.lifecycle.traces.values()) == replays
+    assert sum(t.replays for t in executor.runtime.captured_traces()) == replays
 
 
 # ---------------------------------------------------------------- warm-up order
@@ -290,7 +290,7 @@ def test_stream_opened_before_close_refuses_to_replay_after_it(model):
     executor = PrefillExecutor(runtime)
     batch = runtime.prepare(**call)
     executor.warm_up(WarmupManifest().observe(batch.prepared))
-    stream = runtime.assembler.stream(executor.invocations(batch, "traced"))
+    stream = runtime.stream(executor.invocations(batch, "traced"))
     next(stream)
     executor.close()
     with pytest.raises(PrefillStateError, match="closed"):

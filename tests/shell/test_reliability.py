@@ -173,7 +173,7 @@ def test_replaying_a_released_trace_raises_a_state_error(tiny_model):
     executor = PrefillExecutor(runtime)
     batch = _one_row(runtime)
     executor.warm_up(WarmupManifest().observe(batch.prepared))
-    trace = next(iter(executor.lifecycle.traces.values()))
+    trace = next(iter(executor.runtime.captured_traces()))
     runtime.backend.release_trace(trace.handle)
     with pytest.raises(PrefillStateError, match="released"):
         runtime.assemble(executor.invocations(batch, "traced"), batch.num_rows)

@@ -23,6 +23,7 @@ class _ModelProxy:
     def __init__(self, inner):
         self.inner = inner
         self.spec = inner.spec
+        self.dtype = inner.dtype
         self.body_calls = 0
 
     def new_kv_cache(self, num_blocks, block_size):
@@ -146,7 +147,7 @@ def test_non_final_chunk_hidden_is_released_before_next_chunk_runs(tiny_model, k
     assert len(model.live_at_body) == 3
     for call, names in enumerate(model.live_at_body):
         assert "hidden" not in names, f"body call {call}: {names}"
-        assert names.count("tokens") == 1, f"body call {call}: {names}"
+        assert names.count("input_tokens") == 1, f"body call {call}: {names}"
     assert backend.ledger.live() == []
 
 

@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from prefill_core import PageTableLayout, PrefillBatch, PrefillPolicy, PrefillRow, plan_prefill
+from prefill_shell.contract import FILL_TABLE, READ_TABLE
 from prefill_shell.inputs import build_host_steps
 
 LAYOUT = PageTableLayout(16, 64, 512)
@@ -36,7 +37,7 @@ def test_tables_cut_from_the_caller_tensor_equal_the_materializer(call):
     tokens = torch.ones(table.shape[0], 400, dtype=torch.int64)
     for request in requests:
         for fast, pure in zip(build_host_steps(tokens, request, table), build_host_steps(tokens, request)):
-            assert torch.equal(fast.fill_table, pure.fill_table)
-            assert (fast.read_table is None) == (pure.read_table is None)
-            if pure.read_table is not None:
-                assert torch.equal(fast.read_table, pure.read_table)
+            assert torch.equal(fast[FILL_TABLE], pure[FILL_TABLE])
+            assert (READ_TABLE in fast) == (READ_TABLE in pure)
+            if READ_TABLE in pure:
+                assert torch.equal(fast[READ_TABLE], pure[READ_TABLE])

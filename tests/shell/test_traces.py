@@ -15,6 +15,7 @@ import torch
 from prefill_core import PageTableLayout, PrefillPolicy, SamplingParams, WarmupManifest
 from prefill_core.errors import PrefillStateError
 from prefill_shell.backends import TorchBackend
+from prefill_shell.contract import LOGITS, SAMPLED_TOKENS
 from prefill_shell.config import PrefillRuntimeConfig
 from prefill_shell.executor import PrefillExecutor
 from prefill_shell.ledger import Ownership
@@ -122,7 +123,7 @@ def test_wave_of_15_replayed_by_16_row_trace_equals_eager(model, path):
     traced = executor.prefill(**call, mode="traced")
     eager = _runtime(model, PrefillPolicy(), SHORT_LAYOUT).prefill(**call)
     _assert_identical(traced, eager)
-    (trace,) = executor.lifecycle.traces.values()
+    (trace,) = executor.runtime.captured_traces()
     assert (trace.signature.padded_batch, trace.replays) == (16, 1)
     executor.close()
 
@@ -161,7 +162,7 @@ def test_cached_6000_token_row_traced_equals_eager(long_runs, row):
 def test_long_rows_at_every_cached_offset_share_one_chunk_trace(long_runs):
     """Every chunk of every long row, whatever its cached offset, replays one captured trace."""
     executor = long_runs["executor"]
-    (trace,) = executor.lifecycle.traces.values()
+    (trace,) = executor.runtime.captured_traces()
     assert long_runs["captures_after_warm_up"] == 1
     assert executor.runtime.backend.captures == 1
     assert trace.replays == long_runs["chunks"] == 3 + 3 + 2 + 1
@@ -175,7 +176,7 @@ def test_one_trace_serves_every_chunk_position(model):
     (prepared,) = runtime.prepare(**call).prepared
     starts = [chunk.start for chunk in prepared.request.chunks]
     executor.prefill(**call, mode="traced")
-    (trace,) = executor.lifecycle.traces.values()
+    (trace,) = executor.runtime.captured_traces()
     assert starts == [0, 256, 512, 768]
     assert (runtime.backend.captures, trace.replays) == (1, len(starts))
     executor.close()
@@ -201,12 +202,12 @@ def test_kept_results_survive_later_replays_of_a_shared_buffer(model):
             invocations.append(invocation)
             yield invocation
 
-    kept = list(runtime.assembler.stream(spy(executor.invocations(batch, "traced"))))
+    kept = list(runtime.stream(spy(executor.invocations(batch, "traced"))))
     eager = _runtime(model, policy, SHORT_LAYOUT).prefill(**call)
     _assert_identical(sorted(kept, key=lambda r: r.row), eager)
 
-    shared = invocations[0].outputs["logits"]
-    assert invocations[1].outputs["logits"] is shared
+    shared = invocations[0].outputs[LOGITS]
+    assert invocations[1].outputs[LOGITS] is shared
     assert shared.ownership is Ownership.WORKSPACE
     device_now = shared.value[0]
     assert torch.equal(device_now, kept[1].logits)  # the buffer holds the second replay ...
@@ -222,8 +223,8 @@ def test_traced_invocations_share_one_output_storage(model):
     executor = _warmed(runtime, call)
     pointers = []
     for invocation in executor.invocations(runtime.prepare(**call), "traced"):
-        pointers.append(invocation.outputs["tokens"].value.data_ptr())
-        list(runtime.assembler.stream([invocation]))
+        pointers.append(invocation.outputs[SAMPLED_TOKENS].value.data_ptr())
+        list(runtime.stream([invocation]))
     assert len(pointers) == 2 and pointers[0] == pointers[1]
     executor.close()
 
@@ -236,7 +237,7 @@ def test_replay_after_release_trace_raises_state_error(model):
     call = _call([60], block_size=16, seed=7)
     runtime = _runtime(model, PrefillPolicy(), SHORT_LAYOUT)
     executor = _warmed(runtime, call)
-    (trace,) = executor.lifecycle.traces.values()
+    (trace,) = executor.runtime.captured_traces()
     runtime.backend.release_trace(trace.handle)
     with pytest.raises(PrefillStateError, match="released"):
         executor.prefill(**call, mode="traced")
@@ -248,7 +249,7 @@ def test_replaying_a_trace_handle_after_close_raises_state_error(model):
     call = _call([60], block_size=16, seed=8)
     runtime = _runtime(model, PrefillPolicy(), SHORT_LAYOUT)
     executor = _warmed(runtime, call)
-    (trace,) = executor.lifecycle.traces.values()
+    (trace,) = executor.runtime.captured_traces()
     executor.close()
     with pytest.raises(PrefillStateError, match="released"):
         runtime.backend.replay(trace.handle)
@@ -290,6 +291,6 @@ def test_cuda_traced_equals_eager_and_captures_a_cuda_graph():
     eager = _runtime(cuda_model, PrefillPolicy(), SHORT_LAYOUT, device="cuda").prefill(**call)
     for t, e in zip(traced, eager):
         assert (t.logits - e.logits).abs().max().item() <= 1e-4
-    (trace,) = executor.lifecycle.traces.values()
+    (trace,) = executor.runtime.captured_traces()
     assert isinstance(trace.handle.payload, torch.cuda.CUDAGraph)
     executor.close()

@@ -16,6 +16,7 @@ from prefill_core import PrefillPolicy, SamplingParams, WarmupManifest
 from prefill_core.errors import PrefillStateError
 from prefill_shell.backends.base import Backend
 from prefill_shell.tt.backend import TtnnBackend
+from prefill_shell.contract import INPUT_TOKENS, SLOTS
 from prefill_shell.config import PrefillRuntimeConfig
 from prefill_shell.executor import PrefillExecutor
 from prefill_shell.ledger import Ownership
@@ -229,7 +230,7 @@ def test_traced_sampling_assigns_every_output_into_the_alias_workspace(lane):
 
 def test_a_failed_deallocate_leaves_the_handle_live_for_a_retry(lane):
     """ttnn.deallocate raising propagates before the ledger changes; the handle stays live and a retry frees it."""
-    handle = lane.backend.upload(torch.zeros(4, dtype=torch.int64), "slots", Ownership.INVOCATION)
+    handle = lane.backend.upload(torch.zeros(4, dtype=torch.int64), SLOTS, Ownership.INVOCATION)
     lane.recording.fail_deallocate = 1
     with pytest.raises(RuntimeError, match="injected"):
         lane.backend.release(handle)
@@ -249,8 +250,8 @@ def test_a_failed_free_during_a_run_becomes_an_orphan_and_nothing_leaks(lane):
 
 def test_refresh_refuses_a_host_value_of_another_shape(lane):
     """copy_host_to_device_tensor needs equal specs: a mismatch is a PrefillStateError, not a device fault."""
-    target = lane.backend.upload(torch.zeros(1, 128, dtype=torch.int64), "trace.tokens", Ownership.TRACE)
-    with pytest.raises(PrefillStateError, match="refresh of trace.tokens"):
+    target = lane.backend.upload(torch.zeros(1, 128, dtype=torch.int64), INPUT_TOKENS, Ownership.TRACE)
+    with pytest.raises(PrefillStateError, match="refresh of input_tokens"):
         lane.backend.refresh(torch.zeros(1, 64, dtype=torch.int64), target)
     assert lane.recording.count("copy_host_to_device_tensor") == 0
 

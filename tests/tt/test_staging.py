@@ -13,6 +13,9 @@ from hypothesis import strategies as st
 
 from prefill_core import PageTableLayout, PrefillBatch, PrefillPolicy, PrefillRow, SamplingParams, plan_prefill
 from prefill_core.errors import PrefillInputError
+from prefill_shell.contract import (ALL_SPECS, CHUNK_START, FILL_TABLE, INPUT_TOKENS, LAST_HIDDEN, LAST_TOKEN_INDEX,
+                                    LOGITS, READ_TABLE, SAMPLED_TOKENS, SLOTS, TOKEN_LOGPROB, TOP_IDS, TOP_LOGPROBS,
+                                    Stage, TensorSpec)
 from prefill_shell.tt import staging as ttnn_staging
 from prefill_shell.inputs import build_host_steps
 
@@ -68,22 +71,21 @@ def assert_staged(ttnn, tensor, dtype, layout, shape, expected: torch.Tensor) ->
 
 @given(case=planned())
 def test_every_step_of_every_planned_request_is_staged_in_the_ttnn_contract(ttnn, case):
-    """tokens uint32 [1,1,B,S]; tables int32 [B,W]; start/slots/last_index int32 [B]; all values exact."""
+    """input tokens uint32 [1,1,B,S]; tables int32 [B,W]; chunk start/slots/last-token index int32 [B]; all exact."""
     tokens, requests = case
     rm = ttnn.ROW_MAJOR_LAYOUT
     for request in requests:
         for step in build_host_steps(tokens, request):
-            b, s = step.tokens.shape
+            b, s = step[INPUT_TOKENS].shape
             staged = ttnn_staging.stage_step(step)
-            assert set(staged) == {"tokens", "start", "slots", "fill_table", "last_index"} | (
-                {"read_table"} if request.kind.is_chunked else set())
-            assert_staged(ttnn, staged["tokens"], ttnn.uint32, rm, (1, 1, b, s), step.tokens.reshape(1, 1, b, s))
-            assert_staged(ttnn, staged["fill_table"], ttnn.int32, rm, tuple(step.fill_table.shape), step.fill_table)
-            if step.read_table is not None:
-                assert_staged(ttnn, staged["read_table"], ttnn.int32, rm, tuple(step.read_table.shape), step.read_table)
-            for name in ("start", "slots", "last_index"):
-                host = getattr(step, name)
-                assert_staged(ttnn, staged[name], ttnn.int32, rm, (b,), host.to(torch.int32))
+            assert set(staged) == {INPUT_TOKENS, CHUNK_START, SLOTS, FILL_TABLE, LAST_TOKEN_INDEX} | (
+                {READ_TABLE} if request.kind.is_chunked else set())
+            assert_staged(ttnn, staged[INPUT_TOKENS], ttnn.uint32, rm, (1, 1, b, s), step[INPUT_TOKENS].reshape(1, 1, b, s))
+            for table in (FILL_TABLE, READ_TABLE):
+                if table in step:
+                    assert_staged(ttnn, staged[table], ttnn.int32, rm, tuple(step[table].shape), step[table])
+            for spec in (CHUNK_START, SLOTS, LAST_TOKEN_INDEX):
+                assert_staged(ttnn, staged[spec], ttnn.int32, rm, (b,), step[spec].to(torch.int32))
 
 
 @given(case=planned())
@@ -127,34 +129,41 @@ def test_float32_to_bfloat16_tilization_runs_under_the_mock_cluster(ttnn):
 
 
 WORKSPACE = {
-    # name: (host shape, device dtype, device layout, device shape)
-    "last_index": ((4,), "int32", "ROW_MAJOR", (4,)),
-    "last_hidden": ((4, 64), "bfloat16", "TILE", (1, 1, 4, 64)),
-    "logits": ((4, 256), "float32", "TILE", (1, 1, 4, 256)),
-    "tokens": ((4,), "uint32", "ROW_MAJOR", (1, 1, 1, 4)),
-    "token_logprob": ((4,), "float32", "ROW_MAJOR", (1, 1, 1, 4)),
-    "top_ids": ((4, 5), "uint32", "ROW_MAJOR", (1, 1, 4, 5)),
-    "top_logprobs": ((4, 5), "float32", "ROW_MAJOR", (1, 1, 4, 5)),
+    # spec: (host shape, device dtype, device layout, device shape)
+    LAST_TOKEN_INDEX: ((4,), "int32", "ROW_MAJOR", (4,)),
+    LAST_HIDDEN: ((4, 64), "bfloat16", "TILE", (1, 1, 4, 64)),
+    LOGITS: ((4, 256), "float32", "TILE", (1, 1, 4, 256)),
+    SAMPLED_TOKENS: ((4,), "uint32", "ROW_MAJOR", (1, 1, 1, 4)),
+    TOKEN_LOGPROB: ((4,), "float32", "ROW_MAJOR", (1, 1, 1, 4)),
+    TOP_IDS: ((4, 5), "uint32", "ROW_MAJOR", (1, 1, 4, 5)),
+    TOP_LOGPROBS: ((4, 5), "float32", "ROW_MAJOR", (1, 1, 4, 5)),
 }
 
 
-@pytest.mark.parametrize("name", sorted(WORKSPACE))
-def test_workspace_outputs_stage_in_the_form_the_device_ops_produce(ttnn, name):
-    """Every ``ws.*`` buffer has the dtype, layout and shape ``TtnnBackend.assign`` copies into."""
-    host_shape, dtype, layout, shape = WORKSPACE[name]
-    staged = ttnn_staging.stage_output(name, torch.zeros(host_shape))
+@pytest.mark.parametrize("spec", list(WORKSPACE), ids=lambda spec: spec.name)
+def test_workspace_outputs_stage_in_the_form_the_device_ops_produce(ttnn, spec):
+    """Every workspace tensor has the dtype, layout and shape ``TtnnBackend.assign`` copies into."""
+    host_shape, dtype, layout, shape = WORKSPACE[spec]
+    staged = ttnn_staging.stage(spec, torch.zeros(host_shape))
     assert staged.dtype == getattr(ttnn, dtype)
     assert staged.layout == getattr(ttnn, f"{layout}_LAYOUT")
     assert tuple(staged.shape) == shape
-    contract = ttnn_staging.contract_of(f"ws.{name}")
+    contract = ttnn_staging.contract_of(spec)
     assert (contract.dtype, contract.layout) == (dtype, layout)
 
 
-def test_trace_inputs_stage_like_eager_inputs(ttnn):
-    """``trace.tokens`` and ``tokens`` share one contract, so a refresh always matches its target."""
+def test_every_contract_entry_has_a_ttnn_staging(ttnn):
+    """Each tensor of the contract stages on the device: a new contract entry cannot miss the ttnn path."""
+    for spec in ALL_SPECS:
+        assert ttnn_staging.contract_of(spec).dtype in ("uint32", "int32", "float32", "bfloat16")
+
+
+def test_input_tokens_and_sampled_tokens_stage_differently(ttnn):
+    """The token matrix a body reads and the tokens sampling returns are two contract entries with two forms."""
     host = torch.arange(8).reshape(2, 4)
-    a, b = ttnn_staging.stage_named("tokens", host), ttnn_staging.stage_named("trace.tokens", host)
-    assert (tuple(a.shape), a.dtype, a.layout) == (tuple(b.shape), b.dtype, b.layout)
+    a = ttnn_staging.stage(INPUT_TOKENS, host)
+    b = ttnn_staging.stage(SAMPLED_TOKENS, host.reshape(-1))
+    assert tuple(a.shape) == (1, 1, 2, 4) and tuple(b.shape) == (1, 1, 1, 8)
 
 
 def test_negative_tokens_are_refused_instead_of_wrapping(ttnn):
@@ -178,7 +187,8 @@ def test_top_k_beyond_the_ttnn_sampling_limit_is_refused(ttnn):
     assert info.value.field == "sampling.top_k"
 
 
-def test_unknown_tensor_names_have_no_contract(ttnn):
-    """A name outside the contract is a KeyError naming it, never a guess."""
-    with pytest.raises(KeyError, match="ws.bogus"):
-        ttnn_staging.stage_named("ws.bogus", torch.zeros(2))
+def test_a_spec_outside_the_contract_has_no_staging(ttnn):
+    """A tensor spec the contract does not hold is a KeyError naming it, never a guess."""
+    bogus = TensorSpec("bogus", Stage.OUTPUT, torch.float32, ("B",), "not in the contract")
+    with pytest.raises(KeyError, match="bogus"):
+        ttnn_staging.stage(bogus, torch.zeros(2))

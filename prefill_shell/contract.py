@@ -1,0 +1,176 @@
+"""The tensor contract: every tensor the runtime stages, runs, keeps or reads, named once.
+
+Each entry is a ``TensorSpec``: its name, the stage of an invocation it
+belongs to, its host dtype (``None``: the model's dtype), its shape as
+symbolic dimensions, and whether a persistent copy is refreshed in place from
+host values (inputs) or written on the device (outputs). Everything else
+reads this table: host steps are keyed by spec, backends stage and read back
+by spec (the ttnn staging table maps each spec to its device dtype and
+layout), warm-up builds its no-write step from it, and workspaces are
+allocated from it. Adding a tensor means adding one entry here and the code
+that produces it.
+
+Dimensions: ``B`` padded batch, ``S`` step (chunk) length, ``Wf`` / ``Wr``
+fill and read table widths, ``H`` hidden size, ``V`` vocabulary, ``N`` the
+policy's ``max_logprobs``.
+
+==================  ==================  ========  =========  =========================================
+spec                stage               host      shape      meaning
+==================  ==================  ========  =========  =========================================
+input_tokens        body input          int64     B, S       prompt token ids; 0 past a prompt's end
+                                                             and in padding rows
+chunk_start         body input          int64     B          absolute position of the step's first
+                                                             token (a tensor: traces must not bake it)
+slots               body input          int32     B          KV slot per row; -1 for padding rows
+fill_table          body input          int32     B, Wf      blocks this step writes; -1 writes nothing
+read_table          body input          int32     B, Wr      chunked steps only: blocks attention reads,
+                                                             all >= 0 (filler where unmapped)
+last_token_index    postprocess input   int64     B          step-relative row of each last token
+top_k               postprocess input   int64     B          device sampling K per row
+top_p               postprocess input   float32   B          device sampling P per row
+inverse_temperature postprocess input   float32   B          device sampling 1/T per row
+hidden              body output         model     B, S, H    the body's output after the final norm
+last_hidden         output              model     B, H       each row's last-token hidden state
+logits              output              float32   B, V       LM head on ``last_hidden``
+sampled_tokens      output              int64     B          argmax or sampled token per row
+token_logprob       output              float32   B          log-prob of the sampled token
+top_ids             output              int64     B, N       best ``N`` token ids per row
+top_logprobs        output              float32   B, N       their log-probs
+==================  ==================  ========  =========  =========================================
+
+Every input is refreshed in place before a replay (traced) or uploaded once
+per step (eager); every output is produced on the device: a new
+invocation-owned tensor when eager, assigned into the program alias's
+persistent workspace when traced.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+
+import attrs
+import torch
+
+from prefill_core import PrefillProgramSignature, PrefillTraceSignature
+
+__all__ = [
+    "Stage",
+    "TensorSpec",
+    "INPUT_TOKENS",
+    "CHUNK_START",
+    "SLOTS",
+    "FILL_TABLE",
+    "READ_TABLE",
+    "LAST_TOKEN_INDEX",
+    "TOP_K",
+    "TOP_P",
+    "INVERSE_TEMPERATURE",
+    "HIDDEN",
+    "LAST_HIDDEN",
+    "LOGITS",
+    "SAMPLED_TOKENS",
+    "TOKEN_LOGPROB",
+    "TOP_IDS",
+    "TOP_LOGPROBS",
+    "BODY_INPUTS",
+    "STEP_INPUTS",
+    "SAMPLING_INPUTS",
+    "ALL_SPECS",
+    "body_geometry",
+    "program_geometry",
+    "output_specs",
+    "workspace_specs",
+]
+
+
+class Stage(enum.Enum):
+    """Where in one invocation a tensor lives."""
+
+    BODY_INPUT = "body input"
+    POSTPROCESS_INPUT = "postprocess input"
+    BODY_OUTPUT = "body output"
+    OUTPUT = "output"
+
+    @property
+    def is_input(self) -> bool:
+        return self in (Stage.BODY_INPUT, Stage.POSTPROCESS_INPUT)
+
+
+# eq=False: specs are module singletons, compared and hashed by identity.
+@attrs.frozen(eq=False)
+class TensorSpec:
+    """One named tensor of the contract."""
+
+    name: str
+    stage: Stage
+    host_dtype: torch.dtype | None  # None: the model's dtype
+    dims: tuple[str, ...]
+    meaning: str
+
+    @property
+    def refreshed_in_place(self) -> bool:
+        """Inputs are copied from host values into persistent tensors; outputs are written on the device."""
+        return self.stage.is_input
+
+    def shape(self, geometry: Mapping[str, int]) -> tuple[int, ...]:
+        return tuple(geometry[dim] for dim in self.dims)
+
+    def dtype(self, model_dtype: torch.dtype) -> torch.dtype:
+        return model_dtype if self.host_dtype is None else self.host_dtype
+
+    def __repr__(self) -> str:
+        return f"TensorSpec({self.name})"
+
+
+_B = ("B",)
+INPUT_TOKENS = TensorSpec("input_tokens", Stage.BODY_INPUT, torch.int64, ("B", "S"), "prompt token ids")
+CHUNK_START = TensorSpec("chunk_start", Stage.BODY_INPUT, torch.int64, _B, "absolute position of the step's first token")
+SLOTS = TensorSpec("slots", Stage.BODY_INPUT, torch.int32, _B, "KV slot per row, -1 for padding rows")
+FILL_TABLE = TensorSpec("fill_table", Stage.BODY_INPUT, torch.int32, ("B", "Wf"), "blocks the step writes (-1: none)")
+READ_TABLE = TensorSpec("read_table", Stage.BODY_INPUT, torch.int32, ("B", "Wr"), "blocks chunked attention reads")
+LAST_TOKEN_INDEX = TensorSpec("last_token_index", Stage.POSTPROCESS_INPUT, torch.int64, _B, "step-relative last-token row")
+TOP_K = TensorSpec("top_k", Stage.POSTPROCESS_INPUT, torch.int64, _B, "device sampling K")
+TOP_P = TensorSpec("top_p", Stage.POSTPROCESS_INPUT, torch.float32, _B, "device sampling P")
+INVERSE_TEMPERATURE = TensorSpec("inverse_temperature", Stage.POSTPROCESS_INPUT, torch.float32, _B, "device sampling 1/T")
+HIDDEN = TensorSpec("hidden", Stage.BODY_OUTPUT, None, ("B", "S", "H"), "body output after the final norm")
+LAST_HIDDEN = TensorSpec("last_hidden", Stage.OUTPUT, None, ("B", "H"), "last-token hidden state per row")
+LOGITS = TensorSpec("logits", Stage.OUTPUT, torch.float32, ("B", "V"), "LM head output")
+SAMPLED_TOKENS = TensorSpec("sampled_tokens", Stage.OUTPUT, torch.int64, _B, "argmax or sampled token per row")
+TOKEN_LOGPROB = TensorSpec("token_logprob", Stage.OUTPUT, torch.float32, _B, "log-prob of the sampled token")
+TOP_IDS = TensorSpec("top_ids", Stage.OUTPUT, torch.int64, ("B", "N"), "best N token ids")
+TOP_LOGPROBS = TensorSpec("top_logprobs", Stage.OUTPUT, torch.float32, ("B", "N"), "log-probs of the best N")
+
+BODY_INPUTS = (INPUT_TOKENS, CHUNK_START, SLOTS, FILL_TABLE, READ_TABLE)
+"""What the model body reads, in the order a trace's persistent inputs are allocated."""
+STEP_INPUTS = (*BODY_INPUTS, LAST_TOKEN_INDEX)
+"""Everything one host step holds."""
+SAMPLING_INPUTS = (TOP_K, TOP_P, INVERSE_TEMPERATURE)
+ALL_SPECS = (*STEP_INPUTS, *SAMPLING_INPUTS, HIDDEN, LAST_HIDDEN, LOGITS, SAMPLED_TOKENS, TOKEN_LOGPROB, TOP_IDS,
+             TOP_LOGPROBS)
+
+
+def body_geometry(body: PrefillTraceSignature, hidden_size: int) -> dict[str, int]:
+    """The dimensions of a hidden body's tensors."""
+    return {"B": body.padded_batch, "S": body.chunk_length, "Wf": body.page_table_width,
+            "Wr": body.read_table_width, "H": hidden_size}
+
+
+def program_geometry(signature: PrefillProgramSignature, hidden_size: int, vocab_size: int,
+                     max_logprobs: int) -> dict[str, int]:
+    """The dimensions of every tensor one program (body and postprocessing) touches."""
+    return {**body_geometry(signature.body, hidden_size), "V": vocab_size, "N": max_logprobs}
+
+
+def output_specs(signature: PrefillProgramSignature) -> tuple[TensorSpec, ...]:
+    """The outputs a program's postprocessing produces, in production order."""
+    path = signature.sampling_path
+    if path.returns_logits:
+        return (LAST_HIDDEN, LOGITS)
+    specs = (LAST_HIDDEN, LOGITS, SAMPLED_TOKENS, TOKEN_LOGPROB)
+    return specs + (TOP_IDS, TOP_LOGPROBS) if signature.logprobs else specs
+
+
+def workspace_specs(signature: PrefillProgramSignature) -> tuple[TensorSpec, ...]:
+    """What a traced program alias keeps persistently: its postprocess inputs and its outputs."""
+    return (LAST_TOKEN_INDEX, *output_specs(signature))
