@@ -3,11 +3,18 @@
 One algorithm serves both the device path (torch backend) and the host path
 (rows whose top_k exceeds the device cap), so a row's token depends only on
 its logits, its parameters and its seed, never on the wave it rode in.
+
+Every accepted parameter is safe here, however extreme: probabilities are
+computed in float64 from logits shifted so the largest is 0, so dividing by
+a subnormal temperature gives 0 or -inf (never inf - inf = NaN), and a
+top-p too small for float32 (1e-46) still keeps the top token.
 """
 
 from __future__ import annotations
 
 import torch
+
+from prefill_core import SamplingParams
 
 __all__ = ["sample_row", "top_logprobs", "resolve_generator"]
 
@@ -18,9 +25,18 @@ def resolve_generator(seed: int, device: torch.device) -> torch.Generator:
     return generator
 
 
+def _is_greedy(top_k: int, temperature: float) -> bool:
+    # The core's rule (SamplingParams.is_greedy), so a row is greedy in a
+    # sampled wave exactly when it would take the argmax path alone.
+    return SamplingParams(temperature=temperature, top_k=top_k).is_greedy
+
+
 def _support_probs(logits: torch.Tensor, top_k: int, top_p: float, temperature: float) -> torch.Tensor:
-    """Probabilities after temperature, top-k and top-p: zero outside the support."""
-    scaled = logits.float() / temperature
+    """float64 probabilities after temperature, top-k and top-p: zero outside the support."""
+    logits = logits.double()
+    # Shifted so the largest logit is 0: (x - max) / T is <= 0 for any T > 0,
+    # so a tiny T sends every other token to -inf instead of overflowing to inf.
+    scaled = (logits - logits.max()) / temperature
     vocab = scaled.shape[-1]
     if 0 < top_k < vocab:
         keep = torch.zeros_like(scaled, dtype=torch.bool)
@@ -30,8 +46,10 @@ def _support_probs(logits: torch.Tensor, top_k: int, top_p: float, temperature: 
     if top_p < 1.0:
         sorted_probs, order = torch.sort(probs, descending=True)
         # Keep the smallest prefix whose mass reaches top_p: drop a token once
-        # the mass before it already reaches top_p (the top token always stays).
+        # the mass before it already reaches top_p. The top token always stays,
+        # stated outright so that no rounding of top_p can drop it.
         drop = (torch.cumsum(sorted_probs, dim=-1) - sorted_probs) >= top_p
+        drop[..., 0] = False
         sorted_probs = sorted_probs.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
     return probs
@@ -40,15 +58,18 @@ def _support_probs(logits: torch.Tensor, top_k: int, top_p: float, temperature: 
 def sample_row(logits: torch.Tensor, top_k: int, top_p: float, temperature: float, seed: int) -> torch.Tensor:
     """One token (0-d int64 tensor, on the logits' device) from ``logits [V]``.
 
-    Greedy when ``temperature == 0`` or ``top_k == 1``. Otherwise an
-    exponential race (argmax of p / E, E ~ Exp(1) from the row's seeded
+    Greedy (the argmax) when ``SamplingParams.is_greedy`` says so. Otherwise
+    an exponential race (argmax of p / E, E ~ Exp(1) from the row's seeded
     generator), which samples exactly from p with no host sync.
     """
-    if temperature == 0 or top_k == 1:
+    if _is_greedy(top_k, temperature):
         return torch.argmax(logits, dim=-1)
     probs = _support_probs(logits, top_k, top_p, temperature)
     race = torch.empty_like(probs).exponential_(generator=resolve_generator(seed, logits.device))
-    return torch.argmax(probs / race, dim=-1)
+    # A token outside the support scores -1, below every supported token,
+    # even where a draw of E is 0 (0 / 0 would be NaN, which argmax picks).
+    score = torch.where(probs > 0, probs / race, -1.0)
+    return torch.argmax(score, dim=-1)
 
 
 def top_logprobs(logits: torch.Tensor, tokens: torch.Tensor, top_n: int):

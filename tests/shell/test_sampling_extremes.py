@@ -1,0 +1,219 @@
+"""Sampling at extreme parameters: the token always lies in the set float64 allows.
+
+The allowed set is computed here in float64 from the very logits the sampler
+saw, independently of ``prefill_shell.torch_sampling``: greedy rows allow
+the argmax; other rows allow the top-k set (ties at the k-th value kept)
+intersected with the top-p nucleus of the temperature-scaled probabilities.
+A stand-in model whose LM head returns chosen logits drives the runtime's argmax,
+device top-k (torch backend) and host paths with adversarial logits.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from prefill_core import PrefillPolicy, SamplingParams, SamplingPath
+from prefill_shell.backends import TorchBackend
+from prefill_shell.model import ModelSpec
+from prefill_shell.reference import PagedKVCache
+from prefill_shell.torch_sampling import sample_row
+from prefill_shell.tt import staging as tt_staging
+from strategies import adversarial_logits, extreme_sampling_params
+
+VOCAB = 256
+BS = 16
+NUCLEUS_SLACK = 1e-9
+"""Rounding slack on the nucleus boundary: a token is allowed if the mass strictly above it is < top_p + slack."""
+
+ISSUE_PARAMS = [
+    SamplingParams(temperature=1e-39, top_k=20, seed=1),
+    SamplingParams(temperature=1e-300, top_k=20, seed=1),
+    SamplingParams(temperature=1.0, top_k=20, top_p=1e-46, seed=1),
+    SamplingParams(temperature=5e-324, top_k=0, seed=1),
+    SamplingParams(temperature=1.0, top_k=0, top_p=1e-46, seed=1),
+]
+"""The issue's reproducers (device top-k and host top-k forms): each returned token 0, a non-top token."""
+
+
+def allowed_tokens(logits: torch.Tensor, params: SamplingParams) -> set[int]:
+    """Tokens ``params`` may return from ``logits [V]``, computed in float64."""
+    x = logits.double()
+    top = x.max()
+    if params.is_greedy:
+        return set((x == top).nonzero().flatten().tolist())
+    scaled = (x - top) / params.temperature  # <= 0 everywhere; -inf stays -inf
+    keep = torch.ones_like(scaled, dtype=torch.bool)
+    if 0 < params.top_k < len(x):
+        kth = torch.sort(scaled, descending=True).values[params.top_k - 1]
+        keep = scaled >= kth
+    probs = torch.where(keep, scaled.exp(), torch.zeros_like(scaled))
+    probs = probs / probs.sum()
+    allowed = set()
+    for token in (probs > 0).nonzero().flatten().tolist():
+        mass_above = probs[probs > probs[token]].sum().item()
+        if mass_above < params.top_p + NUCLEUS_SLACK:
+            allowed.add(token)
+    return allowed
+
+
+def expected_logprob(logits: torch.Tensor, token: int) -> float:
+    return torch.log_softmax(logits.double(), dim=-1)[token].item()
+
+
+def assert_logprob_close(got: float, logits: torch.Tensor, token: int) -> None:
+    want = expected_logprob(logits, token)
+    assert math.isclose(got, want, rel_tol=1e-5, abs_tol=1e-4), (got, want, token)
+
+
+@pytest.fixture(scope="module")
+def issue_logits():
+    """Seeded logits whose argmax is not token 0, so a token-0 answer is visibly wrong."""
+    logits = torch.randn(VOCAB, generator=torch.Generator().manual_seed(15))
+    assert int(logits.argmax()) != 0
+    return logits
+
+
+class FixedLogitsModel:
+    """A body that computes nothing and an LM head that returns ``self.logits`` for every row."""
+
+    spec = ModelSpec(vocab_size=VOCAB, hidden_size=8, num_layers=1, num_heads=1, num_kv_heads=1, head_dim=8,
+                     max_position=4096)
+    dtype = torch.float32
+
+    def __init__(self):
+        self.logits = torch.zeros(VOCAB)
+
+    def forward_hidden(self, tokens, start, fill_table, read_table, kv):
+        return torch.zeros(tokens.shape[0], tokens.shape[1], self.spec.hidden_size)  # [B, S, H]
+
+    def lm_head(self, rows):
+        return self.logits.to(torch.float32).expand(rows.shape[0], -1).clone()  # [N, V]
+
+    def new_kv_cache(self, num_blocks, block_size):
+        spec = self.spec
+        return PagedKVCache(spec.num_layers, num_blocks, block_size, spec.num_kv_heads, spec.head_dim)
+
+
+@pytest.fixture(scope="module")
+def fixed(kit):
+    """A runtime over ``FixedLogitsModel`` and its model, so a test chooses the logits each call sees."""
+    model = FixedLogitsModel()
+    policy = PrefillPolicy(max_logprobs=5)
+    return kit.build_runtime(model, num_blocks=16, block_size=BS, policy=policy), model
+
+
+def _run(fixed, kit, logits: torch.Tensor, params: list[SamplingParams]):
+    rt, model = fixed
+    model.logits = logits
+    rows = len(params)
+    tokens = torch.randint(1, VOCAB, (rows, 8), generator=torch.Generator().manual_seed(rows))
+    table = kit.page_table([[row] for row in range(rows)])
+    return rt.prefill(tokens, table, [8] * rows, sampling=params)
+
+
+# ---------------------------------------------------------------- regressions (the issue's reproducers)
+
+
+@pytest.mark.parametrize("params", ISSUE_PARAMS, ids=repr)
+def test_torch_backend_sampler_returns_an_allowed_token_at_tiny_temperature_or_top_p(issue_logits, params):
+    """Device path (TorchBackend.sample): tiny T or top-p returns an allowed token, never token 0."""
+    token = TorchBackend().sample(issue_logits[None], (params,), (params.seed,))
+    assert int(token[0]) in allowed_tokens(issue_logits, params)
+
+
+@pytest.mark.parametrize("params", ISSUE_PARAMS, ids=repr)
+def test_host_sampler_returns_an_allowed_token_at_tiny_temperature_or_top_p(issue_logits, params):
+    """Host path (sample_row, which host sampling calls per row): the same reproducers give an allowed token."""
+    token = sample_row(issue_logits, params.top_k, params.top_p, params.temperature, params.seed)
+    assert int(token) in allowed_tokens(issue_logits, params)
+
+
+@pytest.mark.parametrize("top_k", [20, 0], ids=["device top-k", "host"])
+def test_runtime_with_underflowing_top_p_returns_the_top_token(fixed, kit, issue_logits, top_k):
+    """Through the runtime, top_p=1e-46 on the device and host paths returns the argmax with its log-prob."""
+    params = SamplingParams(temperature=1.0, top_k=top_k, top_p=1e-46, seed=1)
+    (result,) = _run(fixed, kit, issue_logits, [params])
+    assert result.token == int(issue_logits.argmax())
+    assert_logprob_close(result.logprob, issue_logits, result.token)
+
+
+def test_a_tiny_temperature_row_in_a_sampled_wave_returns_its_argmax(fixed, kit, issue_logits):
+    """A T=1e-39 row sharing a device top-k wave with a T=1 row is sampled as greedy, not as token 0."""
+    params = [SamplingParams(temperature=1e-39, top_k=20, seed=1), SamplingParams(temperature=1.0, top_k=20, seed=2)]
+    rt, _ = fixed
+    assert rt.prepare(torch.ones(2, 8, dtype=torch.int64), [[0], [1]], [8, 8], sampling=params).prepared[0].sampling_path \
+        is SamplingPath.TOPK
+    first, second = _run(fixed, kit, issue_logits, params)
+    assert first.token == int(issue_logits.argmax())
+    assert second.token in allowed_tokens(issue_logits, params[1])
+
+
+# ---------------------------------------------------------------- properties
+
+
+@given(logits=adversarial_logits(VOCAB), params=extreme_sampling_params())
+def test_torch_backend_sample_lies_in_the_float64_allowed_set(logits, params):
+    """For any accepted params and adversarial logits, the torch backend's token is allowed and its log-prob exact."""
+    x = torch.tensor(logits, dtype=torch.float32)
+    backend = TorchBackend()
+    token = backend.sample(x[None], (params,), (params.seed,))
+    assert int(token[0]) in allowed_tokens(x, params)
+    token_lp, _, _ = backend.logprobs(x[None], token, params.num_logprobs)
+    assert_logprob_close(float(token_lp[0]), x, int(token[0]))
+
+
+@given(logits=adversarial_logits(VOCAB), params=st.lists(extreme_sampling_params(), min_size=1, max_size=3))
+def test_runtime_tokens_lie_in_the_float64_allowed_set_on_every_path(fixed, kit, logits, params):
+    """Through the runtime (argmax, device top-k and host paths), every row's token is allowed, log-prob exact."""
+    x = torch.tensor(logits, dtype=torch.float32)
+    for result, p in zip(_run(fixed, kit, x, params), params):
+        assert result.token in allowed_tokens(x, p), (p, result)
+        assert_logprob_close(result.logprob, x, result.token)
+
+
+# ---------------------------------------------------------------- ttnn staging
+
+
+def _stage(monkeypatch, vectors=None, params=()):
+    """``stage_sampling``'s (k, P, 1/T) as the host tensors it hands to ttnn, optionally from given vectors."""
+    monkeypatch.setattr(tt_staging, "_host", lambda value, dtype, layout, mesh_mapper: value)
+    if vectors is not None:
+        monkeypatch.setattr(tt_staging, "sampling_vectors", lambda _params: vectors)
+    return tt_staging.stage_sampling(params)
+
+
+def test_stage_sampling_never_stages_an_inf_inverse_temperature_or_a_zero_top_p(monkeypatch):
+    """Whatever 1/T and P reach it (inf, 0 from a huge T, 0, 1e-46), the bfloat16 forms are finite and positive."""
+    k = torch.tensor([5, 5, 5, 5, 20])
+    p = torch.tensor([0.0, 1e-46, 1e-39, 0.5, 0.9])
+    inverse_t = torch.tensor([float("inf"), 0.0, 3e38, 2.0, 1 / 0.7])
+    k_out, p_out, t_out = _stage(monkeypatch, (k, p, inverse_t))
+    p16, t16 = p_out.to(torch.bfloat16).float(), t_out.to(torch.bfloat16).float()
+    assert torch.isfinite(t16).all() and (t16 >= torch.finfo(torch.bfloat16).tiny).all(), t16
+    assert torch.isfinite(p16).all() and (p16 >= torch.finfo(torch.bfloat16).tiny).all(), p16
+    assert torch.equal(k_out[3:], k[3:]) and torch.equal(p_out[3:], p[3:]) and torch.equal(t_out[3:], inverse_t[3:])
+
+
+def test_stage_sampling_stages_an_overflowing_inverse_temperature_as_greedy(monkeypatch):
+    """A row whose 1/T overflows bfloat16 stages as the greedy triple k=1, P=1, 1/T=1 (argmax at any draw)."""
+    k = torch.tensor([20, 20])
+    vectors = (k, torch.tensor([0.9, 0.9]), torch.tensor([float("inf"), 2.0]))
+    k_out, p_out, t_out = _stage(monkeypatch, vectors)
+    assert (int(k_out[0]), float(p_out[0]), float(t_out[0])) == (1, 1.0, 1.0)
+    assert int(k_out[1]) == 20
+
+
+@given(params=st.lists(extreme_sampling_params(), min_size=1, max_size=4))
+def test_stage_sampling_of_any_accepted_params_is_finite_and_positive_in_bfloat16(params):
+    """For generated extreme params within the device cap, staged P and 1/T are finite and positive in bfloat16."""
+    params = [p if p.is_greedy or 1 <= p.top_k <= tt_staging.MAX_DEVICE_TOP_K else SamplingParams.greedy() for p in params]
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        _, p_out, t_out = _stage(monkeypatch, params=tuple(params))
+    for staged in (p_out, t_out):
+        as16 = staged.to(torch.bfloat16).float()
+        assert torch.isfinite(as16).all() and (as16 >= torch.finfo(torch.bfloat16).tiny).all(), (params, as16)
