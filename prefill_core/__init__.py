@@ -16,7 +16,7 @@ from .request import PrefillChunk, PrefillRequest, RequestKind
 from .rules import RULES, Rule
 from .sampling import GREEDY_TEMPERATURE, SamplingParams, SamplingPath
 from .serialize import converter, from_json, to_json
-from .signatures import PrefillProgramSignature, PrefillTraceSignature, TensorSpec
+from .signatures import PrefillProgramSignature, PrefillTraceSignature
 from .tables import SKIP, PageTableView, TableRole, materialize_table
 
 __all__ = [
@@ -38,7 +38,6 @@ __all__ = [
     "SamplingParams",
     "SamplingPath",
     "TableRole",
-    "TensorSpec",
     "WarmupManifest",
     "ceil_div",
     "converter",

@@ -8,9 +8,8 @@
 * ``PrefillTraceSignature``: the sampling-free hidden body a trace captures:
   variant, padded batch, chunk length, table widths. Sampling is excluded,
   so every program alias of one body shares one trace.
-* Fingerprints: the capture schema (the persistent inputs a trace of a body
-  needs) and the workspace (what one alias's postprocessing needs), so one
-  trace family keeps a separate postprocessing workspace per alias.
+The tensors a program stages and produces (names, dtypes, shapes) are the
+shell's tensor contract, not identity: they follow from these fields.
 
 Builders are pure functions of a planned request.
 """
@@ -26,13 +25,8 @@ from .serialize import digest
 __all__ = [
     "PrefillProgramSignature",
     "PrefillTraceSignature",
-    "TensorSpec",
     "program_signature",
     "trace_signature",
-    "capture_schema",
-    "capture_schema_fingerprint",
-    "workspace_fingerprint",
-    "staged_input_specs",
 ]
 
 
@@ -76,15 +70,6 @@ class PrefillProgramSignature:
         )
 
 
-@attrs.frozen
-class TensorSpec:
-    """Geometry of one staged device input: name, shape and element type."""
-
-    name: str
-    shape: tuple[int, ...]
-    dtype: str
-
-
 def trace_signature(request: PrefillRequest) -> PrefillTraceSignature:
     read_width = 0 if request.read_table is None else request.read_table.width
     return PrefillTraceSignature(
@@ -121,43 +106,3 @@ def program_signature(
         logprobs,
         tile,
     )
-
-
-def capture_schema(body: PrefillTraceSignature) -> tuple[TensorSpec, ...]:
-    """The persistent inputs a trace of ``body`` reads, refreshed before each replay."""
-    b = body.padded_batch
-    specs = [
-        TensorSpec("tokens", (b, body.chunk_length), "uint32"),
-        TensorSpec("start", (b,), "int32"),
-        TensorSpec("slots", (b,), "int32"),
-        TensorSpec("fill_table", (b, body.page_table_width), "int32"),
-    ]
-    if body.read_table_width:
-        specs.append(TensorSpec("read_table", (b, body.read_table_width), "int32"))
-    return tuple(specs)
-
-
-def capture_schema_fingerprint(body: PrefillTraceSignature) -> str:
-    return "schema-" + digest(capture_schema(body))
-
-
-def _postprocess_specs(signature: PrefillProgramSignature, *, max_logprobs: int) -> tuple[TensorSpec, ...]:
-    b = signature.padded_batch
-    specs = [TensorSpec("last_token_index", (b,), "int32")]
-    if signature.sampling_path is SamplingPath.TOPK:
-        specs += [TensorSpec("top_k", (b,), "uint32"), TensorSpec("top_p", (b,), "bfloat16")]
-        specs.append(TensorSpec("temperature", (b,), "bfloat16"))
-    if signature.logprobs:
-        specs.append(TensorSpec("top_logprobs", (b, max_logprobs), "float32"))
-    return tuple(specs)
-
-
-def workspace_fingerprint(signature: PrefillProgramSignature, *, max_logprobs: int) -> str:
-    """Identity of the postprocessing workspace one program alias needs."""
-    material = (signature.sampling_path, signature.logprobs, _postprocess_specs(signature, max_logprobs=max_logprobs))
-    return "workspace-" + digest(material)
-
-
-def staged_input_specs(signature: PrefillProgramSignature, *, max_logprobs: int) -> tuple[TensorSpec, ...]:
-    """Every device input a program with ``signature`` stages, in order."""
-    return capture_schema(signature.body) + _postprocess_specs(signature, max_logprobs=max_logprobs)

@@ -29,7 +29,6 @@ from prefill_core import (
     to_json,
 )
 from prefill_core.prepared import prepare_request
-from prefill_core.signatures import staged_input_specs
 from tests.strategies import BLOCK_SIZES, cases, policies, sampling_params
 
 REPO = Path(__file__).resolve().parents[2]
@@ -177,30 +176,6 @@ def test_each_sampling_path_and_logprobs_setting_has_its_own_program():
     assert keys["topk+logprobs"][:2] == (SamplingPath.TOPK, True)
     assert keys["host"][:2] == keys["host+logprobs"][:2] == (SamplingPath.HOST, False)
     assert len({k for _, _, k in keys.values()}) == 6
-
-
-# ---------------------------------------------------------------- staged inputs
-
-
-@given(cases())
-def test_staged_input_specs_match_every_chunks_tables(case):
-    """The staged inputs of a program have the shapes of every chunk's materialized tables, so equal
-    program signatures stage identical inputs."""
-    seen: dict[PrefillProgramSignature, tuple] = {}
-    for prepared in _prepare(case):
-        request, signature = prepared.request, prepared.program_signature
-        specs = {spec.name: spec for spec in staged_input_specs(signature, max_logprobs=case.policy.max_logprobs)}
-        assert specs["tokens"].shape == (request.padded_batch, request.chunk_length)
-        for chunk in request.chunks:
-            table = request.fill_table_of(chunk)
-            assert specs["fill_table"].shape == (len(table), len(table[0]))
-        read = request.read_table_values()
-        assert ("read_table" in specs) == (read is not None)
-        if read is not None:
-            assert specs["read_table"].shape == (len(read), len(read[0]))
-        assert ("top_k" in specs) == (prepared.sampling_path is SamplingPath.TOPK)
-        staged = tuple(staged_input_specs(signature, max_logprobs=case.policy.max_logprobs))
-        assert seen.setdefault(signature, staged) == staged
 
 
 @given(cases())
