@@ -9,14 +9,10 @@ CUDA graph / ttnn trace.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import attrs
-
-if TYPE_CHECKING:
-    import torch
-
-    from prefill_shell.reference.kv_cache import PagedKVCache
+import torch
 
 __all__ = ["ModelSpec", "PrefillModel"]
 
@@ -62,7 +58,7 @@ class PrefillModel(Protocol):
         start: torch.Tensor,
         fill_table: torch.Tensor,
         read_table: torch.Tensor | None,
-        kv: PagedKVCache,
+        kv: Any,
     ) -> torch.Tensor:
         """Runs the model body over one wave and writes its K/V into ``kv``.
 
@@ -82,7 +78,8 @@ class PrefillModel(Protocol):
                 hold a filler id). The chunk's K/V is written first, then K/V
                 for positions ``[0, Wr*bs)`` is gathered through this table and
                 attended with the absolute causal mask ``key_pos <= start + i``.
-            kv: the paged KV pool to write into and read from.
+            kv: the paged KV pool to write into and read from (the model's own
+                kind, e.g. ``reference.PagedKVCache``; the runtime only passes it on).
 
         Returns:
             ``[B, S, hidden_size]`` after the final norm, in the model dtype.
