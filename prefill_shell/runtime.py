@@ -22,8 +22,9 @@ from typing import Any
 import attrs
 import torch
 
-from prefill_core import (PageTableLayout, PreparedPrefill, PrefillProgramSignature, PrefillTraceSignature,
-                          SamplingParams, SamplingPath, prepare_prefill)
+from prefill_core import (PageTableLayout, PreparedPrefill, PrefillBatch, PrefillPolicy, PrefillProgramSignature,
+                          PrefillTraceSignature, SamplingParams, SamplingPath, prepare_prefill)
+from prefill_core.validate import check_inputs
 from prefill_core.errors import CleanupError, PrefillStateError
 
 from .assembler import PrefillResultAssembler
@@ -50,6 +51,29 @@ class PreparedBatch:
     prepared: tuple[PreparedPrefill, ...]
     steps: tuple[tuple[HostStep, ...], ...]
     num_rows: int
+
+
+def _prepare_by_lane(batch: PrefillBatch, policy: PrefillPolicy, layout: PageTableLayout,
+                     max_position: int) -> tuple[PreparedPrefill, ...]:
+    """Plans a call with more rows than one lane holds (no explicit slots) as lane-sized sub-batches.
+
+    The whole call is validated first as one batch (a lane as wide as the
+    call), so rules across rows of different sub-batches (a block written
+    twice, a shared cached block at two columns) hold and errors name caller
+    rows. Each sub-batch of consecutive rows is then planned with slots
+    ``0..k-1``, and its requests' source rows are mapped back to caller rows,
+    so staging, assembly and every later message see caller rows only.
+    """
+    check_inputs(batch, attrs.evolve(policy, lane_size=len(batch)), layout, max_position=max_position)
+    prepared: list[PreparedPrefill] = []
+    for lane in policy.lane_groups(len(batch)):
+        picked = slice(lane.start, lane.stop)
+        sub = PrefillBatch(batch.lengths[picked], batch.cached[picked], tuple(range(len(lane))),
+                           batch.blocks[picked], batch.sampling[picked])
+        for p in prepare_prefill(sub, policy, layout, max_position=max_position):
+            rows = tuple(lane.start + r for r in p.request.source_rows)
+            prepared.append(attrs.evolve(p, request=attrs.evolve(p.request, source_rows=rows)))
+    return tuple(prepared)
 
 
 def _warmup_params(signature: PrefillProgramSignature) -> tuple:
@@ -80,17 +104,17 @@ class PrefillRuntime:
         self._assembler = PrefillResultAssembler(self.backend, self.release)
 
     # -- model-body boundaries (shared by eager and traced paths) ---------
+    # Model calls run without autograd: every public entry point that reaches
+    # them (invoke, compile, capture) enters torch.inference_mode once.
     def _run_body(self, step: DeviceStep) -> Any:
         read = step.get(READ_TABLE)
-        with torch.inference_mode():
-            return self.config.model.forward_hidden(
-                step[INPUT_TOKENS].value, step[CHUNK_START].value, step[FILL_TABLE].value,
-                None if read is None else read.value, self.config.kv,
-            )
+        return self.config.model.forward_hidden(
+            step[INPUT_TOKENS].value, step[CHUNK_START].value, step[FILL_TABLE].value,
+            None if read is None else read.value, self.config.kv,
+        )
 
     def _run_lm_head(self, rows: Any) -> Any:
-        with torch.inference_mode():
-            return self.config.model.lm_head(rows)
+        return self.config.model.lm_head(rows)
 
     # -- prepare, invoke, assemble ----------------------------------------
     def prepare(
@@ -108,12 +132,16 @@ class PrefillRuntime:
         any malformed input; nothing is allocated or written in that case.
         """
         self._check_open()
+        config = self.config
         matrix = as_token_matrix(tokens)
-        layout = self.config.layout
         table = host_page_table(page_table, matrix.shape[0])
-        batch = build_batch(matrix, table, prompt_lengths, cached_lengths, slots, sampling, layout)
-        check_token_ids(matrix, batch, self.config.model.spec.vocab_size)
-        prepared = prepare_prefill(batch, self.config.policy, layout)
+        batch = build_batch(matrix, table, prompt_lengths, cached_lengths, slots, sampling, config.layout)
+        check_token_ids(matrix, batch, config.model.spec.vocab_size)
+        max_position = config.model.spec.max_position
+        if slots is None and len(batch) > config.policy.lane_size:
+            prepared = _prepare_by_lane(batch, config.policy, config.layout, max_position)
+        else:
+            prepared = prepare_prefill(batch, config.policy, config.layout, max_position=max_position)
         steps = tuple(tuple(build_host_steps(matrix, p.request, table)) for p in prepared)
         return PreparedBatch(prepared, steps, len(batch))
 
@@ -126,9 +154,10 @@ class PrefillRuntime:
         self._check_open()
         prepared = batch.prepared[index]
         steps, seeds = list(batch.steps[index]), self._resolve_seeds(prepared)
-        if traced:
-            return self._traces.replay(prepared, steps, seeds)
-        outputs, owned = self._runner.run(prepared.program_signature, wave_params(prepared), steps, seeds)
+        with torch.inference_mode():
+            if traced:
+                return self._traces.replay(prepared, steps, seeds)
+            outputs, owned = self._runner.run(prepared.program_signature, wave_params(prepared), steps, seeds)
         return InvocationResult(prepared, outputs, owned, seeds)
 
     def invocations(self, batch: PreparedBatch, *, traced: bool = False) -> Iterator[InvocationResult]:
@@ -175,7 +204,8 @@ class PrefillRuntime:
         self._check_open()
         step = warmup_step(signature.body, self.config.model.spec.hidden_size)
         params = _warmup_params(signature)
-        _, owned = self._runner.run(signature, params, [step], (0,) * len(params))
+        with torch.inference_mode():
+            _, owned = self._runner.run(signature, params, [step], (0,) * len(params))
         self.release(owned)
 
     def allocate_workspace(self, signature: PrefillProgramSignature) -> None:
@@ -186,7 +216,8 @@ class PrefillRuntime:
     def capture(self, body: PrefillTraceSignature) -> None:
         """Captures the hidden-body trace of ``body`` with its persistent inputs."""
         self._check_open()
-        self._traces.capture(body)
+        with torch.inference_mode():
+            self._traces.capture(body)
 
     def trace_gap(self, prepared: PreparedPrefill) -> str | None:
         """Why ``prepared`` cannot run traced (no trace, no workspace, not eligible), or None."""

@@ -303,3 +303,21 @@ def test_bad_input_raises_input_error_and_allocates_nothing(tiny_model, kit, cas
     assert info.value.field, "the error names the offending field"
     assert ledger.allocations == allocations and ledger.live() == []
     assert torch.equal(kv.snapshot().view(torch.uint8), pool)
+
+
+def test_a_prompt_past_the_models_max_position_is_refused_before_anything_runs(kit):
+    """max_position_embeddings=4000 at block 64: a 4032-token prompt (the layout's capacity) raises PositionLimitError."""
+    from prefill_core.errors import PositionLimitError
+    from prefill_shell.reference import random_llama
+
+    model = random_llama(0, "tiny", max_position_embeddings=4000)
+    rt = kit.build_runtime(model, num_blocks=64, block_size=64)
+    assert rt.config.layout.capacity == 4032
+    tokens = torch.randint(1, 256, (1, 4032), generator=torch.Generator().manual_seed(5))
+    pool = rt.config.kv.snapshot().view(torch.uint8).clone()
+    with pytest.raises(PositionLimitError, match="4000") as info:
+        rt.prefill(tokens, torch.arange(63, dtype=torch.int32)[None], [4032])
+    assert info.value.row == 0
+    assert rt.backend.ledger.allocations == 0
+    assert torch.equal(rt.config.kv.snapshot().view(torch.uint8), pool)
+    assert len(rt.prepare(tokens, torch.arange(63, dtype=torch.int32)[None], [4000]).prepared) == 1
