@@ -321,3 +321,33 @@ def test_a_prompt_past_the_models_max_position_is_refused_before_anything_runs(k
     assert rt.backend.ledger.allocations == 0
     assert torch.equal(rt.config.kv.snapshot().view(torch.uint8), pool)
     assert len(rt.prepare(tokens, torch.arange(63, dtype=torch.int32)[None], [4000]).prepared) == 1
+
+
+def test_a_failed_intermediate_release_is_orphaned_and_released_once_by_cleanup(tiny_model, kit):
+    """A non-final chunk output whose release fails becomes an orphan the invocation never retries; cleanup releases it once."""
+
+    class FirstHiddenReleaseFails(TorchBackend):
+        def __init__(self):
+            super().__init__()
+            self.attempts: dict[int, int] = {}
+            self.failed = None
+
+        def release(self, handle):
+            self.attempts[handle.id] = self.attempts.get(handle.id, 0) + 1
+            if handle.name == "hidden" and self.failed is None:
+                self.failed = handle
+                raise RuntimeError("injected release failure of a non-final hidden output")
+            super().release(handle)
+
+    backend = FirstHiddenReleaseFails()
+    rt = kit.build_runtime(tiny_model, num_blocks=NUM_BLOCKS, block_size=BS, policy=kit.SMALL_POLICY, backend=backend)
+    tokens = kit.make_tokens(600, seed=1700)
+    rt.prefill(tokens[None], kit.page_table(kit.assign_blocks([600], BS, NUM_BLOCKS, seed=17)), [600])
+    failed = backend.failed
+    assert failed is not None, "the 600-token row ran more than one chunk"
+    assert [h.id for h in rt.orphans] == [failed.id] and not failed.released
+    assert backend.attempts[failed.id] == 1, "the invocation released its orphan again"
+    assert [h.id for h in backend.ledger.live()] == [failed.id]
+    rt.cleanup()
+    assert failed.released and backend.attempts[failed.id] == 2
+    assert rt.orphans == [] and backend.ledger.live() == []
