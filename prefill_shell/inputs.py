@@ -9,6 +9,8 @@ read table, and the chunk-relative last-token index.
 
 from __future__ import annotations
 
+from array import array
+
 import torch
 
 from prefill_core import PageTableView, PrefillChunk, PrefillRequest
@@ -43,8 +45,17 @@ class DeviceStep(dict):
         return list(self.values())
 
 
+_ARRAY_CODES = {torch.int64: "q", torch.int32: "i"}
+
+
 def _int_vector(values, dtype: torch.dtype) -> torch.Tensor:
-    return torch.tensor(values, dtype=dtype)
+    """A 1-D host tensor of a few dozen Python ints, built from a C array.
+
+    ``torch.tensor`` converts a list element by element; the buffer path
+    does not (``benchmarks/host_forms.py`` measures the two side by side).
+    The tensor keeps the array alive.
+    """
+    return torch.frombuffer(array(_ARRAY_CODES[dtype], values), dtype=dtype)
 
 
 def _caller_rows(matrix: torch.Tensor, request: PrefillRequest) -> torch.Tensor:
