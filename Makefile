@@ -46,7 +46,7 @@ fuzz:
 	HYPOTHESIS_PROFILE=fuzz $(RUN) $(PYTEST)
 
 # Every benchmark; each prints a table and writes benchmarks/results/<name>.json.
-BENCHES = plan_overhead plan_cost runtime_overhead staging prefill_throughput trace_replay reliability
+BENCHES = plan_overhead plan_cost runtime_overhead host_forms staging masked_reads prefill_throughput trace_replay reliability
 bench:
 	for b in $(BENCHES); do $(RUN) benchmarks/$$b.py $(BENCH_ARGS) || exit 1; done
 
