@@ -14,13 +14,19 @@ model's MLP shape, sampled once per round of each case, gives the
 machine's matmul rate; the share is model FLOP/s on real tokens over that
 case's median probe.
 
-    python benchmarks/prefill_throughput.py [--quick] [--repeats N]
+SmolLM2 cases (``benchmarks/_smollm2_throughput.py``): the real model from
+its GGUF file, ours vs transformers loading the same file: 1 x 512, and 16
+chat prompts sharing a system prompt whose block-aligned part is cached
+(transformers gets a clone of a DynamicCache holding it).
+
+    python benchmarks/prefill_throughput.py [--quick] [--repeats N] [--smollm2-only | --no-smollm2]
     python benchmarks/prefill_throughput.py --profile   # time shares by op group, mixed case
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import tempfile
@@ -31,7 +37,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._report import write_json  # noqa: E402
+from benchmarks._report import RESULTS, write_json  # noqa: E402
 from prefill_core import PageTableLayout, PrefillPolicy  # noqa: E402
 from prefill_shell.backends import TorchBackend  # noqa: E402
 from prefill_shell.config import PrefillRuntimeConfig  # noqa: E402
@@ -260,13 +266,27 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer cases and repeats (under a minute)")
     parser.add_argument("--repeats", type=int, default=None, help="at least this many samples a system per case")
     parser.add_argument("--profile", action="store_true", help="only print where the mixed case's time goes, by op group")
+    parser.add_argument("--smollm2-only", action="store_true", help="only the SmolLM2 cases (other metrics kept from the last JSON)")
+    parser.add_argument("--no-smollm2", action="store_true", help="skip the SmolLM2 cases")
     args = parser.parse_args()
     if args.profile:
         profile_mixed()
         return
     repeats = args.repeats or (3 if args.quick else 11)
-    result = run(args.quick, repeats)
-    write_json("prefill_throughput", result["metrics"], result["units"])
+    metrics, units = {}, {}
+    if args.smollm2_only:
+        previous = json.loads((RESULTS / "prefill_throughput.json").read_text())
+        metrics, units = previous["metrics"], previous["units"]
+    else:
+        result = run(args.quick, repeats)
+        metrics, units = result["metrics"], result["units"]
+    if not args.no_smollm2:
+        from benchmarks._smollm2_throughput import run_smollm2
+
+        extra = run_smollm2(args.quick, repeats)
+        metrics.update(extra["metrics"])
+        units.update(extra["units"])
+    write_json("prefill_throughput", metrics, units)
 
 
 if __name__ == "__main__":

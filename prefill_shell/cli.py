@@ -19,13 +19,14 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from prefill_core import PageTableLayout, PrefillPolicy, SamplingParams
+from prefill_core.errors import PrefillError
 
 from .backends import TorchBackend
 from .config import PrefillRuntimeConfig
-from .prefix_sharing import SharedPrefixBatch, share_prefix
+from .prefix_sharing import SharedPrefixBatch, largest_sharing_group, share_prefix
 from .result import PrefillResult
 from .runtime import PrefillRuntime
-from .text import Prompt, encode, load_model, load_tokenizer, read_prompt_file, read_token_id_file, token_text
+from .text import Prompt, PromptError, encode, load_model, load_tokenizer, read_prompt_file, read_token_id_file, token_text
 
 __all__ = ["cpu_policy", "main", "make_runtime", "print_rows", "stage"]
 
@@ -91,7 +92,7 @@ def run_prompts(args: argparse.Namespace) -> None:
     with stage("load model"):
         model, tokenizer = load_model(args.model, device=args.device), load_tokenizer(args.model)
     ids = _prompt_ids(args, tokenizer)
-    batch = share_prefix(ids, args.block_size)
+    batch = share_prefix(ids, args.block_size, largest_sharing_group(ids, args.block_size))
     runtime = make_runtime(model, batch, args.block_size, args.device)
     with stage(f"prefill {len(ids)} prompts, {sum(batch.lengths)} tokens"):
         if batch.prefix_tokens:
@@ -116,9 +117,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     run.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     torch.manual_seed(args.seed)
-    if args.prompt or args.prompts or args.token_ids:
-        run_prompts(args)
-    else:
-        from .demo import run_demo  # the demo imports this module's helpers
+    try:
+        if args.prompt or args.prompts or args.token_ids:
+            run_prompts(args)
+        else:
+            from .demo import run_demo  # the demo imports this module's helpers
 
-        run_demo(args)
+            run_demo(args)
+    except (PromptError, PrefillError, OSError) as error:  # bad input or set-up: a message, not a traceback
+        raise SystemExit(f"error: {error}") from None

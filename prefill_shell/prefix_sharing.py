@@ -8,12 +8,13 @@ so every row writes its own partial last block and nothing another row reads.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Collection, Sequence
 
 import attrs
 import torch
 
-__all__ = ["SharedPrefixBatch", "common_prefix_length", "share_prefix"]
+__all__ = ["SharedPrefixBatch", "common_prefix_length", "largest_sharing_group", "share_prefix"]
 
 
 @attrs.frozen(eq=False)
@@ -54,6 +55,15 @@ def common_prefix_length(prompts: Sequence[Sequence[int]]) -> int:
             same += 1
         length = same
     return length
+
+
+def largest_sharing_group(prompts: Sequence[Sequence[int]], block_size: int) -> list[int]:
+    """The rows whose first block is the most common first block, if at least two share it (else none)."""
+    heads = Counter(tuple(p[:block_size]) for p in prompts if len(p) >= block_size)
+    if not heads:
+        return []
+    head, count = heads.most_common(1)[0]
+    return [i for i, p in enumerate(prompts) if tuple(p[:block_size]) == head] if count > 1 else []
 
 
 def share_prefix(

@@ -164,6 +164,9 @@ def _call(runtime, doc, lengths, rows, cached, oracle) -> list[RowCheck]:
 def assert_matches(checks: list[RowCheck]) -> None:
     for c in checks:
         where = f"length {c.length}, cached {c.cached}"
+        # Shown with -s: the figures the tolerances are judged against.
+        print(f"{where}: logits {c.logits_err:.2e} of {c.logits_scale:.1f}, K/V {c.kv_err:.2e} of {c.kv_scale:.1f}, "
+              f"top-2 margin {c.margin:.3f}, argmax equal {c.argmax_equal}")
         assert c.logits_err <= REL_TOL * c.logits_scale, f"{where}: logits differ by {c.logits_err:.2e}"
         if c.margin > 2 * REL_TOL * c.logits_scale:
             assert c.argmax_equal, f"{where}: argmax differs with top-2 margin {c.margin:.3f}"

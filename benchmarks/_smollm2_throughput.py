@@ -1,0 +1,152 @@
+"""SmolLM2 cases of ``prefill_throughput.py``: ours vs transformers on the same GGUF weights (float32, CPU).
+
+* ``smollm2_1x512``: one 512-token prompt of real text.
+* ``smollm2_chat16``: 16 chat prompts sharing one system prompt. Its
+  block-aligned part is prefilled once before timing; ours then runs the 16
+  rows with it cached (``cached_lengths``), transformers runs each row's
+  remaining tokens over its own clone of a ``DynamicCache`` holding the same
+  prefix (clones made outside the timed region). Both are timed on the same
+  uncached tokens; full-prompt tokens/s is reported beside.
+
+Rounds alternate which system goes first; the ratio is the median of the
+per-round ratios, with their range.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+
+import torch
+
+from prefill_shell.cli import make_runtime
+from prefill_shell.demo import SYSTEM, document
+from prefill_shell.prefix_sharing import share_prefix
+from prefill_shell.reference.gguf import load_gguf
+from prefill_shell.reference.smollm2 import smollm2_path
+from prefill_shell.text import Prompt, encode
+
+BLOCK = 32
+QUESTIONS = (
+    "What time does the museum open?", "How much is a child ticket?", "Can I bring my dog?",
+    "Which is the oldest engine?", "Is there a cafe?", "Are you open on Mondays?", "How long is a tour?",
+    "May I take photos?", "Where is the nearest station?", "When does the cafe close?",
+    "Is it free for a 3-year-old?", "What does the cafe serve?", "When was the Blue Comet built?",
+    "Where do the tours start?", "Can I use a flash?", "What time do you close?",
+)
+
+
+def _hf_cache(out):
+    return out["cache"] if "cache" in out else out["past_key_values"]
+
+
+class ChatCase:
+    """16 chat rows over one cached system prompt, for both systems."""
+
+    def __init__(self, model, hf, tokenizer):
+        chats = [Prompt(messages=({"role": "system", "content": SYSTEM}, {"role": "user", "content": q})) for q in QUESTIONS]
+        self.ids = [encode(tokenizer, p, chat=False) for p in chats]
+        self.batch = share_prefix(self.ids, BLOCK)
+        self.runtime = make_runtime(model, self.batch, BLOCK)
+        self.runtime.prefill(*self.batch.prefix_call())  # the shared blocks, once
+        shared = len(self.batch.prefix_tokens)
+        self.hf = hf
+        with torch.inference_mode():
+            self.prefix_cache = _hf_cache(hf(torch.tensor([self.ids[0][:shared]]), use_cache=True))
+        self.suffixes = [torch.tensor([ids[shared:]]) for ids in self.ids]
+        self.uncached = sum(len(ids) - shared for ids in self.ids)
+        self.full = sum(len(ids) for ids in self.ids)
+
+    def ours(self) -> list:
+        b = self.batch
+        return self.runtime.prefill(b.tokens, b.page_table, b.lengths, b.cached)
+
+    def theirs(self) -> tuple[float, list]:
+        """(seconds, last-token logits); each row gets a fresh clone of the prefix cache, cloned untimed."""
+        clones = [copy.deepcopy(self.prefix_cache) for _ in self.suffixes]
+        start = time.perf_counter()
+        with torch.inference_mode():
+            logits = [self.hf(s, past_key_values=c, use_cache=True, logits_to_keep=1).logits[0, -1]
+                      for s, c in zip(self.suffixes, clones)]
+        return time.perf_counter() - start, logits
+
+
+def _rounds(ours, theirs, rounds: int) -> tuple[list[float], list[float]]:
+    """Interleaved samples (seconds) of both systems, alternating which goes first."""
+    ours_s, theirs_s = [], []
+    for r in range(rounds):
+        for who in ((0, 1) if r % 2 == 0 else (1, 0)):
+            if who == 0:
+                start = time.perf_counter()
+                ours()
+                ours_s.append(time.perf_counter() - start)
+            else:
+                theirs_s.append(theirs())
+    return ours_s, theirs_s
+
+
+def _record(name: str, tokens: int, ours_s, theirs_s, metrics: dict, units: dict) -> tuple:
+    ratios = [t / o for o, t in zip(ours_s, theirs_s)]  # > 1: ours faster
+    o, t = statistics.median(ours_s), statistics.median(theirs_s)
+    row = (name, tokens / o, tokens / t, statistics.median(ratios), min(ratios), max(ratios), len(ratios))
+    metrics.update({f"{name}.ours_tok_s": row[1], f"{name}.hf_tok_s": row[2], f"{name}.ratio": row[3],
+                    f"{name}.ratio_min": row[4], f"{name}.ratio_max": row[5], f"{name}.repeats": row[6]})
+    units.update({f"{name}.ours_tok_s": "tokens/s", f"{name}.hf_tok_s": "tokens/s", f"{name}.ratio": "x",
+                  f"{name}.ratio_min": "x", f"{name}.ratio_max": "x", f"{name}.repeats": "count"})
+    return row
+
+
+def _timed(fn):
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def run_smollm2(quick: bool, repeats: int) -> dict:
+    """Runs both SmolLM2 cases; returns ``{"metrics", "units"}`` to merge into the benchmark's JSON."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(2)
+    path = smollm2_path()
+    model = load_gguf(path)
+    hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    rounds = 3 if quick else max(repeats, 11)
+    metrics, units, rows = {}, {}, []
+
+    ids = tokenizer(document())["input_ids"][:512]
+    single = share_prefix([ids], BLOCK)
+    runtime = make_runtime(model, single, BLOCK)
+    tokens = torch.tensor([ids])
+
+    def hf_single() -> float:
+        with torch.inference_mode():
+            return _timed(lambda: hf(tokens, use_cache=True, logits_to_keep=1))
+
+    ours_single = lambda: runtime.prefill(single.tokens, single.page_table, single.lengths)  # noqa: E731
+    ours_single(), hf_single()  # warm-up
+    rows.append(_record("smollm2_1x512", 512, *_rounds(ours_single, hf_single, rounds), metrics, units))
+
+    chat = ChatCase(model, hf, tokenizer)
+    ours_logits = torch.stack([r.logits for r in chat.ours()])
+    theirs_logits = torch.stack(chat.theirs()[1])
+    diff = (ours_logits - theirs_logits).abs().max().item()
+    ours_s, theirs_s = _rounds(chat.ours, lambda: chat.theirs()[0], rounds)
+    rows.append(_record("smollm2_chat16", chat.uncached, ours_s, theirs_s, metrics, units))
+    saved = 1 - chat.uncached / chat.full
+    metrics.update({"smollm2_chat16.ours_full_tok_s": chat.full / statistics.median(ours_s),
+                    "smollm2_chat16.hf_full_tok_s": chat.full / statistics.median(theirs_s),
+                    "smollm2_chat16.cache_saved_share": saved, "smollm2_chat16.max_logit_diff": diff})
+    units.update({"smollm2_chat16.ours_full_tok_s": "tokens/s", "smollm2_chat16.hf_full_tok_s": "tokens/s",
+                  "smollm2_chat16.cache_saved_share": "fraction", "smollm2_chat16.max_logit_diff": "abs"})
+
+    print(f"\nSmolLM2-135M-Instruct ({path.name}, float32, 2 threads), ours vs transformers on the same GGUF:")
+    print(f"{'case':<16} {'ours tok/s':>11} {'HF tok/s':>10} {'ratio (median)':>15} {'range':>13} {'rounds':>6}")
+    for name, o, t, ratio, lo, hi, n in rows:
+        print(f"{name:<16} {o:>11,.0f} {t:>10,.0f} {ratio:>14.2f}x {lo:>6.2f}-{hi:.2f}x {n:>6}")
+    print(f"chat16: {chat.full} prompt tokens, {chat.full - chat.uncached} from the cached system prompt "
+          f"({saved:.1%} of positions saved), {chat.uncached} timed; full-prompt tok/s ours "
+          f"{metrics['smollm2_chat16.ours_full_tok_s']:,.0f}, HF {metrics['smollm2_chat16.hf_full_tok_s']:,.0f}; "
+          f"max |logit diff| ours vs HF {diff:.2e}")
+    return {"metrics": metrics, "units": units}
