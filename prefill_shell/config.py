@@ -5,13 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 import attrs
+import torch
 
 from prefill_core import PageTableLayout, PrefillPolicy
 from prefill_core.errors import PrefillConfigError, PrefillInputError
 from prefill_core.policy import check_policy_fits_layout
 
 from .backends.base import Backend
-from .model import PrefillModel
+from .model import ModelSpec, PrefillModel
 
 __all__ = ["PrefillRuntimeConfig"]
 
@@ -32,6 +33,31 @@ def _check_capabilities(policy: PrefillPolicy, backend: Backend) -> None:
         rule = (f"its largest wave ({largest_wave} rows) exceeds the backend's max_sampled_wave={wave_cap}; "
                 f"lower max_batch_size or lane_size to {wave_cap}")
         raise _config_error("policy.waves", policy.waves, rule)
+
+
+_POOL_GEOMETRY = ("num_layers", "num_kv_heads", "head_dim")
+
+
+def _check_kv_fits_model(kv: Any, spec: ModelSpec) -> None:
+    """Refuses a KV pool built for another model (layers, kv heads, head dim, torch dtype).
+
+    Only what the pool exposes is compared: a pool bound inside a ttnn model
+    exposes its geometry alone, and its storage formats are its own.
+    """
+    for name in _POOL_GEOMETRY:
+        have, want = getattr(kv, name, None), getattr(spec, name)
+        if have is not None and have != want:
+            raise _config_error(f"kv.{name}", have, f"must equal the model's {name}={want}: the pool was built for another model")
+    dtype = getattr(kv, "dtype", None)
+    if isinstance(dtype, torch.dtype) and dtype != getattr(torch, spec.dtype, None):
+        raise _config_error("kv.dtype", dtype, f"must be the model's dtype {spec.dtype}: the pool was built for another model")
+
+
+def _check_policy_fits_model(policy: PrefillPolicy, spec: ModelSpec) -> None:
+    """Refuses a policy asking for more top log-probs than the vocabulary holds."""
+    if policy.max_logprobs > spec.vocab_size:
+        rule = f"must be <= the model's vocab_size={spec.vocab_size} (top log-probs are drawn from the vocabulary)"
+        raise _config_error("policy.max_logprobs", policy.max_logprobs, rule)
 
 
 @attrs.frozen
@@ -67,8 +93,10 @@ class PrefillRuntimeConfig:
         for name in ("block_size", "num_blocks"):
             if not isinstance(getattr(kv, name, None), int):
                 raise _config_error("kv", type(kv).__name__, f"must expose an int {name}")
+        _check_kv_fits_model(kv, model.spec)
         ceiling = PageTableLayout(kv.block_size, -(-model.spec.max_position // kv.block_size), kv.num_blocks)
         policy = policy or PrefillPolicy()
+        _check_policy_fits_model(policy, model.spec)
         _check_capabilities(policy, backend)
         config = cls(model, backend, kv, layout or ceiling, policy, ceiling)
         config.check_layout(config.layout)

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from prefill_core.errors import PrefillStateError
+from prefill_core.errors import PrefillConfigError, PrefillStateError
 
 from ..contract import TensorSpec
 from ..ledger import DeviceTensor, Ownership, ResourceLedger
@@ -21,6 +21,32 @@ from ..torch_sampling import sample_row, top_logprobs
 from .base import TraceHandle
 
 __all__ = ["TorchBackend"]
+
+
+def _checked_device(device: str | torch.device) -> torch.device:
+    """``device`` as a ``torch.device`` this backend can run on: the CPU or a visible CUDA GPU.
+
+    Checked here, at construction: another device type (``mps``, ``meta``)
+    would otherwise run its host paths on the CPU unnoticed, and a missing
+    GPU would surface only at the first call.
+    """
+
+    def refuse(rule: str) -> PrefillConfigError:
+        return PrefillConfigError(f"TorchBackend.device={device!r} is invalid: {rule}")
+
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise refuse(f"not a torch device ({error})") from None
+    if resolved.type == "cpu":
+        return resolved
+    if resolved.type != "cuda":
+        raise refuse(f"must be 'cpu' or a CUDA device; {resolved.type!r} is not supported by this backend")
+    if not torch.cuda.is_available():
+        raise refuse("CUDA is not available in this process (use 'cpu')")
+    if resolved.index is not None and resolved.index >= torch.cuda.device_count():
+        raise refuse(f"this process sees {torch.cuda.device_count()} CUDA device(s)")
+    return resolved
 
 
 class TorchBackend:
@@ -31,7 +57,7 @@ class TorchBackend:
     max_sampled_wave = None
 
     def __init__(self, device: str | torch.device = "cpu"):
-        self.device = torch.device(device)
+        self.device = _checked_device(device)
         self.ledger = ResourceLedger()
         self.is_cuda = self.device.type == "cuda"
         self._graph_pool = torch.cuda.graph_pool_handle() if self.is_cuda else None

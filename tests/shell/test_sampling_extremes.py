@@ -18,10 +18,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from prefill_core import PrefillPolicy, SamplingParams, SamplingPath
-from prefill_shell.backends import TorchBackend
+from prefill_shell.contract import SAMPLING_INPUTS, sampling_values
 from prefill_shell.model import ModelSpec
 from prefill_shell.reference import PagedKVCache
-from prefill_shell.torch_sampling import sample_row
+from prefill_shell.torch_sampling import sample_row, top_logprobs
 from prefill_shell.tt import staging as tt_staging
 from strategies import adversarial_logits, extreme_sampling_params
 
@@ -116,19 +116,18 @@ def _run(fixed, kit, logits: torch.Tensor, params: list[SamplingParams]):
     return rt.prefill(tokens, table, [8] * rows, sampling=params)
 
 
+def _device_sample(backend, logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """``backend.sample`` on the K, P and T tensors the postprocessor hands it for one row with ``params``."""
+    values = sampling_values((params,))
+    return backend.sample(logits, *(values[spec] for spec in SAMPLING_INPUTS), (params.seed,))
+
+
 # ---------------------------------------------------------------- regressions (the issue's reproducers)
 
 
 @pytest.mark.parametrize("params", ISSUE_PARAMS, ids=repr)
-def test_torch_backend_sampler_returns_an_allowed_token_at_tiny_temperature_or_top_p(issue_logits, params):
-    """Device path (TorchBackend.sample): tiny T or top-p returns an allowed token, never token 0."""
-    token = TorchBackend().sample(issue_logits[None], (params,), (params.seed,))
-    assert int(token[0]) in allowed_tokens(issue_logits, params)
-
-
-@pytest.mark.parametrize("params", ISSUE_PARAMS, ids=repr)
-def test_host_sampler_returns_an_allowed_token_at_tiny_temperature_or_top_p(issue_logits, params):
-    """Host path (sample_row, which host sampling calls per row): the same reproducers give an allowed token."""
+def test_torch_sampler_returns_an_allowed_token_at_tiny_temperature_or_top_p(issue_logits, params):
+    """The torch sampler (the torch backend's and host sampling's per-row algorithm) never answers token 0 here."""
     token = sample_row(issue_logits, params.top_k, params.top_p, params.temperature, params.seed)
     assert int(token) in allowed_tokens(issue_logits, params)
 
@@ -157,14 +156,13 @@ def test_a_tiny_temperature_row_in_a_sampled_wave_returns_its_argmax(fixed, kit,
 
 
 @given(logits=adversarial_logits(VOCAB), params=extreme_sampling_params())
-def test_torch_backend_sample_lies_in_the_float64_allowed_set(logits, params):
-    """For any accepted params and adversarial logits, the torch backend's token is allowed and its log-prob exact."""
+def test_torch_sampler_token_lies_in_the_float64_allowed_set(logits, params):
+    """For any accepted params and adversarial logits, the sampler's token is allowed and its log-prob exact."""
     x = torch.tensor(logits, dtype=torch.float32)
-    backend = TorchBackend()
-    token = backend.sample(x[None], (params,), (params.seed,))
-    assert int(token[0]) in allowed_tokens(x, params)
-    token_lp, _, _ = backend.logprobs(x[None], token, params.num_logprobs)
-    assert_logprob_close(float(token_lp[0]), x, int(token[0]))
+    token = sample_row(x, params.top_k, params.top_p, params.temperature, params.seed)
+    assert int(token) in allowed_tokens(x, params)
+    token_lp, _, _ = top_logprobs(x[None], token[None], params.num_logprobs)
+    assert_logprob_close(float(token_lp[0]), x, int(token))
 
 
 @given(logits=adversarial_logits(VOCAB), params=st.lists(extreme_sampling_params(), min_size=1, max_size=3))

@@ -1,0 +1,94 @@
+"""Mismatched configuration fails at once, by name: at ``resolve`` or at backend construction.
+
+Each case once got through and failed late and obscurely: a pool built for
+another model raised a raw ``index_copy_`` error inside the first prefill, a
+``max_logprobs`` above the vocabulary failed after KV blocks were written,
+and a torch backend on ``mps``/``meta`` ran silently on the CPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from prefill_core import PrefillPolicy
+from prefill_core.errors import PrefillConfigError
+from prefill_shell.backends import TorchBackend
+from prefill_shell.config import PrefillRuntimeConfig
+from prefill_shell.reference import PagedKVCache
+
+BLOCKS, BS = 16, 16
+
+
+def _pool(spec, **changes) -> PagedKVCache:
+    """A pool shaped for ``spec`` with the given fields changed."""
+    fields = {"num_layers": spec.num_layers, "num_blocks": BLOCKS, "block_size": BS,
+              "num_kv_heads": spec.num_kv_heads, "head_dim": spec.head_dim, "dtype": getattr(torch, spec.dtype)}
+    fields.update(changes)
+    return PagedKVCache(**fields)
+
+
+class GeometryOnlyPool:
+    """A pool that exposes only its geometry (as a ttnn model's bound pool does)."""
+
+    block_size = BS
+    num_blocks = BLOCKS
+
+
+@pytest.mark.parametrize("field, delta", [("num_layers", 1), ("num_kv_heads", 2), ("head_dim", 8)])
+def test_a_pool_built_for_another_model_is_refused_at_resolve(tiny_model, field, delta):
+    """A pool whose layers, kv heads or head dim differ from the model spec raises PrefillConfigError naming it."""
+    pool = _pool(tiny_model.spec, **{field: getattr(tiny_model.spec, field) + delta})
+    with pytest.raises(PrefillConfigError, match=f"kv.{field}"):
+        PrefillRuntimeConfig.resolve(tiny_model, TorchBackend(), pool)
+
+
+def test_a_pool_of_another_dtype_is_refused_at_resolve(tiny_model):
+    """A float16 pool for a float32 model raises PrefillConfigError naming kv.dtype and both dtypes."""
+    with pytest.raises(PrefillConfigError, match="kv.dtype") as caught:
+        PrefillRuntimeConfig.resolve(tiny_model, TorchBackend(), _pool(tiny_model.spec, dtype=torch.float16))
+    assert "float16" in str(caught.value) and "float32" in str(caught.value)
+
+
+def test_a_matching_pool_and_a_geometry_only_pool_are_accepted(tiny_model):
+    """The model's own pool and a pool exposing only block_size/num_blocks both resolve."""
+    assert PrefillRuntimeConfig.resolve(tiny_model, TorchBackend(), _pool(tiny_model.spec)).kv is not None
+    assert PrefillRuntimeConfig.resolve(tiny_model, TorchBackend(), GeometryOnlyPool()).kv is not None
+
+
+def test_max_logprobs_above_the_vocabulary_is_refused_at_resolve(tiny_model):
+    """PrefillPolicy(max_logprobs=300) with a 256-token vocabulary raises PrefillConfigError before any write."""
+    kv = tiny_model.new_kv_cache(BLOCKS, BS)
+    before = kv.snapshot()
+    with pytest.raises(PrefillConfigError, match="max_logprobs"):
+        PrefillRuntimeConfig.resolve(tiny_model, TorchBackend(), kv, policy=PrefillPolicy(max_logprobs=300))
+    assert torch.equal(kv.snapshot(), before)
+    vocab = tiny_model.spec.vocab_size
+    policy = PrefillPolicy(max_logprobs=vocab)
+    assert PrefillRuntimeConfig.resolve(tiny_model, TorchBackend(), kv, policy=policy).policy.max_logprobs == vocab
+
+
+@pytest.mark.parametrize("device", ["mps", "meta", "xla", "cuda:x", "tpu"])
+def test_a_torch_backend_on_a_device_it_cannot_run_is_refused_at_construction(device):
+    """TorchBackend on anything but cpu or an available CUDA device raises PrefillConfigError naming the device."""
+    with pytest.raises(PrefillConfigError, match="device"):
+        TorchBackend(device)
+
+
+def test_a_cuda_torch_backend_without_cuda_is_refused_at_construction(monkeypatch):
+    """TorchBackend("cuda") where CUDA is unavailable raises PrefillConfigError at once, not at the first call."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(PrefillConfigError, match="CUDA"):
+        TorchBackend("cuda")
+
+
+def test_a_cuda_device_index_past_the_last_gpu_is_refused_at_construction():
+    """TorchBackend("cuda:N") for N past the last visible GPU raises PrefillConfigError."""
+    with pytest.raises(PrefillConfigError, match="cuda"):
+        TorchBackend(f"cuda:{torch.cuda.device_count() if torch.cuda.is_available() else 0}")
+
+
+def test_a_cpu_torch_backend_is_accepted_in_every_spelling():
+    """"cpu", torch.device("cpu") and "cpu:0" all build a CPU backend."""
+    for device in ("cpu", torch.device("cpu"), "cpu:0"):
+        assert TorchBackend(device).device.type == "cpu"
