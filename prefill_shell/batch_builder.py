@@ -51,7 +51,9 @@ def _shown(value: object) -> str:
 
 
 def _numpy_hint(value: object) -> str:
-    return " (convert a numpy array with torch.from_numpy, numpy ints with int())" if type(value).__module__ == "numpy" else ""
+    if type(value).__module__ != "numpy":
+        return ""
+    return " (convert a numpy array with torch.from_numpy, numpy ints with int())"
 
 
 def _is_sequence(value: object) -> bool:
@@ -115,7 +117,7 @@ def _int_matrix(field: str, value, filler: int) -> torch.Tensor:
     out = torch.full((len(rows), max(widths, default=0)), filler, dtype=torch.int64)
     for row, values in enumerate(rows):
         if widths[row]:
-            out[row, : widths[row]] = values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=torch.int64)
+            out[row, : widths[row]] = torch.as_tensor(values, dtype=torch.int64)
     setattr(out, _LIST_WIDTHS, widths)
     return out
 
@@ -137,20 +139,15 @@ def host_page_table(page_table, num_rows: int) -> torch.Tensor:
     return table
 
 
-def _check_list_widths(tokens: torch.Tensor, table: torch.Tensor, lengths: list[int], need: list[int]) -> None:
-    """A row given as a list holds at least its prompt, and its page-table row its mapped prefix."""
-    widths = getattr(tokens, _LIST_WIDTHS, None)
-    if widths is not None:
-        for row, (width, length) in enumerate(zip(widths, lengths)):
-            if width < length:
-                rule = f"a token list row must hold at least its prompt length ({length}); it holds {width}"
-                raise _row_fail(row, "tokens", f"<list of {width} tokens>", rule)
-    widths = getattr(table, _LIST_WIDTHS, None)
-    if widths is not None:
-        for row, (width, blocks) in enumerate(zip(widths, need)):
-            if width < blocks:
-                rule = f"a page-table list row must cover the row's mapped prefix ({blocks} blocks); it holds {width}"
-                raise _row_fail(row, "page_table", f"<list of {width} blocks>", rule)
+def _check_list_widths(matrix: torch.Tensor, field: str, needed: list[int], what: str) -> None:
+    """Each row the caller gave as a list holds at least ``needed[row]`` entries (its prompt or mapped prefix)."""
+    widths = getattr(matrix, _LIST_WIDTHS, None)
+    if widths is None:
+        return  # a caller tensor: rows are right-padded by contract
+    for row, (width, need) in enumerate(zip(widths, needed)):
+        if width < need:
+            rule = f"a {field} list row must hold at least its {what} ({need} entries); it holds {width}"
+            raise _row_fail(row, field, f"<list of {width}>", rule)
 
 
 def _raise_first_shape_rule(lengths: list[int], need: list[int], columns: int, table_columns: int) -> None:
@@ -187,7 +184,8 @@ def build_batch(
         raise _fail("sampling", f"<{len(params)} entries>", f"must hold one entry per row ({num_rows})")
     bs, columns = layout.block_size, tokens.shape[1]
     need = [-(-length // bs) for length in lengths]  # <= 0 for a bad length, which the core names
-    _check_list_widths(tokens, table, lengths, need)
+    _check_list_widths(tokens, "tokens", lengths, "prompt length")
+    _check_list_widths(table, "page_table", need, "mapped prefix")
     if num_rows and (max(lengths) > columns or max(need) > table.shape[1]):
         _raise_first_shape_rule(lengths, need, columns, table.shape[1])
     # One host conversion of the mapped columns; stale tails past each row's

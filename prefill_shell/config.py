@@ -47,10 +47,12 @@ def _check_kv_fits_model(kv: Any, spec: ModelSpec) -> None:
     for name in _POOL_GEOMETRY:
         have, want = getattr(kv, name, None), getattr(spec, name)
         if have is not None and have != want:
-            raise _config_error(f"kv.{name}", have, f"must equal the model's {name}={want}: the pool was built for another model")
+            rule = f"must equal the model's {name}={want}: the pool was built for another model"
+            raise _config_error(f"kv.{name}", have, rule)
     dtype = getattr(kv, "dtype", None)
     if isinstance(dtype, torch.dtype) and dtype != getattr(torch, spec.dtype, None):
-        raise _config_error("kv.dtype", dtype, f"must be the model's dtype {spec.dtype}: the pool was built for another model")
+        rule = f"must be the model's dtype {spec.dtype}: the pool was built for another model"
+        raise _config_error("kv.dtype", dtype, rule)
 
 
 def _check_policy_fits_model(policy: PrefillPolicy, spec: ModelSpec) -> None:
