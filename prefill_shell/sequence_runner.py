@@ -65,9 +65,10 @@ class PrefillSequenceRunner:
                 owned.append(hidden)
                 self._release(_hand_off(owned, [h for h in inputs.handles() if h is not inputs[LAST_TOKEN_INDEX]]))
             outputs = self._postprocessor.finish(signature, params, hidden, inputs[LAST_TOKEN_INDEX], seeds, owned)
+            kept = set(map(id, outputs.values()))
+            # Inside the try: an interrupt in this release must not strand the outputs.
+            self._release(_hand_off(owned, [h for h in owned if id(h) not in kept]))
         except BaseException as primary:
             self._release(_hand_off(owned, list(owned)), primary=primary)
             raise
-        kept = set(map(id, outputs.values()))
-        self._release(_hand_off(owned, [h for h in owned if id(h) not in kept]))
         return outputs, owned

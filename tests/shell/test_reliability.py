@@ -17,7 +17,7 @@ from prefill_shell.executor import PrefillExecutor
 from prefill_shell.reference import random_llama
 from prefill_shell.runtime import PrefillRuntime
 from prefill_shell.testing.stateful import run_lifecycle_machine
-from prefill_shell.testing.sweep import SCENARIOS, sweep
+from prefill_shell.testing.sweep import FAULT_TYPES, SCENARIOS, sweep
 
 BLOCK, POOL = 16, 64
 POLICY = PrefillPolicy(length_ladder=(32, 64), max_chunk_length=64, chunk_quantum=64, waves=(1, 2, 4), max_logprobs=3,
@@ -34,15 +34,27 @@ def _runtime(model) -> PrefillRuntime:
     return PrefillRuntime(PrefillRuntimeConfig.resolve(model, TorchBackend(), kv, PageTableLayout(BLOCK, 16, POOL), POLICY))
 
 
+@pytest.mark.parametrize("raises", FAULT_TYPES, ids=lambda t: t.__name__)
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: s.name)
-def test_every_fault_point_leaves_no_leak_no_corruption_and_a_working_runtime(tiny_model, scenario):
-    """Failing each device call in turn: the caller sees the injected error itself, nothing leaks, no foreign KV changes, and the runtime then serves correctly."""
-    report = sweep(tiny_model, scenario)
-    assert report.fault_points >= 10
+def test_every_fault_point_leaves_no_leak_no_corruption_and_a_working_runtime(tiny_model, scenario, raises):
+    """Failing each device call in turn (an error or Ctrl-C): the caller sees it unchanged, nothing leaks, no byte outside the written blocks changes, and the runtime then serves correctly."""
+    report = sweep(tiny_model, scenario, raises=raises)
+    assert report.points_swept == report.fault_points >= 10
     assert report.errors_unchanged == report.faults_raised
     assert report.faults_raised + report.release_faults_kept_as_orphans == report.fault_points
     assert report.runs_with_cleanup_notes > 0
     assert (report.leaked_tensors, report.kv_bytes_corrupted, report.wrong_results_after_fault) == (0, 0, 0)
+
+
+def test_the_sweep_counts_cached_blocks_as_read_only(tiny_model):
+    """A cached scenario's cached-prefix blocks are outside its written blocks, so a write there would count as corruption."""
+    from prefill_shell.testing.faults import FaultPlan
+    from prefill_shell.testing.sweep import _Harness
+
+    scenario = next(s for s in SCENARIOS if s.name == "eager chunked+cached")
+    harness = _Harness(tiny_model, scenario, FaultPlan())
+    cached_blocks = set(harness.table[1, : scenario.cached[1] // BLOCK].tolist())
+    assert cached_blocks and not cached_blocks & harness.written
 
 
 def test_lifecycle_state_machine_holds_its_invariants():
