@@ -123,8 +123,9 @@ def _int_matrix(field: str, value, filler: int) -> torch.Tensor:
 
 
 def as_token_matrix(tokens) -> torch.Tensor:
-    """The caller's tokens as an ``[N, T]`` host integer matrix (tensor rows right-padded by contract)."""
-    return _int_matrix("tokens", tokens, 0)
+    """The caller's tokens as an int64 ``[N, T]`` host matrix (tensor rows right-padded by contract)."""
+    matrix = _int_matrix("tokens", tokens, 0)
+    return matrix if matrix.dtype is torch.int64 else matrix.to(torch.int64)  # staged token buffers are int64
 
 
 def host_page_table(page_table, num_rows: int) -> torch.Tensor:

@@ -270,6 +270,13 @@ def test_an_empty_token_list_is_the_empty_batch_error_of_an_empty_tensor(rt):
     assert type(from_list.value) is type(from_tensor.value)
 
 
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int16, torch.int32, torch.int64])
+def test_the_host_token_matrix_is_int64_whatever_the_callers_integer_dtype(dtype):
+    """Token tensors of any integer dtype become the int64 matrix that staging and trace buffers hold."""
+    matrix = as_token_matrix(torch.ones(2, 5, dtype=dtype))
+    assert matrix.dtype is torch.int64 and torch.equal(matrix, torch.ones(2, 5, dtype=torch.int64))
+
+
 def test_a_caller_list_is_not_mutated(rt, kit):
     """Converting list inputs leaves the caller's lists exactly as they were."""
     tokens, table, lengths = [[5] * 40, [6] * 20], [[3, 7, 5], [9, 2, 4, 4]], [40, 20]
