@@ -10,6 +10,9 @@ on its own. Rules:
 * Traced dispatch preflights the whole call: if any request lacks a trace or
   workspace, ``TraceCoverageError`` names the signature and the request
   before any model body runs. There is no silent eager fallback.
+* Threads: the executor is its runtime's one caller at a time; warm-up and
+  every stream hold the runtime (``PrefillRuntime.hold``), so an entry from
+  another thread meanwhile raises ``PrefillStateError`` at once.
 * ``mode``: ``"traced"``, ``"eager"``, or ``"auto"`` (traced when every
   request is covered, else eager). An eager run of a program signature the
   registry has not seen counts as a compile (``compile_count``).
@@ -51,14 +54,15 @@ class PrefillExecutor:
     def warm_up(self, manifest: WarmupManifest) -> None:
         """Compile every program, allocate every workspace, then capture every trace, largest first."""
         self._check_open()
-        for signature in manifest.program_signatures:
-            self.compile(signature)
-        captured = set(manifest.trace_signatures)
-        for signature in manifest.program_signatures:
-            if signature.body in captured:
-                self.runtime.allocate_workspace(signature)
-        for body in sorted(captured, key=lambda s: (s.padded_batch * s.chunk_length, s.key), reverse=True):
-            self.runtime.capture(body)
+        with self.runtime.hold():
+            for signature in manifest.program_signatures:
+                self.compile(signature)
+            captured = set(manifest.trace_signatures)
+            for signature in manifest.program_signatures:
+                if signature.body in captured:
+                    self.runtime.allocate_workspace(signature)
+            for body in sorted(captured, key=lambda s: (s.padded_batch * s.chunk_length, s.key), reverse=True):
+                self.runtime.capture(body)
 
     # -- dispatch -------------------------------------------------------
     def invocations(self, batch: PreparedBatch, mode: str = "auto") -> Iterator[InvocationResult]:
@@ -76,18 +80,21 @@ class PrefillExecutor:
         return self._run(batch, traced=mode == "traced" or (mode == "auto" and not gaps))
 
     def _run(self, batch: PreparedBatch, traced: bool) -> Iterator[InvocationResult]:
-        for index, prepared in enumerate(batch.prepared):
-            self._check_open()  # a stream opened before close() must not outlive it
-            if not traced and prepared.program_signature not in self.compiled:
-                self.compiled.add(prepared.program_signature)
-                self.compile_count += 1  # a program first seen while serving: a late compile
-            yield self.runtime.invoke(batch, index, traced=traced)
+        # Held until the stream ends: a replay's outputs stay unread between steps.
+        with self.runtime.hold():
+            for index, prepared in enumerate(batch.prepared):
+                self._check_open()  # a stream opened before close() must not outlive it
+                if not traced and prepared.program_signature not in self.compiled:
+                    self.compiled.add(prepared.program_signature)
+                    self.compile_count += 1  # a program first seen while serving: a late compile
+                yield self.runtime.invoke(batch, index, traced=traced)
 
     def prefill(self, tokens, page_table, prompt_lengths, cached_lengths=None, slots=None, sampling=None,
                 mode: str = "auto") -> list[PrefillResult]:
         """prepare + (traced or eager) invoke + streaming assemble, in caller row order."""
-        batch = self.runtime.prepare(tokens, page_table, prompt_lengths, cached_lengths, slots, sampling)
-        return self.runtime.assemble(self.invocations(batch, mode), batch.num_rows)
+        with self.runtime.hold():
+            batch = self.runtime.prepare(tokens, page_table, prompt_lengths, cached_lengths, slots, sampling)
+            return self.runtime.assemble(self.invocations(batch, mode), batch.num_rows)
 
     def close(self) -> None:
         """Releases every trace and workspace, then the runtime's orphans; refuses further calls."""

@@ -15,7 +15,10 @@ choice) is ``PrefillExecutor``'s, and it uses only the public methods here.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import random
+import threading
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -86,8 +89,78 @@ def _warmup_params(signature: PrefillProgramSignature) -> tuple:
     return (SamplingParams(top_k=2, top_p=0.9),) * b
 
 
+class _CallGuard:
+    """At most one call in progress per runtime; an entry from another thread meanwhile raises at once.
+
+    Re-entrant on the holding thread (a stream's ``assemble`` pulls from its
+    ``invocations``), and held by a suspended stream generator until it is
+    exhausted or closed: its unread outputs live in buffers the next replay
+    overwrites.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._owner: threading.Thread | None = None
+        self._depth = 0
+
+    @contextlib.contextmanager
+    def hold(self, what: str) -> Iterator[None]:
+        me = threading.current_thread()
+        with self._lock:
+            if self._owner is not None and self._owner is not me:
+                msg = (f"PrefillRuntime.{what} was called on thread {me.name!r} while a call is in progress on "
+                       f"thread {self._owner.name!r}; a runtime serves one call at a time (one runtime per "
+                       f"execution lane, driven by one thread): nothing was run")
+                raise PrefillStateError(msg)
+            self._owner, self._depth = me, self._depth + 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._depth -= 1
+                if not self._depth:
+                    self._owner = None
+
+
+def _exclusive(method):
+    """Runs ``method`` holding the runtime's call guard."""
+
+    @functools.wraps(method)
+    def held(self, *args, **kwargs):
+        with self._guard.hold(method.__name__):
+            return method(self, *args, **kwargs)
+
+    return held
+
+
+def _exclusive_stream(method):
+    """Runs generator ``method`` holding the call guard from its first step until it ends or is closed."""
+
+    @functools.wraps(method)
+    def held(self, *args, **kwargs):
+        with self._guard.hold(method.__name__):
+            yield from method(self, *args, **kwargs)
+
+    return held
+
+
 class PrefillRuntime:
-    """Plans, runs and collects prefill for one execution lane."""
+    """Plans, runs and collects prefill for one execution lane.
+
+    Thread safety: one call at a time. A runtime owns one lane's device
+    state (its KV pool, persistent trace inputs, workspaces that every replay
+    overwrites), and a serving engine (vLLM's model runner, tt-metal's
+    generator) drives a lane from one thread, so two overlapping calls are an
+    engine bug: an entry from a second thread while a call is in progress
+    raises ``PrefillStateError`` at once, before anything runs, instead of
+    queueing behind a lock (a queued call would hide the bug, and a caller
+    that keeps an unfinished ``invocations()`` generator would stall every
+    other thread). A call is in progress from entry to return, and for a
+    stream (``invocations``, ``stream``) from its first step until it is
+    exhausted or closed. Sequential calls from different threads are fine;
+    a stream is advanced on the thread that started it. Use ``hold()`` to
+    make several calls one.
+    """
 
     def __init__(self, config: PrefillRuntimeConfig, *, seed: int = 0):
         self.config = config
@@ -95,6 +168,7 @@ class PrefillRuntime:
         self.orphans: list[DeviceTensor] = []
         self._rng = random.Random(seed)
         self._closed = False
+        self._guard = _CallGuard()
         self._stager = PrefillInputStager(self.backend)
         self._postprocessor = PrefillPostprocessor(self.backend, self._run_lm_head, config.policy.max_logprobs)
         self._runner = PrefillSequenceRunner(self.backend, self._stager, self._postprocessor, self._run_body,
@@ -102,6 +176,14 @@ class PrefillRuntime:
         self._traces = PrefillTraceLifecycle(self.backend, self._stager, self._postprocessor, self._run_body,
                                              config.model.spec, config.model.dtype, self.release)
         self._assembler = PrefillResultAssembler(self.backend, self.release)
+
+    def hold(self) -> contextlib.AbstractContextManager[None]:
+        """Holds this runtime for the calling thread until the block exits (re-entrant on that thread).
+
+        Several calls made inside are one call to every other thread: their
+        entries raise ``PrefillStateError`` until the block exits.
+        """
+        return self._guard.hold("hold")
 
     # -- model-body boundaries (shared by eager and traced paths) ---------
     # Model calls run without autograd: every public entry point that reaches
@@ -117,6 +199,7 @@ class PrefillRuntime:
         return self.config.model.lm_head(rows)
 
     # -- prepare, invoke, assemble ----------------------------------------
+    @_exclusive
     def prepare(
         self,
         tokens,
@@ -145,6 +228,7 @@ class PrefillRuntime:
         steps = tuple(tuple(build_host_steps(matrix, p.request, table)) for p in prepared)
         return PreparedBatch(prepared, steps, len(batch))
 
+    @_exclusive
     def invoke(self, batch: PreparedBatch, index: int, *, traced: bool = False) -> InvocationResult:
         """Runs request ``index`` of ``batch``: eagerly, or by replaying its captured trace.
 
@@ -160,19 +244,23 @@ class PrefillRuntime:
             outputs, owned = self._runner.run(prepared.program_signature, wave_params(prepared), steps, seeds)
         return InvocationResult(prepared, outputs, owned, seeds)
 
+    @_exclusive_stream
     def invocations(self, batch: PreparedBatch, *, traced: bool = False) -> Iterator[InvocationResult]:
         """Invocations in plan order, produced lazily (one in flight at a time)."""
         for index in range(len(batch.prepared)):
             yield self.invoke(batch, index, traced=traced)
 
+    @_exclusive_stream
     def stream(self, invocations: Iterable[InvocationResult]) -> Iterator[PrefillResult]:
         """Each source row's result as its invocation is read and released (plan order)."""
         return self._assembler.stream(invocations)
 
+    @_exclusive
     def assemble(self, invocations: Iterable[InvocationResult], num_rows: int) -> list[PrefillResult]:
         """Reads each invocation before pulling the next; results in caller row order."""
         return self._assembler.assemble(invocations, num_rows)
 
+    @_exclusive
     def prefill(self, tokens, page_table, prompt_lengths, cached_lengths=None, slots=None, sampling=None, *,
                 traced: bool = False) -> list[PrefillResult]:
         """prepare + invoke + assemble: one row's result per caller row, in caller order."""
@@ -195,6 +283,7 @@ class PrefillRuntime:
         return tuple(seeds + [seeds[0]] * (request.padded_batch - request.active_batch_size))
 
     # -- programs and traces ------------------------------------------------
+    @_exclusive
     def compile(self, signature: PrefillProgramSignature) -> None:
         """Runs ``signature``'s body and postprocessing once on a step that writes no KV.
 
@@ -208,35 +297,42 @@ class PrefillRuntime:
             _, owned = self._runner.run(signature, params, [step], (0,) * len(params))
         self.release(owned)
 
+    @_exclusive
     def allocate_workspace(self, signature: PrefillProgramSignature) -> None:
         """Allocates the persistent postprocessing workspace of one program alias."""
         self._check_open()
         self._traces.allocate_workspace(signature)
 
+    @_exclusive
     def capture(self, body: PrefillTraceSignature) -> None:
         """Captures the hidden-body trace of ``body`` with its persistent inputs."""
         self._check_open()
         with torch.inference_mode():
             self._traces.capture(body)
 
+    @_exclusive
     def trace_gap(self, prepared: PreparedPrefill) -> str | None:
         """Why ``prepared`` cannot run traced (no trace, no workspace, not eligible), or None."""
         return self._traces.gap(prepared)
 
+    @_exclusive
     def captured_traces(self) -> tuple[CapturedTrace, ...]:
         """Every live captured trace (signature, persistent inputs, replay count), in capture order."""
         return tuple(self._traces.traces.values())
 
+    @_exclusive
     def release_traces(self) -> None:
         """Releases every trace and workspace (``CleanupError`` names traces that would not go)."""
         self._traces.release_all()
 
+    @_exclusive
     def configure_page_table_layout(self, layout: PageTableLayout) -> None:
         """Installs a bounded replacement layout; collaborators are not rebuilt."""
         self._check_open()
         self.config = self.config.with_layout(layout)
 
     # -- ownership ------------------------------------------------------
+    @_exclusive
     def release(self, handles: Iterable[DeviceTensor], primary: BaseException | None = None) -> None:
         """Releases live ``handles``; a failed release becomes an orphan for ``cleanup``.
 
@@ -258,6 +354,7 @@ class PrefillRuntime:
                 self.orphans.extend(h for h in pending[position:] if not h.released)
                 raise
 
+    @_exclusive
     def cleanup(self) -> None:
         """Retries every orphan; raises ``CleanupError`` with what is still alive."""
         pending, self.orphans = self.orphans, []
@@ -276,6 +373,7 @@ class PrefillRuntime:
         if self.orphans:
             raise CleanupError(f"{len(self.orphans)} device tensors could not be released: {failures}", self.orphans)
 
+    @_exclusive
     def close(self) -> None:
         """Releases traces, workspaces and orphans, then refuses further calls."""
         self._closed = True

@@ -1,0 +1,158 @@
+"""One call at a time: an entry from a second thread while a call is in progress raises at once.
+
+A runtime drives one execution lane (its KV pool, persistent trace inputs,
+workspaces that every replay overwrites); a serving engine drives it from
+one thread. Each test forces the overlap with a barrier, so it is
+deterministic: thread A is parked inside a call while the main thread enters.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from prefill_core import PageTableLayout, PrefillPolicy, WarmupManifest
+from prefill_core.errors import PrefillStateError
+from prefill_shell.backends import TorchBackend
+from prefill_shell.config import PrefillRuntimeConfig
+from prefill_shell.executor import PrefillExecutor
+from prefill_shell.runtime import PrefillRuntime
+
+BS, POOL = 16, 64
+POLICY = PrefillPolicy(length_ladder=(32, 64), max_chunk_length=64, chunk_quantum=64, waves=(1, 2, 4), max_logprobs=3)
+WAIT = 30  # seconds before a broken test gives up instead of hanging
+
+
+class _ParkingModel:
+    """Delegates to a model; the first body call on the parked thread waits at a barrier, then for ``go``."""
+
+    def __init__(self, inner):
+        self.inner, self.spec, self.dtype = inner, inner.spec, inner.dtype
+        self.parked_thread: int | None = None
+        self.barrier = threading.Barrier(2, timeout=WAIT)
+        self.go = threading.Event()
+
+    def forward_hidden(self, *args):
+        if threading.get_ident() == self.parked_thread and not self.go.is_set():
+            self.barrier.wait()
+            assert self.go.wait(WAIT), "the main thread never let the parked call go on"
+        return self.inner.forward_hidden(*args)
+
+    def lm_head(self, rows):
+        return self.inner.lm_head(rows)
+
+
+def _runtime(model):
+    parking = _ParkingModel(model)
+    config = PrefillRuntimeConfig.resolve(parking, TorchBackend(), model.new_kv_cache(POOL, BS),
+                                          PageTableLayout(BS, 16, POOL), POLICY)
+    return PrefillRuntime(config), parking
+
+
+def _call(kit, seed):
+    lengths = [40, 100]
+    rows = [kit.make_tokens(n, seed=seed + i) for i, n in enumerate(lengths)]
+    return kit.token_matrix(rows), kit.page_table(kit.assign_blocks(lengths, BS, POOL, seed=seed)), lengths
+
+
+class _Parked(threading.Thread):
+    """Runs ``work`` on its own thread, parks at the model's barrier, keeps the result or error."""
+
+    def __init__(self, parking, work):
+        super().__init__(daemon=True)
+        self.parking, self.work = parking, work
+        self.result = self.error = None
+
+    def run(self):
+        self.parking.parked_thread = threading.get_ident()
+        try:
+            self.result = self.work()
+        except BaseException as error:  # noqa: BLE001 (re-checked by the test)
+            self.error = error
+
+    def __enter__(self):
+        self.start()
+        self.parking.barrier.wait()  # thread A is now inside a model body call
+        return self
+
+    def __exit__(self, *exc):
+        self.parking.go.set()
+        self.join(WAIT)
+        assert not self.is_alive() and self.error is None, f"the parked call failed: {self.error!r}"
+
+
+def test_an_overlapping_prefill_from_another_thread_raises_at_once_and_changes_nothing(tiny_model, kit):
+    """While thread A is inside a prefill, the main thread's prefill raises PrefillStateError, allocating and writing nothing."""
+    rt, parking = _runtime(tiny_model)
+    tokens, table, lengths = _call(kit, seed=3000)
+    expected = PrefillRuntime(PrefillRuntimeConfig.resolve(
+        tiny_model, TorchBackend(), tiny_model.new_kv_cache(POOL, BS), PageTableLayout(BS, 16, POOL), POLICY,
+    )).prefill(tokens, table, lengths)
+    other_tokens, other_table, other_lengths = _call(kit, seed=3100)
+    with _Parked(parking, lambda: rt.prefill(tokens, table, lengths)) as a:
+        allocations, pool = rt.backend.ledger.allocations, rt.config.kv.snapshot().clone()
+        with pytest.raises(PrefillStateError, match="in progress on thread"):
+            rt.prefill(other_tokens, other_table, other_lengths)
+        assert rt.backend.ledger.allocations == allocations
+        assert torch.equal(rt.config.kv.snapshot(), pool)
+    assert a.result == expected
+    assert rt.backend.ledger.live() == []
+
+
+def test_an_unfinished_stream_holds_the_runtime_until_it_ends(tiny_model, kit):
+    """A thread holding an unfinished invocations() generator keeps others out; once it is exhausted others may call."""
+    rt, parking = _runtime(tiny_model)
+    tokens, table, lengths = _call(kit, seed=3200)
+    batch = rt.prepare(tokens, table, lengths)
+    stream = rt.invocations(batch)
+    first = next(stream)  # the main thread now holds the runtime through the suspended generator
+    entered = {}
+
+    def other():
+        try:
+            rt.cleanup()
+        except PrefillStateError as error:
+            entered["error"] = error
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    thread.join(WAIT)
+    assert "error" in entered, "another thread entered while a stream was unfinished"
+    rt.assemble([first, *stream], batch.num_rows)  # the holder itself goes on
+    thread = threading.Thread(target=rt.cleanup)
+    thread.start()
+    thread.join(WAIT)
+    assert rt.backend.ledger.live() == []
+
+
+def test_a_traced_executor_refuses_a_second_thread_during_warm_up_and_serving(tiny_model, kit):
+    """Thread A parked in warm-up, then in a traced prefill: the main thread's traced prefill raises both times."""
+    rt, parking = _runtime(tiny_model)
+    executor = PrefillExecutor(rt)
+    tokens, table, lengths = _call(kit, seed=3300)
+    manifest = WarmupManifest().observe(rt.prepare(tokens, table, lengths).prepared)
+    with _Parked(parking, lambda: executor.warm_up(manifest)):
+        with pytest.raises(PrefillStateError, match="in progress"):
+            executor.prefill(tokens, table, lengths, mode="traced")
+    parking.go.clear()
+    parking.barrier.reset()
+    with _Parked(parking, lambda: executor.prefill(tokens, table, lengths, mode="traced")) as a:
+        with pytest.raises(PrefillStateError, match="in progress"):
+            executor.prefill(tokens, table, lengths, mode="traced")
+    assert a.result == executor.prefill(tokens, table, lengths, mode="eager")
+    executor.close()
+    assert rt.backend.ledger.live() == []
+
+
+def test_sequential_calls_from_different_threads_are_served(tiny_model, kit):
+    """Without overlap, calls from several threads one after another all succeed (the guard is not thread affinity)."""
+    rt, _ = _runtime(tiny_model)
+    tokens, table, lengths = _call(kit, seed=3400)
+    results = []
+    for _ in range(3):
+        thread = threading.Thread(target=lambda: results.append(rt.prefill(tokens, table, lengths)))
+        thread.start()
+        thread.join(WAIT)
+    assert len(results) == 3 and results[0] == results[1] == results[2]
