@@ -43,12 +43,9 @@ its cost grows with rows and mapped blocks, never with tokens.
 
 from __future__ import annotations
 
-from itertools import compress, repeat
-from operator import and_, eq, is_, le, not_
-
 from .batch import PrefillBatch
 from .geometry import chunked_fill_width, chunked_read_width, regular_table_width
-from .intmath import ceil_div
+from .intmath import ceil_div, ceil_div_column
 from .layout import PageTableLayout
 from .policy import PrefillPolicy
 from .request import PrefillRequest, RequestKind
@@ -92,19 +89,20 @@ def plan_prefill(
 
 def _bucket_rows(batch: PrefillBatch, policy: PrefillPolicy) -> tuple[dict[tuple[int, bool], list[int]], list[int]]:
     """Regular rows that may batch, by (rung, logits-or-sampled); every other row is a single."""
-    rows = range(len(batch))
     if not policy.batching_enabled:
-        return {}, list(rows)
-    # Column passes (rows of a wave share a handful of lengths): one ladder walk per distinct length.
-    rung_of = {length: policy.padded_length(length) for length in set(batch.lengths)}
-    rungs = list(map(rung_of.__getitem__, batch.lengths))
-    # Rule 2, as PrefillPolicy.is_regular states it: uncached and the rung fits the max chunk.
-    regular = list(map(and_, map(not_, batch.cached), map(le, rungs, repeat(policy.max_chunk_length))))
-    singles = list(compress(rows, map(not_, regular)))
-    members = list(compress(rows, regular))
-    keys = list(zip(compress(rungs, regular), compress(map(is_, batch.sampling, repeat(None)), regular)))
-    # At most (ladder rungs within the max chunk) x 2 keys, each gathered by one pass over the keys.
-    buckets = {key: list(compress(members, map(eq, keys, repeat(key)))) for key in dict.fromkeys(keys)}
+        return {}, list(range(len(batch)))
+    buckets: dict[tuple[int, bool], list[int]] = {}
+    singles: list[int] = []
+    rung_of: dict[int, int] = {}  # rows of a wave share a handful of lengths: one ladder walk each
+    max_chunk = policy.max_chunk_length
+    for row, (length, cached, params) in enumerate(zip(batch.lengths, batch.cached, batch.sampling)):
+        rung = rung_of.get(length)
+        if rung is None:
+            rung = rung_of[length] = policy.padded_length(length)
+        if cached or rung > max_chunk:  # rule 2 (PrefillPolicy.is_regular): not a regular row
+            singles.append(row)
+        else:
+            buckets.setdefault((rung, params is None), []).append(row)
     return buckets, singles
 
 
@@ -128,7 +126,7 @@ def _regular_request(
     bs = layout.block_size
     padded_batch = 1 if len(members) == 1 else policy.wave_for(len(members))
     lengths = _pick(batch.lengths, members)
-    real_blocks = tuple(map(ceil_div, lengths, repeat(bs))) + (0,) * (padded_batch - len(members))
+    real_blocks = tuple(ceil_div_column(lengths, bs)) + (0,) * (padded_batch - len(members))
     table = PageTableView(TableRole.REGULAR, regular_table_width(policy, bs, padded_length), real_blocks, SKIP)
     return PrefillRequest(
         kind=RequestKind.REGULAR_SINGLE if len(members) == 1 else RequestKind.REGULAR_BATCHED,

@@ -14,11 +14,11 @@ import math
 from collections.abc import Sequence
 from functools import cached_property
 from itertools import chain, repeat
-from operator import ge, gt, lt, mod
+from operator import ge, gt, indexOf, lt, mod, truth
 
 import attrs
 
-from .intmath import ceil_div
+from .intmath import ceil_div, ceil_div_column
 from .sampling import SamplingParams
 
 COLUMNS = ("lengths", "cached", "slots", "blocks", "sampling")
@@ -59,13 +59,18 @@ class Scope:
     @cached_property
     def needs(self) -> list[int]:
         """Mapped block count of each row, ``ceil(length / block_size)``."""
-        return list(map(ceil_div, self.batch.lengths, repeat(self.limits.block_size)))
+        return ceil_div_column(self.batch.lengths, self.limits.block_size)
+
+    @cached_property
+    def widths(self) -> list[int]:
+        """How many page-table entries each row passed."""
+        return list(map(len, self.batch.blocks))
 
     @cached_property
     def prefixes(self) -> Sequence[tuple[int, ...]]:
         """Each row's mapped prefix (a row cut to its prefix, as the shell passes it, is itself)."""
         blocks, needs = self.batch.blocks, self.needs
-        if list(map(len, blocks)) == needs:
+        if self.widths == needs:
             return blocks
         return list(map(tuple.__getitem__, blocks, map(slice, needs)))
 
@@ -100,9 +105,11 @@ class Scope:
 
 
 def _first(flags) -> int | None:
-    """Index of the first truthy flag, else None."""
-    flags = list(flags)
-    return next((i for i, flag in enumerate(flags) if flag), None) if any(flags) else None
+    """Index of the first truthy flag, else None (one C-level scan that stops at the hit)."""
+    try:
+        return indexOf(map(truth, flags), True)
+    except ValueError:
+        return None
 
 
 def _hit_at(column: tuple, field: str, flags) -> Hit | None:
@@ -231,7 +238,7 @@ def beyond_max_position(scope: Scope) -> Hit | None:
 
 def short_prefix(scope: Scope) -> Hit | None:
     blocks, needs = scope.batch.blocks, scope.needs
-    i = _first(map(lt, map(len, blocks), needs))
+    i = _first(map(lt, scope.widths, needs))
     if i is None:
         return None
     have = len(blocks[i])
