@@ -26,9 +26,10 @@ fill_table          body input          int32     B, Wf      blocks this step wr
 read_table          body input          int32     B, Wr      chunked steps only: blocks attention reads,
                                                              all >= 0 (filler where unmapped)
 last_token_index    postprocess input   int64     B          step-relative row of each last token
-top_k               postprocess input   int64     B          device sampling K per row
-top_p               postprocess input   float32   B          device sampling P per row
-inverse_temperature postprocess input   float32   B          device sampling 1/T per row
+top_k               postprocess input   int64     B          device sampling K per row (1: greedy)
+top_p               postprocess input   float64   B          device sampling P per row (1: greedy)
+temperature         postprocess input   float64   B          device sampling T per row (1: greedy);
+                                                             ttnn stages it as the 1/T its sampler reads
 hidden              body output         model     B, S, H    the body's output after the final norm
 last_hidden         output              model     B, H       each row's last-token hidden state
 logits              output              float32   B, V       LM head on ``last_hidden``
@@ -39,7 +40,8 @@ top_logprobs        output              float32   B, N       their log-probs
 ==================  ==================  ========  =========  =========================================
 
 Every input is refreshed in place before a replay (traced) or uploaded once
-per step (eager); every output is produced on the device: a new
+per step (eager); the sampling inputs (``SAMPLING_INPUTS``, top-k programs
+only) once per invocation, their values from ``sampling_values``. Every output is produced on the device: a new
 invocation-owned tensor when eager, assigned into the program alias's
 persistent workspace when traced.
 """
@@ -47,12 +49,12 @@ persistent workspace when traced.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import attrs
 import torch
 
-from prefill_core import PrefillProgramSignature, PrefillTraceSignature
+from prefill_core import PrefillProgramSignature, PrefillTraceSignature, SamplingParams, SamplingPath
 
 __all__ = [
     "Stage",
@@ -65,7 +67,7 @@ __all__ = [
     "LAST_TOKEN_INDEX",
     "TOP_K",
     "TOP_P",
-    "INVERSE_TEMPERATURE",
+    "TEMPERATURE",
     "HIDDEN",
     "LAST_HIDDEN",
     "LOGITS",
@@ -81,6 +83,7 @@ __all__ = [
     "program_geometry",
     "output_specs",
     "workspace_specs",
+    "sampling_values",
 ]
 
 
@@ -131,8 +134,14 @@ FILL_TABLE = TensorSpec("fill_table", Stage.BODY_INPUT, torch.int32, ("B", "Wf")
 READ_TABLE = TensorSpec("read_table", Stage.BODY_INPUT, torch.int32, ("B", "Wr"), "blocks chunked attention reads")
 LAST_TOKEN_INDEX = TensorSpec("last_token_index", Stage.POSTPROCESS_INPUT, torch.int64, _B, "step-relative last-token row")
 TOP_K = TensorSpec("top_k", Stage.POSTPROCESS_INPUT, torch.int64, _B, "device sampling K")
-TOP_P = TensorSpec("top_p", Stage.POSTPROCESS_INPUT, torch.float32, _B, "device sampling P")
-INVERSE_TEMPERATURE = TensorSpec("inverse_temperature", Stage.POSTPROCESS_INPUT, torch.float32, _B, "device sampling 1/T")
+# P and T are float64 on the host and T is not inverted here: float64 holds a
+# row's Python floats exactly, and T itself (not 1/T) is what the torch sampler
+# divides by, so the torch backend reads back each row's exact parameters and
+# samples what host sampling samples. 1/(1/T) is not T for about one double in
+# seven (0.9, 0.45 and 0.95 among them), and near T = 1e308 the reciprocal is
+# subnormal. The ttnn staging forms 1/T when it stages this tensor.
+TOP_P = TensorSpec("top_p", Stage.POSTPROCESS_INPUT, torch.float64, _B, "device sampling P")
+TEMPERATURE = TensorSpec("temperature", Stage.POSTPROCESS_INPUT, torch.float64, _B, "device sampling T")
 HIDDEN = TensorSpec("hidden", Stage.BODY_OUTPUT, None, ("B", "S", "H"), "body output after the final norm")
 LAST_HIDDEN = TensorSpec("last_hidden", Stage.OUTPUT, None, ("B", "H"), "last-token hidden state per row")
 LOGITS = TensorSpec("logits", Stage.OUTPUT, torch.float32, ("B", "V"), "LM head output")
@@ -145,7 +154,8 @@ BODY_INPUTS = (INPUT_TOKENS, CHUNK_START, SLOTS, FILL_TABLE, READ_TABLE)
 """What the model body reads, in the order a trace's persistent inputs are allocated."""
 STEP_INPUTS = (*BODY_INPUTS, LAST_TOKEN_INDEX)
 """Everything one host step holds."""
-SAMPLING_INPUTS = (TOP_K, TOP_P, INVERSE_TEMPERATURE)
+SAMPLING_INPUTS = (TOP_K, TOP_P, TEMPERATURE)
+"""What device top-k sampling reads beside the logits, in the order of ``Backend.sample``'s arguments."""
 ALL_SPECS = (*STEP_INPUTS, *SAMPLING_INPUTS, HIDDEN, LAST_HIDDEN, LOGITS, SAMPLED_TOKENS, TOKEN_LOGPROB, TOP_IDS,
              TOP_LOGPROBS)
 
@@ -173,4 +183,21 @@ def output_specs(signature: PrefillProgramSignature) -> tuple[TensorSpec, ...]:
 
 def workspace_specs(signature: PrefillProgramSignature) -> tuple[TensorSpec, ...]:
     """What a traced program alias keeps persistently: its postprocess inputs and its outputs."""
-    return (LAST_TOKEN_INDEX, *output_specs(signature))
+    sampling = SAMPLING_INPUTS if signature.sampling_path is SamplingPath.TOPK else ()
+    return (LAST_TOKEN_INDEX, *sampling, *output_specs(signature))
+
+
+def sampling_values(params: Sequence[SamplingParams]) -> dict[TensorSpec, torch.Tensor]:
+    """Each ``SAMPLING_INPUTS`` tensor's host value for a wave's per physical row params, in its host dtype.
+
+    ``params`` has one entry per physical row (padding rows repeat row 0:
+    ``postprocess.wave_params``). A greedy row (``SamplingParams.is_greedy``)
+    becomes K=1, P=1, T=1: top-1 sampling is the argmax whatever the draw, and
+    T=1 keeps the device's 1/T finite. Other rows keep their own values;
+    ``top_k == 0`` (no limit) never reaches here: the planner routes it to the
+    host path.
+    """
+    rows = [(1, 1.0, 1.0) if p.is_greedy else (p.top_k, p.top_p, p.temperature) for p in params]
+    k, p, t = zip(*rows)
+    return {TOP_K: torch.tensor(k, dtype=TOP_K.host_dtype), TOP_P: torch.tensor(p, dtype=TOP_P.host_dtype),
+            TEMPERATURE: torch.tensor(t, dtype=TEMPERATURE.host_dtype)}

@@ -9,6 +9,12 @@ Ownership is decided here. Eager: every output is a new invocation-owned
 tensor. Traced: every output is assigned into the program alias's
 persistent workspace (allocated at warm-up, before any capture), so serving
 allocates nothing and the next replay overwrites the same buffers.
+
+Device top-k sampling reads K, P and T as device tensors
+(``contract.SAMPLING_INPUTS``, values from ``contract.sampling_values``):
+eager, they are uploaded once per invocation as invocation-owned tensors,
+released with the invocation's other transients; traced, they are refreshed
+in place into the workspace's persistent copies.
 """
 
 from __future__ import annotations
@@ -19,7 +25,8 @@ from typing import Any
 from prefill_core import PreparedPrefill, PrefillProgramSignature, SamplingPath
 
 from .backends.base import Backend
-from .contract import LAST_HIDDEN, LOGITS, SAMPLED_TOKENS, TOKEN_LOGPROB, TOP_IDS, TOP_LOGPROBS, TensorSpec
+from .contract import (LAST_HIDDEN, LOGITS, SAMPLED_TOKENS, SAMPLING_INPUTS, TOKEN_LOGPROB, TOP_IDS, TOP_LOGPROBS,
+                       TensorSpec, sampling_values)
 from .ledger import DeviceTensor, Ownership
 
 __all__ = ["PrefillPostprocessor", "wave_params"]
@@ -55,8 +62,9 @@ class PrefillPostprocessor:
         Logits paths (``logits``, ``host``) return ``LOGITS``; device paths
         return ``SAMPLED_TOKENS``, ``TOKEN_LOGPROB`` and, when the program
         computes log-probs, ``TOP_IDS`` / ``TOP_LOGPROBS``. ``params`` are per
-        physical row (``wave_params``). Eager outputs are appended to
-        ``acquired``; traced ones are written into ``workspace``.
+        physical row (``wave_params``). Eager outputs, and the top-k path's
+        K/P/T inputs, are appended to ``acquired``; traced outputs are written
+        into ``workspace``, whose K/P/T are refreshed in place first.
         """
         backend = self.backend
 
@@ -76,7 +84,8 @@ class PrefillPostprocessor:
         if path is SamplingPath.ARGMAX:
             tokens = emit(SAMPLED_TOKENS, backend.argmax(logits.value))
         else:
-            tokens = emit(SAMPLED_TOKENS, backend.sample(logits.value, params, seeds))
+            k, p, t = self._sampling_inputs(params, acquired, workspace)
+            tokens = emit(SAMPLED_TOKENS, backend.sample(logits.value, k.value, p.value, t.value, seeds))
         top_n = self.max_logprobs if signature.logprobs else 0
         token_lp, top_ids, top_values = backend.logprobs(logits.value, tokens.value, top_n)
         outputs = {SAMPLED_TOKENS: tokens, TOKEN_LOGPROB: emit(TOKEN_LOGPROB, token_lp)}
@@ -84,3 +93,17 @@ class PrefillPostprocessor:
             outputs[TOP_IDS] = emit(TOP_IDS, top_ids)
             outputs[TOP_LOGPROBS] = emit(TOP_LOGPROBS, top_values)
         return outputs
+
+    def _sampling_inputs(self, params: tuple, acquired: list[DeviceTensor],
+                         workspace: dict[TensorSpec, DeviceTensor] | None) -> list[DeviceTensor]:
+        """K, P and T on the device: refreshed into the workspace (traced) or uploaded for this invocation."""
+        host = sampling_values(params)
+        if workspace is not None:
+            for spec in SAMPLING_INPUTS:
+                self.backend.refresh(host[spec], workspace[spec])
+            return [workspace[spec] for spec in SAMPLING_INPUTS]
+        handles = []
+        for spec in SAMPLING_INPUTS:
+            handles.append(self.backend.upload(host[spec], spec, Ownership.INVOCATION))
+            acquired.append(handles[-1])  # owned by the invocation from the moment it exists
+        return handles

@@ -7,8 +7,9 @@ in place: tokens, tables, the chunk start and the slots are data, never baked
 into the trace, so one trace serves every request with its chunk length and
 table widths, at any chunk position and cached offset. Only the final step's
 hidden output is finished, into the persistent workspace of the request's
-program alias (``contract.workspace_specs``), so serving allocates nothing
-after capture.
+program alias (``contract.workspace_specs``: for a top-k program also its
+K, P and T, which the postprocessor refreshes in place), so serving
+allocates nothing after capture.
 
 Ownership: a trace owns its persistent inputs and its hidden output; a
 workspace owns its alias's postprocessing tensors; a replay allocates
@@ -28,8 +29,8 @@ from prefill_core import PrefillProgramSignature, PrefillTraceSignature, Prepare
 from prefill_core.errors import CleanupError, TraceCoverageError
 
 from .backends.base import Backend, TraceHandle
-from .contract import (BODY_INPUTS, FILL_TABLE, HIDDEN, LAST_TOKEN_INDEX, READ_TABLE, SLOTS, STEP_INPUTS,
-                       body_geometry, program_geometry, workspace_specs)
+from .contract import (BODY_INPUTS, FILL_TABLE, HIDDEN, LAST_TOKEN_INDEX, READ_TABLE, SAMPLING_INPUTS, SLOTS,
+                       STEP_INPUTS, body_geometry, program_geometry, workspace_specs)
 from .inputs import DeviceStep, HostStep, PrefillInputStager
 from .ledger import DeviceTensor, Ownership
 from .postprocess import PrefillPostprocessor, wave_params
@@ -39,6 +40,10 @@ __all__ = ["CapturedTrace", "PrefillTraceLifecycle", "warmup_step"]
 
 # Entries that make a step write nothing: no KV block, no slot.
 _NO_WRITE = {FILL_TABLE: -1, SLOTS: -1}
+# A workspace's K, P and T start as the greedy triple (K=1, P=1, T=1): zeros
+# are no valid sampling values (a device stages T as 1/T), and every
+# postprocess refreshes them before reading.
+_WORKSPACE_START = dict.fromkeys(SAMPLING_INPUTS, 1)
 
 
 class CapturedTrace:
@@ -96,8 +101,8 @@ class PrefillTraceLifecycle:
         workspace: dict = {}
         try:
             for spec in workspace_specs(signature):
-                zeros = torch.zeros(spec.shape(geometry), dtype=spec.dtype(self._dtype))
-                workspace[spec] = self._backend.upload(zeros, spec, Ownership.WORKSPACE)
+                start = torch.full(spec.shape(geometry), _WORKSPACE_START.get(spec, 0), dtype=spec.dtype(self._dtype))
+                workspace[spec] = self._backend.upload(start, spec, Ownership.WORKSPACE)
         except BaseException as primary:
             self._release(list(workspace.values()), primary=primary)
             raise

@@ -78,11 +78,14 @@ class Backend(Protocol):
     def argmax(self, logits: Any) -> Any:
         """Greedy tokens ``[B]`` from logits ``[B, V]``."""
 
-    def sample(self, logits: Any, params: tuple, seeds: tuple[int, ...]) -> Any:
+    def sample(self, logits: Any, top_k: Any, top_p: Any, temperature: Any, seeds: tuple[int, ...]) -> Any:
         """Per-row top-k/top-p/temperature sampling with per-row seeds: ``[B]`` tokens.
 
-        ``params[b]`` is physical row b's ``SamplingParams``; padding rows
-        repeat row 0 (a single row's K/P/T is broadcast to the wave).
+        ``top_k``, ``top_p`` and ``temperature`` are the device values of the
+        ``contract.SAMPLING_INPUTS`` tensors this backend uploaded or refreshed
+        from ``contract.sampling_values`` (one entry per physical row; padding
+        rows repeat row 0, so a single row's K/P/T is broadcast to the wave;
+        greedy rows hold K=1, P=1, T=1). They stay owned by the caller.
         """
 
     def logprobs(self, logits: Any, tokens: Any, top_n: int) -> tuple[Any, Any, Any]:

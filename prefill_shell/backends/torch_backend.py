@@ -101,8 +101,14 @@ class TorchBackend:
     def argmax(self, logits: Any) -> Any:
         return torch.argmax(logits, dim=-1)
 
-    def sample(self, logits: Any, params: tuple, seeds: tuple[int, ...]) -> Any:
-        return torch.stack([sample_row(logits[b], p.top_k, p.top_p, p.temperature, seeds[b]) for b, p in enumerate(params)])
+    def sample(self, logits: Any, top_k: Any, top_p: Any, temperature: Any, seeds: tuple[int, ...]) -> Any:
+        # The contract keeps P and T in float64, so these are each row's own
+        # Python values, bit for bit: a row samples exactly as host sampling
+        # (and as it would in any other wave) would sample it. The per-row
+        # sampler takes Python numbers, so on CUDA this read waits for the
+        # device once per sampled wave.
+        rows = zip(top_k.tolist(), top_p.tolist(), temperature.tolist(), seeds)
+        return torch.stack([sample_row(logits[b], k, p, t, seed) for b, (k, p, t, seed) in enumerate(rows)])
 
     def logprobs(self, logits: Any, tokens: Any, top_n: int) -> tuple[Any, Any, Any]:
         return top_logprobs(logits, tokens, top_n)

@@ -107,9 +107,9 @@ class FaultInjectingBackend:
         self.plan.tick("postprocess", "argmax")
         return self.inner.argmax(logits)
 
-    def sample(self, logits, params, seeds):
+    def sample(self, logits, top_k, top_p, temperature, seeds):
         self.plan.tick("postprocess", "sample")
-        return self.inner.sample(logits, params, seeds)
+        return self.inner.sample(logits, top_k, top_p, temperature, seeds)
 
     def logprobs(self, logits, tokens, top_n):
         self.plan.tick("postprocess", "logprobs")

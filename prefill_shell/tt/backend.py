@@ -24,8 +24,10 @@ How each seam operation maps onto ttnn:
   ``[B*S, H]`` and gathers rows ``b*S + index[b]`` with ``ttnn.embedding``
   (one program keyed on ``B*S``, whatever the per-row positions).
 * ``argmax``: ``ttnn.argmax(dim=3)`` on row-major logits (the multi-core path).
-* ``sample``: ``ttnn.topk(k=32)`` then ``ttnn.sampling`` with per-row K, P
-  and 1/T tensors staged for the call. ``ttnn.sampling`` takes one seed per
+* ``sample``: ``ttnn.topk(k=32)`` then ``ttnn.sampling`` with the per-row K,
+  P and T device tensors the postprocessor owns (staged as K uint32, P and
+  1/T bfloat16; uploaded per invocation when eager, refreshed in place in
+  the alias workspace when traced). ``ttnn.sampling`` takes one seed per
   call, so a wave draws from ``seeds[0]``: tokens are reproducible per
   (wave, seed), not per row as on the torch backend.
 * ``logprobs``: ``ttnn.moreh_logsoftmax``, ``ttnn.gather`` at the tokens,
@@ -194,7 +196,8 @@ class TtnnBackend:
         self._free(rows, *made)
         return tokens
 
-    def sample(self, logits: Any, params: tuple, seeds: tuple[int, ...]) -> Any:
+    def sample(self, logits: Any, top_k: Any, top_p: Any, temperature: Any, seeds: tuple[int, ...]) -> Any:
+        """``temperature`` is the ``TEMPERATURE`` tensor, which staging holds as the 1/T ``ttnn.sampling`` reads."""
         tt = self.tt
         users = logits.shape[-2]
         if users > SAMPLING_CANDIDATES:
@@ -205,10 +208,8 @@ class TtnnBackend:
             made.append(full)
         values, candidates = tt.topk(full, SAMPLING_CANDIDATES, dim=3)  # [1, 1, B, 32]
         indices = tt.typecast(tt.to_layout(candidates, tt.ROW_MAJOR_LAYOUT), tt.uint32)
-        k, p, inverse_t = (self.tt.to_device(x, self.device, memory_config=tt.DRAM_MEMORY_CONFIG)
-                           for x in ttnn_staging.stage_sampling(params, self._replicate))
-        tokens = tt.sampling(values, indices, k=k, p=p, temp=inverse_t, seed=int(seeds[0]) & 0xFFFFFFFF)
-        self._free(k, p, inverse_t, indices, candidates, values, *made)
+        tokens = tt.sampling(values, indices, k=top_k, p=top_p, temp=temperature, seed=int(seeds[0]) & 0xFFFFFFFF)
+        self._free(indices, candidates, values, *made)
         return tokens
 
     def logprobs(self, logits: Any, tokens: Any, top_n: int) -> tuple[Any, Any, Any]:

@@ -26,9 +26,9 @@ are ``contract.TensorSpec`` names):
                                                       form); -1 marks a padding row
   last_token_index int32  ROW_MAJOR   [B]              chunk-relative last-token row
   top_k         uint32   ROW_MAJOR   [B]              ``ttnn.sampling`` ``k`` (``[num_users]``)
-  top_p         bfloat16 ROW_MAJOR   [B]              ``ttnn.sampling`` ``p``
-  inverse_temperature bfloat16 ROW_MAJOR [B]           ``ttnn.sampling`` ``temp``: holds 1/T, the
-                                                      op multiplies logits by it
+  top_p         bfloat16 ROW_MAJOR   [B]              ``ttnn.sampling`` ``p`` (never 0)
+  temperature   bfloat16 ROW_MAJOR   [B]              ``ttnn.sampling`` ``temp``: staged as 1/T
+                                                      (the op multiplies logits by it), never 0
   hidden        bfloat16 TILE        [B, 1, S, H]     a body activation (the model's output)
 
 Chunk starts, slots and tables are tensors, never Python scalars, so a
@@ -58,9 +58,9 @@ import torch
 
 from prefill_core.errors import PrefillInputError
 
-from ..contract import (CHUNK_START, FILL_TABLE, HIDDEN, INPUT_TOKENS, INVERSE_TEMPERATURE, LAST_HIDDEN,
-                        LAST_TOKEN_INDEX, LOGITS, READ_TABLE, SAMPLED_TOKENS, SLOTS, STEP_INPUTS, TOKEN_LOGPROB,
-                        TOP_IDS, TOP_K, TOP_LOGPROBS, TOP_P, TensorSpec)
+from ..contract import (CHUNK_START, FILL_TABLE, HIDDEN, INPUT_TOKENS, LAST_HIDDEN, LAST_TOKEN_INDEX, LOGITS,
+                        READ_TABLE, SAMPLED_TOKENS, SLOTS, STEP_INPUTS, TEMPERATURE, TOKEN_LOGPROB, TOP_IDS, TOP_K,
+                        TOP_LOGPROBS, TOP_P, TensorSpec, sampling_values)
 
 __all__ = [
     "MAX_DEVICE_TOP_K",
@@ -70,6 +70,9 @@ __all__ = [
     "stage_int_vector",
     "sampling_vectors",
     "stage_sampling",
+    "stage_top_k",
+    "stage_top_p",
+    "stage_temperature",
     "stage_hidden",
     "stage",
     "stage_step",
@@ -80,6 +83,7 @@ MAX_DEVICE_TOP_K = 32
 """``ttnn.sampling`` accepts k in (0, 32]."""
 
 _UINT32_LIMIT = 1 << 32
+_BF16 = torch.finfo(torch.bfloat16)
 _INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
 
 
@@ -190,26 +194,41 @@ def stage_hidden(hidden: torch.Tensor, mesh_mapper=None) -> Any:
 # ---------------------------------------------------------------- sampling inputs
 
 
+def _check_top_k(k: torch.Tensor) -> None:
+    bad = (k < 1) | (k > MAX_DEVICE_TOP_K)
+    if bool(bad.any()):
+        row = int(bad.nonzero()[0])
+        msg = (f"physical row {row}: sampling.top_k={int(k[row])} is invalid for ttnn.sampling: "
+               f"must be in [1, {MAX_DEVICE_TOP_K}] (set the policy's device_top_k_cap <= {MAX_DEVICE_TOP_K})")
+        raise PrefillInputError(msg, field="sampling.top_k")
+
+
 def sampling_vectors(params: Sequence) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per physical row ``(k, p, 1/T)`` as torch vectors, the values ``ttnn.sampling`` reads.
 
-    A greedy row (``temperature == 0`` or ``top_k == 1``) becomes ``k=1, p=1,
-    1/T=1``: top-1 sampling is argmax whatever the draw. ``top_k == 0`` (no
-    limit) never reaches the device: the planner routes it to the host path.
+    ``contract.sampling_values`` with T inverted: a greedy row becomes ``k=1,
+    p=1, 1/T=1`` (top-1 sampling is argmax whatever the draw). A K outside
+    ``[1, 32]`` raises ``PrefillInputError``.
     """
-    rows = []
-    for row, p in enumerate(params):
-        if p.is_greedy:
-            rows.append((1, 1.0, 1.0))
-            continue
-        if not 1 <= p.top_k <= MAX_DEVICE_TOP_K:
-            msg = (f"physical row {row}: sampling.top_k={p.top_k} is invalid for ttnn.sampling: "
-                   f"must be in [1, {MAX_DEVICE_TOP_K}] (set the policy's device_top_k_cap <= {MAX_DEVICE_TOP_K})")
-            raise PrefillInputError(msg, field="sampling.top_k")
-        rows.append((p.top_k, float(p.top_p), 1.0 / p.temperature))
-    k, p, inverse_t = zip(*rows)
-    return (torch.tensor(k, dtype=torch.int64), torch.tensor(p, dtype=torch.float32),
-            torch.tensor(inverse_t, dtype=torch.float32))
+    values = sampling_values(params)
+    _check_top_k(values[TOP_K])
+    return values[TOP_K], values[TOP_P].float(), (1.0 / values[TEMPERATURE]).float()
+
+
+def _bfloat16_top_p(p: torch.Tensor) -> torch.Tensor:
+    # A P below bfloat16's smallest normal rounds to 0 (or to a subnormal that
+    # hardware may flush to 0), and P = 0 would drop even the top token. Raising
+    # it to the smallest normal changes no outcome: with at most 32 candidates
+    # the top token holds >= 1/32 of the mass, so any P that small keeps
+    # exactly the top token either way.
+    return p.clamp(min=_BF16.tiny)
+
+
+def _bfloat16_inverse_t(inverse_t: torch.Tensor) -> torch.Tensor:
+    # A huge T makes 1/T round to 0, and -inf * 0 is NaN for a masked logit.
+    # The smallest normal keeps -inf at -inf while every finite logit still
+    # scales to about 0: the uniform draw over the top k that T -> inf means.
+    return inverse_t.clamp(min=_BF16.tiny)
 
 
 def stage_sampling(params: Sequence, mesh_mapper=None) -> tuple[Any, Any, Any]:
@@ -217,33 +236,54 @@ def stage_sampling(params: Sequence, mesh_mapper=None) -> tuple[Any, Any, Any]:
 
     ``params`` are per physical row (padding rows repeat row 0, see
     ``postprocess.wave_params``). P and 1/T round to bfloat16 (0.9 -> 0.8984),
-    never to inf or 0.
+    never to inf or 0. The runtime stages the three tensors one at a time
+    (``stage`` of ``TOP_K``, ``TOP_P``, ``TEMPERATURE``: the same values for
+    the same params); this stages a whole wave in one call.
     """
     k, p, inverse_t = sampling_vectors(params)
-    bf16 = torch.finfo(torch.bfloat16)
     # A 1/T past bfloat16's largest finite value would stage as inf, and
     # logits * inf is NaN in the kernel's softmax. Clamping 1/T to that largest
     # value would not save it (any logit above 1 times it still overflows), so
     # such a row stages as the greedy triple k=1, P=1, 1/T=1: top-1 is the
     # argmax at any draw, which is what T -> 0 means.
-    cold = inverse_t > bf16.max
+    cold = inverse_t > _BF16.max
     if bool(cold.any()):
         k, p, inverse_t = k.masked_fill(cold, 1), p.masked_fill(cold, 1.0), inverse_t.masked_fill(cold, 1.0)
-    # A P below bfloat16's smallest normal rounds to 0 (or to a subnormal that
-    # hardware may flush to 0), and P = 0 would drop even the top token. Raising
-    # it to the smallest normal changes no outcome: with at most 32 candidates
-    # the top token holds >= 1/32 of the mass, so any P that small keeps
-    # exactly the top token either way.
-    p = p.clamp(min=bf16.tiny)
-    # A huge T makes 1/T round to 0, and -inf * 0 is NaN for a masked logit.
-    # The smallest normal keeps -inf at -inf while every finite logit still
-    # scales to about 0: the uniform draw over the top k that T -> inf means.
-    inverse_t = inverse_t.clamp(min=bf16.tiny)
     return (
         _host(k, "uint32", "ROW_MAJOR", mesh_mapper),
-        _host(p, "bfloat16", "ROW_MAJOR", mesh_mapper),
-        _host(inverse_t, "bfloat16", "ROW_MAJOR", mesh_mapper),
+        _host(_bfloat16_top_p(p), "bfloat16", "ROW_MAJOR", mesh_mapper),
+        _host(_bfloat16_inverse_t(inverse_t), "bfloat16", "ROW_MAJOR", mesh_mapper),
     )
+
+
+def stage_top_k(k: torch.Tensor, mesh_mapper=None) -> Any:
+    """``TOP_K`` int ``[B]`` -> uint32 ROW_MAJOR ``[B]``; a K outside ``[1, 32]`` raises."""
+    k = k.reshape(-1)
+    _check_top_k(k)
+    return _host(k, "uint32", "ROW_MAJOR", mesh_mapper)
+
+
+def stage_top_p(p: torch.Tensor, mesh_mapper=None) -> Any:
+    """``TOP_P`` float ``[B]`` -> bfloat16 ROW_MAJOR ``[B]``, never 0."""
+    return _host(_bfloat16_top_p(p.reshape(-1).float()), "bfloat16", "ROW_MAJOR", mesh_mapper)
+
+
+def stage_temperature(t: torch.Tensor, mesh_mapper=None) -> Any:
+    """``TEMPERATURE`` float ``[B]`` -> 1/T bfloat16 ROW_MAJOR ``[B]`` (``ttnn.sampling`` multiplies by it), never 0.
+
+    A T whose 1/T overflows bfloat16 raises: staged alone it cannot become
+    the greedy triple (K and P are other tensors), and it cannot come from
+    ``contract.sampling_values``, which holds T=1 for every greedy row (any
+    T below ``GREEDY_TEMPERATURE`` is greedy).
+    """
+    inverse_t = (1.0 / t.reshape(-1).double()).float()
+    cold = inverse_t > _BF16.max
+    if bool(cold.any()):
+        row = int(cold.nonzero()[0])
+        msg = (f"physical row {row}: sampling.temperature={float(t.reshape(-1)[row])!r} is invalid for ttnn.sampling: "
+               f"its 1/T overflows bfloat16 (a row that cold is greedy and must hold T=1)")
+        raise PrefillInputError(msg, field="sampling.temperature")
+    return _host(_bfloat16_inverse_t(inverse_t), "bfloat16", "ROW_MAJOR", mesh_mapper)
 
 
 # ---------------------------------------------------------------- postprocessing outputs
@@ -266,12 +306,6 @@ def _rows_out(dtype: str, layout: str) -> Callable:
 
 _TORCH = {"uint32": torch.int64, "float32": torch.float32, "bfloat16": torch.bfloat16, "int32": torch.int32}
 
-def _flat(dtype: str) -> Callable:
-    def stage(host: torch.Tensor, mesh_mapper=None) -> Any:
-        return _host(host.reshape(-1).to(_TORCH[dtype]), dtype, "ROW_MAJOR", mesh_mapper)
-
-    return stage
-
 
 def _int_vector(spec: TensorSpec) -> Callable:
     return lambda host, mesh_mapper=None: stage_int_vector(host, mesh_mapper, name=spec.name)
@@ -288,9 +322,9 @@ _STAGING: dict[TensorSpec, tuple[Callable, TensorContract]] = {
     FILL_TABLE: (stage_page_table, _ROW_MAJOR_INT32),
     READ_TABLE: (stage_page_table, _ROW_MAJOR_INT32),
     LAST_TOKEN_INDEX: (_int_vector(LAST_TOKEN_INDEX), _ROW_MAJOR_INT32),
-    TOP_K: (_flat("uint32"), TensorContract("uint32", "ROW_MAJOR")),
-    TOP_P: (_flat("bfloat16"), TensorContract("bfloat16", "ROW_MAJOR")),
-    INVERSE_TEMPERATURE: (_flat("bfloat16"), TensorContract("bfloat16", "ROW_MAJOR")),
+    TOP_K: (stage_top_k, TensorContract("uint32", "ROW_MAJOR")),
+    TOP_P: (stage_top_p, TensorContract("bfloat16", "ROW_MAJOR")),
+    TEMPERATURE: (stage_temperature, TensorContract("bfloat16", "ROW_MAJOR")),
     HIDDEN: (stage_hidden, TensorContract("bfloat16", "TILE")),
     LAST_HIDDEN: (_rows_out("bfloat16", "TILE"), TensorContract("bfloat16", "TILE")),
     LOGITS: (_rows_out("float32", "TILE"), TensorContract("float32", "TILE")),

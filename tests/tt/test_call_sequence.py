@@ -218,11 +218,16 @@ def test_greedy_rows_take_the_device_argmax_path(lane):
 
 
 def test_traced_sampling_assigns_every_output_into_the_alias_workspace(lane):
-    """A traced top-k run copies tokens, log-probs and top-N into persistent buffers; only K/P/T are uploaded."""
+    """A traced top-k run uploads nothing: K/P/T are refreshed in place, every output is copied into the workspace."""
     params = SamplingParams(temperature=1.0, top_k=4, num_logprobs=3)
     results, mark = lane.traced([100], sampling=params)
     rec = lane.recording
-    assert rec.count("to_device", since=mark) == 3  # K, P, 1/T for ttnn.sampling (transient, freed)
+    assert rec.count("to_device", since=mark) == 0
+    # 4 body inputs before the replay, then the last-token index and K, P, 1/T
+    assert lane.sequence({"copy_host_to_device_tensor", "execute_trace"}, since=mark) == [
+        *["copy_host_to_device_tensor"] * 4, "execute_trace", *["copy_host_to_device_tensor"] * 4]
+    sampling = next(c for c in rec.calls[mark:] if c.name == "sampling")
+    assert (sampling.kwargs["k"], sampling.kwargs["temp"]) == (((1,), "UINT32", "ROW_MAJOR"), ((1,), "BFLOAT16", "ROW_MAJOR"))
     copies = [c for c in rec.calls[mark:] if c.name == "copy"]
     assert len(copies) == 6  # last_hidden, logits, tokens, token_logprob, top_ids, top_logprobs
     assert results[0].token == 0 and len(results[0].top_logprobs) == 3
