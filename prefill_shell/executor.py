@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from prefill_core import PrefillProgramSignature, WarmupManifest
 from prefill_core.errors import PrefillInputError, PrefillStateError, TraceCoverageError
 
+from .progress import ProgressCallback, ProgressCounter
 from .result import InvocationResult, PrefillResult
 from .runtime import PrefillRuntime, PreparedBatch
 
@@ -51,22 +52,32 @@ class PrefillExecutor:
         self.compiled.add(signature)
         self.compile_count += 1
 
-    def warm_up(self, manifest: WarmupManifest) -> None:
-        """Compile every program, allocate every workspace, then capture every trace, largest first."""
+    def warm_up(self, manifest: WarmupManifest, on_progress: ProgressCallback | None = None) -> None:
+        """Compile every program, allocate every workspace, then capture every trace, largest first.
+
+        ``on_progress`` gets stages ``"compile"``, ``"allocate"`` and
+        ``"capture"`` in that order, each done 0..total (``prefill_shell.progress``).
+        """
         self._check_open()
+        captured = set(manifest.trace_signatures)
+        aliases = [s for s in manifest.program_signatures if s.body in captured]
+        bodies = sorted(captured, key=lambda s: (s.padded_batch * s.chunk_length, s.key), reverse=True)
+        stages = (("compile", manifest.program_signatures, self.compile),
+                  ("allocate", aliases, self.runtime.allocate_workspace), ("capture", bodies, self.runtime.capture))
         with self.runtime.hold():
-            for signature in manifest.program_signatures:
-                self.compile(signature)
-            captured = set(manifest.trace_signatures)
-            for signature in manifest.program_signatures:
-                if signature.body in captured:
-                    self.runtime.allocate_workspace(signature)
-            for body in sorted(captured, key=lambda s: (s.padded_batch * s.chunk_length, s.key), reverse=True):
-                self.runtime.capture(body)
+            for stage, signatures, run in stages:
+                progress = ProgressCounter(on_progress, stage, len(signatures)).start()
+                for signature in signatures:
+                    run(signature)
+                    progress.advance(signature.key)
 
     # -- dispatch -------------------------------------------------------
-    def invocations(self, batch: PreparedBatch, mode: str = "auto") -> Iterator[InvocationResult]:
-        """Invocations in plan order; a traced call is preflighted before anything runs."""
+    def invocations(self, batch: PreparedBatch, mode: str = "auto",
+                    on_progress: ProgressCallback | None = None) -> Iterator[InvocationResult]:
+        """Invocations in plan order; a traced call is preflighted before anything runs.
+
+        ``on_progress`` gets stage ``"prefill"``: done 0..``batch.num_steps`` body steps.
+        """
         self._check_open()
         if mode not in MODES:
             raise PrefillInputError(f"mode={mode!r} is invalid: must be one of {MODES}", field="mode")
@@ -77,24 +88,25 @@ class PrefillExecutor:
             msg = (f"traced prefill of rows {prepared.request.source_rows} is not covered: {why}; "
                    f"program {prepared.program_signature.key}; warm up a manifest that holds it or run mode='eager'")
             raise TraceCoverageError(msg)
-        return self._run(batch, traced=mode == "traced" or (mode == "auto" and not gaps))
+        return self._run(batch, mode == "traced" or (mode == "auto" and not gaps), on_progress)
 
-    def _run(self, batch: PreparedBatch, traced: bool) -> Iterator[InvocationResult]:
+    def _run(self, batch: PreparedBatch, traced: bool, on_progress) -> Iterator[InvocationResult]:
         # Held until the stream ends: a replay's outputs stay unread between steps.
         with self.runtime.hold():
+            progress = ProgressCounter(on_progress, "prefill", batch.num_steps).start()
             for index, prepared in enumerate(batch.prepared):
                 self._check_open()  # a stream opened before close() must not outlive it
                 if not traced and prepared.program_signature not in self.compiled:
                     self.compiled.add(prepared.program_signature)
                     self.compile_count += 1  # a program first seen while serving: a late compile
-                yield self.runtime.invoke(batch, index, traced=traced)
+                yield self.runtime.invoke(batch, index, traced=traced, progress=progress)
 
     def prefill(self, tokens, page_table, prompt_lengths, cached_lengths=None, slots=None, sampling=None,
-                mode: str = "auto") -> list[PrefillResult]:
+                mode: str = "auto", on_progress: ProgressCallback | None = None) -> list[PrefillResult]:
         """prepare + (traced or eager) invoke + streaming assemble, in caller row order."""
         with self.runtime.hold():
             batch = self.runtime.prepare(tokens, page_table, prompt_lengths, cached_lengths, slots, sampling)
-            return self.runtime.assemble(self.invocations(batch, mode), batch.num_rows)
+            return self.runtime.assemble(self.invocations(batch, mode, on_progress), batch.num_rows)
 
     def close(self) -> None:
         """Releases every trace and workspace, then the runtime's orphans; refuses further calls."""

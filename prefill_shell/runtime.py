@@ -38,6 +38,7 @@ from .inputs import DeviceStep, HostStep, PrefillInputStager, build_host_steps
 from .ledger import DeviceTensor
 from .notes import add_note
 from .postprocess import PrefillPostprocessor, wave_params
+from .progress import ProgressCallback, ProgressCounter, StepLog
 from .result import InvocationResult, PrefillResult
 from .sequence_runner import PrefillSequenceRunner
 from .trace import CapturedTrace, PrefillTraceLifecycle, warmup_step
@@ -54,6 +55,31 @@ class PreparedBatch:
     prepared: tuple[PreparedPrefill, ...]
     steps: tuple[tuple[HostStep, ...], ...]
     num_rows: int
+
+    @property
+    def num_steps(self) -> int:
+        """Model-body steps of the whole call (the ``"prefill"`` progress total)."""
+        return sum(map(len, self.steps))
+
+
+def _note_partial_writes(error: BaseException, blocks: dict[int, tuple[int, ...]]) -> None:
+    """Tells the caller which KV blocks the failed request may have left partly written.
+
+    ``error.partial_writes`` maps each caller row of the failed request to
+    the sorted blocks its started steps write: earlier chunks (whole, but
+    the row's KV is incomplete) and the failing step (possibly some layers
+    only). Rows of requests that completed earlier in the same call are
+    absent: their KV is whole. A serving engine drops these blocks from its
+    prefix cache (never matches them as a cached prefix) and recomputes the
+    rows, or frees the blocks with the failed requests.
+    """
+    try:
+        error.partial_writes = blocks
+    except AttributeError:  # an exception type without a __dict__: the note still carries it
+        pass
+    listed = "; ".join(f"row {row}: blocks {list(ids)}" for row, ids in blocks.items())
+    add_note(error, f"partial writes: KV blocks that may hold partial writes of the failed request ({listed}); "
+                    "rows of requests completed earlier in this call hold whole KV")
 
 
 def _prepare_by_lane(batch: PrefillBatch, policy: PrefillPolicy, layout: PageTableLayout,
@@ -229,26 +255,48 @@ class PrefillRuntime:
         return PreparedBatch(prepared, steps, len(batch))
 
     @_exclusive
-    def invoke(self, batch: PreparedBatch, index: int, *, traced: bool = False) -> InvocationResult:
+    def invoke(self, batch: PreparedBatch, index: int, *, traced: bool = False,
+               progress: ProgressCounter | None = None) -> InvocationResult:
         """Runs request ``index`` of ``batch``: eagerly, or by replaying its captured trace.
 
         ``traced=True`` never falls back to eager: a request without a trace
         or workspace raises ``TraceCoverageError`` before anything runs.
+        ``progress`` counts each body step as it finishes. An error raised
+        once a step has started carries ``partial_writes`` (see
+        ``_note_partial_writes``).
         """
         self._check_open()
         prepared = batch.prepared[index]
-        steps, seeds = list(batch.steps[index]), self._resolve_seeds(prepared)
-        with torch.inference_mode():
-            if traced:
-                return self._traces.replay(prepared, steps, seeds)
-            outputs, owned = self._runner.run(prepared.program_signature, wave_params(prepared), steps, seeds)
+        rows, num_steps = prepared.request.source_rows, len(batch.steps[index])
+
+        def finished(step: int) -> None:
+            if progress is not None:
+                progress.advance(f"rows {rows} chunk {step + 1}/{num_steps}")
+
+        steps = StepLog(batch.steps[index], finished)
+        seeds = self._resolve_seeds(prepared)
+        try:
+            with torch.inference_mode():
+                if traced:
+                    return self._traces.replay(prepared, steps, seeds)
+                outputs, owned = self._runner.run(prepared.program_signature, wave_params(prepared), steps, seeds)
+        except BaseException as error:
+            if steps.started:
+                _note_partial_writes(error, steps.written_blocks(rows))
+            raise
         return InvocationResult(prepared, outputs, owned, seeds)
 
     @_exclusive_stream
-    def invocations(self, batch: PreparedBatch, *, traced: bool = False) -> Iterator[InvocationResult]:
-        """Invocations in plan order, produced lazily (one in flight at a time)."""
+    def invocations(self, batch: PreparedBatch, *, traced: bool = False,
+                    on_progress: ProgressCallback | None = None) -> Iterator[InvocationResult]:
+        """Invocations in plan order, produced lazily (one in flight at a time).
+
+        ``on_progress`` gets stage ``"prefill"``: done 0..``batch.num_steps``
+        body steps (``prefill_shell.progress``).
+        """
+        progress = ProgressCounter(on_progress, "prefill", batch.num_steps).start()
         for index in range(len(batch.prepared)):
-            yield self.invoke(batch, index, traced=traced)
+            yield self.invoke(batch, index, traced=traced, progress=progress)
 
     @_exclusive_stream
     def stream(self, invocations: Iterable[InvocationResult]) -> Iterator[PrefillResult]:
@@ -262,10 +310,10 @@ class PrefillRuntime:
 
     @_exclusive
     def prefill(self, tokens, page_table, prompt_lengths, cached_lengths=None, slots=None, sampling=None, *,
-                traced: bool = False) -> list[PrefillResult]:
+                traced: bool = False, on_progress: ProgressCallback | None = None) -> list[PrefillResult]:
         """prepare + invoke + assemble: one row's result per caller row, in caller order."""
         batch = self.prepare(tokens, page_table, prompt_lengths, cached_lengths, slots, sampling)
-        return self.assemble(self.invocations(batch, traced=traced), batch.num_rows)
+        return self.assemble(self.invocations(batch, traced=traced, on_progress=on_progress), batch.num_rows)
 
     def _resolve_seeds(self, prepared: PreparedPrefill) -> tuple[int, ...]:
         """A seed per physical row: the row's own, else one drawn from the runtime's generator.

@@ -1,0 +1,101 @@
+"""Progress of long operations, and the record of which steps of a request started.
+
+A long operation takes an optional ``on_progress`` callback and calls it
+with a frozen ``Progress(stage, done, total, detail)`` value:
+
+* ``PrefillExecutor.warm_up``: stages ``"compile"`` (program signatures of the
+  manifest), ``"allocate"`` (alias workspaces) and ``"capture"`` (traces),
+  one stage after the other;
+* ``PrefillRuntime.prefill`` / ``invocations`` and ``PrefillExecutor.prefill`` /
+  ``invocations``: stage ``"prefill"``, one unit per model-body step (a chunk
+  of a request) of the whole call, eager or traced.
+
+Each stage reports ``done = 0`` when it starts and then ``1, 2, ..., total``
+in order as units finish (a step counts when its body has been dispatched;
+on an asynchronous device, enqueued). ``detail`` names the unit just
+finished, e.g. ``"rows (0,) chunk 2/3"``; it is for display, not parsing.
+The callback runs on the calling thread inside the call: an exception it
+raises propagates unchanged, with every device tensor released as for any
+other failure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import attrs
+
+from .contract import FILL_TABLE
+from .inputs import HostStep
+
+__all__ = ["Progress", "ProgressCallback", "ProgressCounter", "StepLog"]
+
+
+@attrs.frozen
+class Progress:
+    """``done`` of ``total`` units of ``stage`` have finished; ``detail`` names the last one."""
+
+    stage: str
+    done: int
+    total: int
+    detail: str = ""
+
+
+ProgressCallback = Callable[[Progress], None]
+
+
+class ProgressCounter:
+    """Counts one stage's units and reports each to ``on_progress`` (``None``: counts silently)."""
+
+    def __init__(self, on_progress: ProgressCallback | None, stage: str, total: int):
+        self._on_progress = on_progress
+        self.stage = stage
+        self.total = total
+        self.done = 0
+
+    def start(self) -> ProgressCounter:
+        """Reports ``done = 0``; returns self."""
+        self._report("")
+        return self
+
+    def advance(self, detail: str = "") -> None:
+        """One more unit finished."""
+        self.done += 1
+        self._report(detail)
+
+    def _report(self, detail: str) -> None:
+        if self._on_progress is not None:
+            self._on_progress(Progress(self.stage, self.done, self.total, detail))
+
+
+class StepLog(list):
+    """A request's host steps that record how many were started and report each one finished.
+
+    Both execution paths (the eager runner and the trace replay) take their
+    steps with one ``for step in steps`` pass: taking step i means steps
+    before it have been dispatched, and taking past the last means all have.
+    """
+
+    def __init__(self, steps, on_finished: Callable[[int], None] | None = None):
+        super().__init__(steps)
+        self.started = 0
+        self._on_finished = on_finished
+
+    def __iter__(self) -> Iterator[HostStep]:
+        for step in list.__iter__(self):
+            self._finished()
+            self.started += 1
+            yield step
+        self._finished()
+
+    def _finished(self) -> None:
+        if self.started and self._on_finished is not None:
+            self._on_finished(self.started - 1)
+
+    def written_blocks(self, source_rows: tuple[int, ...]) -> dict[int, tuple[int, ...]]:
+        """Per caller row, the sorted KV blocks the started steps write (their fill tables' entries)."""
+        blocks: dict[int, set[int]] = {row: set() for row in source_rows}
+        for step in list.__iter__(self[: self.started]):
+            for row, entries in zip(source_rows, step[FILL_TABLE][: len(source_rows)].tolist()):
+                blocks[row].update(b for b in entries if b >= 0)
+        return {row: tuple(sorted(ids)) for row, ids in blocks.items()}
