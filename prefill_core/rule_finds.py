@@ -75,15 +75,15 @@ class Scope:
         return list(map(tuple.__getitem__, blocks, map(slice, needs)))
 
     @cached_property
-    def mapped(self) -> Sequence[int]:
-        """Every mapped block id, rows concatenated in order (a lone row's prefix as is)."""
+    def mapped_ids(self) -> set[int]:
+        """Every distinct mapped block id (one pass over the rows' prefixes)."""
         prefixes = self.prefixes
-        return prefixes[0] if len(prefixes) == 1 else list(chain.from_iterable(prefixes))
+        return set(prefixes[0]) if len(prefixes) == 1 else set(chain.from_iterable(prefixes))
 
     @cached_property
     def has_repeats(self) -> bool:
         """Whether any block id appears twice in the mapped prefixes (else no repeat rule can fire)."""
-        return len(set(self.mapped)) != len(self.mapped)
+        return len(self.mapped_ids) != sum(self.needs)
 
     @cached_property
     def first_written(self) -> list[int]:
@@ -215,16 +215,22 @@ def bad_sampling_type(scope: Scope) -> Hit | None:
 
 def unaligned_cached(scope: Scope) -> Hit | None:
     cached = scope.batch.cached
+    if not any(cached):  # nothing cached (the common batch): aligned
+        return None
     return _hit_at(cached, "cached", map(mod, cached, repeat(scope.limits.block_size)))
 
 
 def slot_beyond_lane(scope: Scope) -> Hit | None:
     slots = scope.batch.slots
+    if max(slots) < scope.limits.lane_size:  # one C pass proves every row; the scan finds the first
+        return None
     return _hit_at(slots, "slot", map(ge, slots, repeat(scope.limits.lane_size)))
 
 
 def beyond_capacity(scope: Scope) -> Hit | None:
     lengths = scope.batch.lengths
+    if max(lengths) <= scope.limits.capacity:
+        return None
     return _hit_at(lengths, "length", map(gt, lengths, repeat(scope.limits.capacity)))
 
 
@@ -233,6 +239,8 @@ def beyond_max_position(scope: Scope) -> Hit | None:
     if limit is None:
         return None
     lengths = scope.batch.lengths
+    if max(lengths) <= limit:
+        return None
     return _hit_at(lengths, "length", map(gt, lengths, repeat(limit)))
 
 
@@ -249,8 +257,8 @@ def short_prefix(scope: Scope) -> Hit | None:
 
 
 def block_outside_pool(scope: Scope) -> Hit | None:
-    mapped = scope.mapped
-    if min(mapped) >= 0 and max(mapped) < scope.limits.num_blocks:
+    ids = scope.mapped_ids
+    if min(ids) >= 0 and max(ids) < scope.limits.num_blocks:
         return None
     pool = scope.limits.num_blocks
     for row, prefix in enumerate(scope.prefixes):
