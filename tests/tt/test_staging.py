@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from prefill_core import PageTableLayout, PrefillBatch, PrefillPolicy, PrefillRow, SamplingParams, plan_prefill
 from prefill_core.errors import PrefillInputError
 from prefill_shell.contract import (ALL_SPECS, CHUNK_START, FILL_TABLE, INPUT_TOKENS, LAST_HIDDEN, LAST_TOKEN_INDEX,
-                                    LOGITS, READ_TABLE, SAMPLED_TOKENS, SLOTS, TOKEN_LOGPROB, TOP_IDS, TOP_LOGPROBS,
-                                    Stage, TensorSpec)
+                                    LOGITS, READ_TABLE, SAMPLED_TOKENS, SAMPLING_INPUTS, SLOTS, TEMPERATURE,
+                                    TOKEN_LOGPROB, TOP_IDS, TOP_LOGPROBS, Stage, TensorSpec, sampling_values)
 from prefill_shell.tt import staging as ttnn_staging
 from prefill_shell.inputs import build_host_steps
 
@@ -107,6 +107,28 @@ def test_sampling_params_of_every_wave_stage_as_k_uint32_p_and_inverse_t_bfloat1
         assert_staged(ttnn, k, ttnn.uint32, rm, (b,), want_k)
         assert_staged(ttnn, p, ttnn.bfloat16, rm, (b,), want_p)
         assert_staged(ttnn, inverse_t, ttnn.bfloat16, rm, (b,), want_t)
+
+
+@pytest.mark.parametrize("params", [
+    (SamplingParams(temperature=0.9, top_k=5, top_p=0.9), SamplingParams.greedy()),
+    (SamplingParams(temperature=1e308, top_k=32, top_p=1e-46), SamplingParams(temperature=1e-5, top_k=2, top_p=0.5)),
+], ids=["ordinary", "extreme"])
+def test_runtime_per_spec_staging_of_k_p_t_equals_stage_sampling(ttnn, params):
+    """The K/P/T the runtime uploads or refreshes one spec at a time equal stage_sampling's triple, clamps included."""
+    values = sampling_values(params)
+    per_spec = [ttnn_staging.stage(spec, values[spec]) for spec in SAMPLING_INPUTS]
+    for got, want in zip(per_spec, ttnn_staging.stage_sampling(params)):
+        assert (got.dtype, got.layout, tuple(got.shape)) == (want.dtype, want.layout, tuple(want.shape))
+        assert torch.equal(ttnn.to_torch(got).float(), ttnn.to_torch(want).float())
+    inverse_t = ttnn.to_torch(per_spec[2]).float()
+    assert torch.isfinite(inverse_t).all() and (inverse_t > 0).all() and (ttnn.to_torch(per_spec[1]).float() > 0).all()
+
+
+def test_a_temperature_whose_inverse_overflows_bfloat16_is_refused_when_staged_alone(ttnn):
+    """Staged alone, a T below 1/bfloat16-max cannot become the greedy triple: it raises, naming the field."""
+    with pytest.raises(PrefillInputError, match="overflows bfloat16") as info:
+        ttnn_staging.stage(TEMPERATURE, torch.tensor([1.0, 1e-39], dtype=torch.float64))
+    assert info.value.field == "sampling.temperature"
 
 
 @pytest.mark.parametrize(("b", "s", "h"), [(1, 128, 64), (3, 40, 96), (2, 32, 4096)])
