@@ -1,16 +1,21 @@
 """``PrefillLifecycleMachine``: a hypothesis state machine over a runtime's whole lifecycle.
 
-Rules interleave eager and traced prefill of generated batches, warm-up,
-layout changes (within and beyond the ceiling), armed faults and cleanup.
+Rules interleave eager and traced prefill of generated batches (up to six
+rows, more than one 4-slot lane; cached and fully cached prefixes, written
+first on both runtimes), warm-up, layout changes (within and beyond the
+ceiling), armed faults (``InjectedFault`` or ``KeyboardInterrupt``) and
+cleanup.
 Beside the runtime under test runs an oracle: the same model on its own KV
 pool and backend, eager, never faulted. Invariants after every step:
 
 * no leak: every live invocation-owned tensor is a recorded orphan (and
   after ``cleanup`` there are none);
-* KV integrity: every pool block outside the blocks a call's rows own is
-  bit-identical before and after the call, faulted or not;
+* KV integrity: every pool block outside the blocks a call writes (cached
+  prefixes are only read) is bit-identical before and after the call,
+  faulted or not;
 * results: a call that succeeds returns exactly the oracle's results;
-* faults: an injected fault reaches the caller as the very same exception.
+* faults: an injected fault, an interrupt included, reaches the caller as
+  the very same exception.
 
 Use it on your own model or backend by subclassing and overriding
 ``make_model`` / ``make_backend`` (see ``run_lifecycle_machine``).
@@ -32,6 +37,8 @@ from ..executor import PrefillExecutor
 from ..ledger import Ownership
 from ..runtime import PrefillRuntime
 from .faults import FaultInjectingBackend, FaultInjectingModel, FaultPlan, InjectedFault
+
+FAULT_TYPES = (InjectedFault, KeyboardInterrupt)
 from .small import SMALL_BLOCK, SMALL_POLICY
 
 __all__ = ["PrefillLifecycleMachine", "run_lifecycle_machine"]
@@ -68,17 +75,18 @@ class PrefillLifecycleMachine(RuleBasedStateMachine):
         self.executor = PrefillExecutor(self.runtime)
         oracle_config = PrefillRuntimeConfig.resolve(model, self.make_backend(), model.new_kv_cache(POOL, BLOCK), policy=POLICY)
         self.oracle = PrefillRuntime(oracle_config)
-        self.armed: int | None = None
+        self.armed: tuple[int | None, type[BaseException]] = (None, InjectedFault)
 
     # -- generated calls ----------------------------------------------------
     def _call(self, data):
         num_blocks = self.runtime.config.layout.num_blocks
-        rows = data.draw(st.integers(1, 4), label="rows")
+        rows = data.draw(st.integers(1, 6), label="rows")  # more than one 4-slot lane at times
         lengths = data.draw(st.lists(st.integers(1, 150), min_size=rows, max_size=rows), label="lengths")
         need = [-(-n // BLOCK) for n in lengths]
         blocks = data.draw(st.permutations(range(num_blocks)), label="blocks")
-        if sum(need) > num_blocks:
-            lengths, need = lengths[:1], need[:1]
+        while sum(need) > num_blocks:
+            lengths, need = lengths[:-1], need[:-1]
+        cached = [BLOCK * data.draw(st.integers(0, n // BLOCK), label="cached blocks") for n in lengths]
         table = torch.full((len(lengths), max(need) + 2), -1, dtype=torch.int32)
         first = 0
         for row, n in enumerate(need):
@@ -89,33 +97,45 @@ class PrefillLifecycleMachine(RuleBasedStateMachine):
         sampling = data.draw(st.lists(_sampling, min_size=len(lengths), max_size=len(lengths)), label="sampling")
         seed = data.draw(st.integers(0, 2**31), label="token seed")
         tokens = torch.randint(1, 256, (len(lengths), max(lengths)), generator=torch.Generator().manual_seed(seed))
-        owned = {int(b) for row, n in enumerate(need) for b in table[row, :n].tolist()}
-        return tokens, table, lengths, sampling, owned
+        # Cached-prefix blocks are only read: a byte changed there is corruption.
+        written = {int(b) for row, n in enumerate(need) for b in table[row, cached[row] // BLOCK : n].tolist()}
+        return tokens, table, lengths, cached, sampling, written
+
+    def _fill_prefixes(self, tokens, table, cached) -> None:
+        """Writes each cached row's prefix KV (unfaulted) on the runtime and on the oracle alike."""
+        rows = [r for r, c in enumerate(cached) if c]
+        if rows:
+            prefixes = [tokens[r, : cached[r]].tolist() for r in rows]
+            for runtime in (self.runtime, self.oracle):
+                runtime.prefill(prefixes, table[rows], [cached[r] for r in rows])
 
     def _run(self, data, mode: str) -> None:
-        tokens, table, lengths, sampling, owned = self._call(data)
-        note(f"{mode}: lengths={lengths} sampling={sampling} armed={self.armed}")
+        tokens, table, lengths, cached, sampling, written = self._call(data)
+        note(f"{mode}: lengths={lengths} cached={cached} sampling={sampling} armed={self.armed}")
+        self._fill_prefixes(tokens, table, cached)
         before = self.kv.snapshot()
-        self.plan.arm(self.armed)
-        self.armed = None
+        fail_at, self.plan.raises = self.armed
+        self.plan.arm(fail_at)
+        self.armed = (None, InjectedFault)
         try:
             if mode == "traced":
-                prepared = self.runtime.prepare(tokens, table, lengths, sampling=sampling).prepared
+                prepared = self.runtime.prepare(tokens, table, lengths, cached, sampling=sampling).prepared
                 self.executor.warm_up(WarmupManifest().observe(prepared))
-            results = self.executor.prefill(tokens, table, lengths, sampling=sampling, mode=mode)
-        except InjectedFault as error:
-            assert error is self.plan.fired, "the injected fault was replaced by another error"
+            results = self.executor.prefill(tokens, table, lengths, cached, sampling=sampling, mode=mode)
+        except BaseException as error:  # noqa: BLE001 (only the injected fault is expected)
+            if self.plan.fired is None or error is not self.plan.fired:
+                raise
             results = None
         finally:
             self.plan.arm(None)
         after = self.kv.snapshot()
-        untouched = [b for b in range(self.kv.num_blocks) if b not in owned]
+        untouched = [b for b in range(self.kv.num_blocks) if b not in written]
         assert torch.equal(before[:, :, untouched], after[:, :, untouched]), "a call wrote KV outside its own blocks"
         if results is not None:
-            self._check_against_oracle(results, tokens, table, lengths, sampling)
+            self._check_against_oracle(results, tokens, table, lengths, cached, sampling)
 
-    def _check_against_oracle(self, results, tokens, table, lengths, sampling) -> None:
-        expected = self.oracle.prefill(tokens, table, lengths, sampling=sampling)
+    def _check_against_oracle(self, results, tokens, table, lengths, cached, sampling) -> None:
+        expected = self.oracle.prefill(tokens, table, lengths, cached, sampling=sampling)
         for got, want in zip(results, expected):
             assert got.row == want.row and got.token == want.token and got.logprob == want.logprob
             assert got.top_logprobs == want.top_logprobs
@@ -132,9 +152,9 @@ class PrefillLifecycleMachine(RuleBasedStateMachine):
     def traced_prefill(self, data):
         self._run(data, "traced")
 
-    @rule(fail_at=st.integers(1, 40))
-    def arm_fault(self, fail_at):
-        self.armed = fail_at
+    @rule(fail_at=st.integers(1, 40), raises=st.sampled_from(FAULT_TYPES))
+    def arm_fault(self, fail_at, raises):
+        self.armed = (fail_at, raises)
 
     @rule(num_blocks=st.integers(16, POOL))
     def shrink_layout(self, num_blocks):
