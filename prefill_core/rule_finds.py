@@ -257,8 +257,8 @@ def short_prefix(scope: Scope) -> Hit | None:
 
 
 def block_outside_pool(scope: Scope) -> Hit | None:
-    ids = scope.mapped_ids
-    if min(ids) >= 0 and max(ids) < scope.limits.num_blocks:
+    prefixes = scope.prefixes  # per-row min/max over tuples: cheaper than iterating a set
+    if min(map(min, prefixes)) >= 0 and max(map(max, prefixes)) < scope.limits.num_blocks:
         return None
     pool = scope.limits.num_blocks
     for row, prefix in enumerate(scope.prefixes):
