@@ -23,6 +23,9 @@ A policy is every planning choice that tt-metal hard-codes, made a field:
 
 from __future__ import annotations
 
+import bisect
+import math
+
 import attrs
 
 from .errors import InvalidPolicyError, field_error
@@ -114,11 +117,27 @@ class PrefillPolicy:
             raise _fail("max_chunk_length", self.max_chunk_length, f"must be a multiple of tile_size={self.tile_size}")
 
     # -- geometry rules -------------------------------------------------
+    @classmethod
+    def fine_rungs(cls, block_size: int, *, max_chunk_length: int = 2048) -> PrefillPolicy:
+        """Every multiple of ``block_size`` up to ``max_chunk_length`` is a rung, and waves split exactly.
+
+        For backends where a padded position or a padding row is pure extra
+        work and nothing is compiled per shape (torch on a CPU). tt-metal's
+        ladder, the default, exists to bound compiled programs and traces on
+        a device; eager on a CPU it would pad a 129-token prompt to 1024.
+        """
+        if type(block_size) is not int or block_size <= 0 or max_chunk_length % block_size:
+            raise _fail("block_size", block_size, f"must be a positive int dividing max_chunk_length={max_chunk_length}")
+        ladder = tuple(range(block_size, max_chunk_length + 1, block_size))
+        return cls(tile_size=math.gcd(block_size, 32), length_ladder=ladder, max_chunk_length=max_chunk_length,
+                   pad_partial_waves=False)
+
     def padded_length(self, num_tokens: int) -> int:
         """Physical token count for a prompt of ``num_tokens`` tokens."""
-        for rung in self.length_ladder:
-            if num_tokens <= rung:
-                return rung
+        ladder = self.length_ladder
+        index = bisect.bisect_left(ladder, num_tokens)
+        if index < len(ladder):
+            return ladder[index]
         floor = self.length_ladder[-1] if self.length_ladder else self.tile_size
         return 1 << (max(num_tokens, floor) - 1).bit_length()
 

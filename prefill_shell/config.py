@@ -38,7 +38,7 @@ def _check_capabilities(policy: PrefillPolicy, backend: Backend) -> None:
 _POOL_GEOMETRY = ("num_layers", "num_kv_heads", "head_dim")
 
 
-def _check_kv_fits_model(kv: Any, spec: ModelSpec) -> None:
+def _check_kv_fits_model(kv: Any, spec: ModelSpec, model_dtype: torch.dtype) -> None:
     """Refuses a KV pool built for another model (layers, kv heads, head dim, torch dtype).
 
     Only what the pool exposes is compared: a pool bound inside a ttnn model
@@ -50,8 +50,8 @@ def _check_kv_fits_model(kv: Any, spec: ModelSpec) -> None:
             rule = f"must equal the model's {name}={want}: the pool was built for another model"
             raise _config_error(f"kv.{name}", have, rule)
     dtype = getattr(kv, "dtype", None)
-    if isinstance(dtype, torch.dtype) and dtype != getattr(torch, spec.dtype, None):
-        rule = f"must be the model's dtype {spec.dtype}: the pool was built for another model"
+    if isinstance(dtype, torch.dtype) and dtype != model_dtype:
+        rule = f"must be the model's dtype {model_dtype}: the pool was built for another model"
         raise _config_error("kv.dtype", dtype, rule)
 
 
@@ -89,15 +89,15 @@ class PrefillRuntimeConfig:
     ) -> PrefillRuntimeConfig:
         """Checks every collaborator once; raises ``PrefillConfigError`` naming what is wrong."""
         if not isinstance(model, PrefillModel):
-            raise _config_error("model", type(model).__name__, "must implement PrefillModel (spec, forward_hidden, lm_head)")
+            raise _config_error("model", type(model).__name__, "must implement PrefillModel (spec, dtype, forward_hidden, lm_head)")
         if not isinstance(backend, Backend):
             raise _config_error("backend", type(backend).__name__, "must implement the Backend seam")
         for name in ("block_size", "num_blocks"):
             if not isinstance(getattr(kv, name, None), int):
                 raise _config_error("kv", type(kv).__name__, f"must expose an int {name}")
-        _check_kv_fits_model(kv, model.spec)
+        _check_kv_fits_model(kv, model.spec, model.dtype)
         ceiling = PageTableLayout(kv.block_size, -(-model.spec.max_position // kv.block_size), kv.num_blocks)
-        policy = policy or PrefillPolicy()
+        policy = policy or backend.preferred_policy(kv.block_size)
         _check_policy_fits_model(policy, model.spec)
         _check_capabilities(policy, backend)
         config = cls(model, backend, kv, layout or ceiling, policy, ceiling)

@@ -24,11 +24,7 @@ def _positive_int(_instance: object, attribute: attrs.Attribute, value: int) -> 
 
 @attrs.frozen
 class ModelSpec:
-    """Architecture facts the runtime needs to size buffers and KV pools.
-
-    ``dtype`` is a torch dtype name such as ``"float32"`` or ``"bfloat16"``:
-    a string keeps this value free of torch so it can be logged and compared.
-    """
+    """Architecture facts the runtime needs to size buffers and KV pools (the dtype is ``PrefillModel.dtype``)."""
 
     vocab_size: int = attrs.field(validator=_positive_int)
     hidden_size: int = attrs.field(validator=_positive_int)
@@ -37,7 +33,6 @@ class ModelSpec:
     num_kv_heads: int = attrs.field(validator=_positive_int)
     head_dim: int = attrs.field(validator=_positive_int)
     max_position: int = attrs.field(validator=_positive_int)
-    dtype: str = "float32"
 
 
 @runtime_checkable
@@ -75,9 +70,13 @@ class PrefillModel(Protocol):
                 over the ``S`` fresh tokens; ``start`` is 0), or int32
                 ``[B, Wr]`` for chunked prefill: column ``j`` is absolute block
                 ``j`` of the row, all entries non-negative (unmapped columns
-                hold a filler id). The chunk's K/V is written first, then K/V
-                for positions ``[0, Wr*bs)`` is gathered through this table and
-                attended with the absolute causal mask ``key_pos <= start + i``.
+                hold a filler id). ``start`` is a multiple of the block size
+                and ``start + S <= Wr*bs``. Query ``i`` attends to the prefix
+                ``[0, start)`` read through this table and to the chunk's own
+                fresh K/V for ``[start, start + i]``; nothing else in the pool
+                (filler blocks, the row's later blocks, other rows' blocks) may
+                reach an output, even NaN or inf (``tests/shell/test_nonfinite_pool.py``).
+                The chunk's K/V is also written through ``fill_table``.
             kv: the paged KV pool to write into and read from (the model's own
                 kind, e.g. ``reference.PagedKVCache``; the runtime only passes it on).
 

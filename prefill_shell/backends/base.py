@@ -14,7 +14,10 @@ converts and reads back by spec, never by parsing a name.
 Capabilities, checked once by ``PrefillRuntimeConfig.resolve``:
 ``max_device_top_k`` (the largest K device sampling takes; ``None``: no
 limit) and ``max_sampled_wave`` (the most rows one device-sampling call
-serves; ``None``: no limit).
+serves; ``None``: no limit). ``preferred_policy`` is the planning policy
+the backend wants when the caller gives none: a device that compiles a
+program per shape wants tt-metal's coarse ladder; an eager CPU wants every
+padded position gone.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from __future__ import annotations
 from typing import Any, Protocol, runtime_checkable
 
 import torch
+
+from prefill_core import PrefillPolicy
 
 from ..contract import TensorSpec
 from ..ledger import DeviceTensor, Ownership, ResourceLedger
@@ -48,6 +53,9 @@ class Backend(Protocol):
     device: Any
     max_device_top_k: int | None
     max_sampled_wave: int | None
+
+    def preferred_policy(self, block_size: int) -> PrefillPolicy:
+        """The policy ``PrefillRuntimeConfig.resolve`` uses when the caller gives none."""
 
     # -- memory ---------------------------------------------------------
     def upload(self, host: torch.Tensor, spec: TensorSpec, ownership: Ownership) -> DeviceTensor:

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from prefill_core import PrefillPolicy
 from prefill_core.errors import PrefillConfigError, PrefillStateError
 
 from ..contract import TensorSpec
@@ -62,6 +63,14 @@ class TorchBackend:
         self.is_cuda = self.device.type == "cuda"
         self._graph_pool = torch.cuda.graph_pool_handle() if self.is_cuda else None
         self.captures = 0
+
+    def preferred_policy(self, block_size: int) -> PrefillPolicy:
+        """On the CPU, fine rungs and exact waves: no program is compiled per shape, so padding is pure waste.
+
+        On CUDA, tt-metal's ladder: each captured CUDA graph is one shape, and
+        the ladder bounds how many a warm-up captures.
+        """
+        return PrefillPolicy() if self.is_cuda else PrefillPolicy.fine_rungs(block_size)
 
     # -- memory ---------------------------------------------------------
     def upload(self, host: torch.Tensor, spec: TensorSpec, ownership: Ownership) -> DeviceTensor:

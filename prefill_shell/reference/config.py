@@ -93,7 +93,6 @@ class LlamaSpec:
             num_kv_heads=self.num_kv_heads,
             head_dim=self.head_dim,
             max_position=self.max_position_embeddings,
-            dtype=self.dtype,
         )
 
     @classmethod

@@ -73,6 +73,9 @@ class FaultInjectingBackend:
         self.max_device_top_k = inner.max_device_top_k
         self.max_sampled_wave = inner.max_sampled_wave
 
+    def preferred_policy(self, block_size: int):
+        return self.inner.preferred_policy(block_size)
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 

@@ -52,6 +52,7 @@ from typing import Any
 
 import torch
 
+from prefill_core import PrefillPolicy
 from prefill_core.errors import PrefillConfigError, PrefillStateError
 
 from ..backends.base import TraceHandle
@@ -99,6 +100,10 @@ class TtnnBackend:
         self._replicate = self.tt.ReplicateTensorToMesh(mesh_device)
         sharded = logits_composer is not None
         self._logits_mapper = self.tt.ShardTensorToMesh(mesh_device, dim=3) if sharded else self._replicate
+
+    def preferred_policy(self, block_size: int) -> PrefillPolicy:
+        """tt-metal's ladder: every padded length is a compiled program and a trace to warm up."""
+        return PrefillPolicy()
 
     # -- memory ---------------------------------------------------------
     def _stage(self, spec: TensorSpec, host: torch.Tensor) -> Any:

@@ -20,10 +20,11 @@ from prefill_shell.reference import PagedKVCache
 BLOCKS, BS = 16, 16
 
 
-def _pool(spec, **changes) -> PagedKVCache:
-    """A pool shaped for ``spec`` with the given fields changed."""
+def _pool(model, **changes) -> PagedKVCache:
+    """A pool shaped for ``model`` with the given fields changed."""
+    spec = model.spec
     fields = {"num_layers": spec.num_layers, "num_blocks": BLOCKS, "block_size": BS,
-              "num_kv_heads": spec.num_kv_heads, "head_dim": spec.head_dim, "dtype": getattr(torch, spec.dtype)}
+              "num_kv_heads": spec.num_kv_heads, "head_dim": spec.head_dim, "dtype": model.dtype}
     fields.update(changes)
     return PagedKVCache(**fields)
 
@@ -38,7 +39,7 @@ class GeometryOnlyPool:
 @pytest.mark.parametrize("field, delta", [("num_layers", 1), ("num_kv_heads", 2), ("head_dim", 8)])
 def test_a_pool_built_for_another_model_is_refused_at_resolve(tiny_model, field, delta):
     """A pool whose layers, kv heads or head dim differ from the model spec raises PrefillConfigError naming it."""
-    pool = _pool(tiny_model.spec, **{field: getattr(tiny_model.spec, field) + delta})
+    pool = _pool(tiny_model, **{field: getattr(tiny_model.spec, field) + delta})
     with pytest.raises(PrefillConfigError, match=f"kv.{field}"):
         PrefillRuntimeConfig.resolve(tiny_model, TorchBackend(), pool)
 
@@ -46,13 +47,13 @@ def test_a_pool_built_for_another_model_is_refused_at_resolve(tiny_model, field,
 def test_a_pool_of_another_dtype_is_refused_at_resolve(tiny_model):
     """A float16 pool for a float32 model raises PrefillConfigError naming kv.dtype and both dtypes."""
     with pytest.raises(PrefillConfigError, match="kv.dtype") as caught:
-        PrefillRuntimeConfig.resolve(tiny_model, TorchBackend(), _pool(tiny_model.spec, dtype=torch.float16))
+        PrefillRuntimeConfig.resolve(tiny_model, TorchBackend(), _pool(tiny_model, dtype=torch.float16))
     assert "float16" in str(caught.value) and "float32" in str(caught.value)
 
 
 def test_a_matching_pool_and_a_geometry_only_pool_are_accepted(tiny_model):
     """The model's own pool and a pool exposing only block_size/num_blocks both resolve."""
-    assert PrefillRuntimeConfig.resolve(tiny_model, TorchBackend(), _pool(tiny_model.spec)).kv is not None
+    assert PrefillRuntimeConfig.resolve(tiny_model, TorchBackend(), _pool(tiny_model)).kv is not None
     assert PrefillRuntimeConfig.resolve(tiny_model, TorchBackend(), GeometryOnlyPool()).kv is not None
 
 

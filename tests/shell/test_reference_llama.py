@@ -141,7 +141,7 @@ def test_paged_llama_satisfies_model_protocol_with_preset_spec(tiny_llama):
     assert isinstance(tiny_llama, PrefillModel)
     assert tiny_llama.spec == ModelSpec(
         vocab_size=256, hidden_size=64, num_layers=2, num_heads=4,
-        num_kv_heads=2, head_dim=16, max_position=4096, dtype="float32",
+        num_kv_heads=2, head_dim=16, max_position=4096,
     )
 
 

@@ -25,7 +25,7 @@ from prefill_shell.runtime import PrefillRuntime
 from tt_recording import RecordingKV, RecordingModel
 
 SPEC = ModelSpec(vocab_size=64, hidden_size=32, num_layers=1, num_heads=1, num_kv_heads=1, head_dim=32,
-                 max_position=1024, dtype="bfloat16")
+                 max_position=1024)
 POLICY = PrefillPolicy(length_ladder=(128,), max_chunk_length=128, chunk_quantum=128)
 """128-token chunks: a 300-token row runs 3 chunks (its padded 512 stops after the chunk holding token 299)."""
 

@@ -18,7 +18,7 @@ from prefill_shell.model import ModelSpec
 
 VOCAB, HIDDEN, BLOCK = 256, 64, 32
 SPEC = ModelSpec(vocab_size=VOCAB, hidden_size=HIDDEN, num_layers=1, num_heads=1, num_kv_heads=1,
-                 head_dim=HIDDEN, max_position=1024, dtype="float32")
+                 head_dim=HIDDEN, max_position=1024)
 
 
 def twin_weights(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
