@@ -119,16 +119,21 @@ class PrefillPolicy:
     # -- geometry rules -------------------------------------------------
     @classmethod
     def fine_rungs(cls, block_size: int, *, max_chunk_length: int = 2048) -> PrefillPolicy:
-        """Every multiple of ``block_size`` up to ``max_chunk_length`` is a rung, and waves split exactly.
+        """Rungs at every multiple of ``block_size`` up to ``max_chunk_length``, then every quarter
+        of the max chunk up to four max chunks (powers of two beyond), and waves split exactly.
 
         For backends where a padded position or a padding row is pure extra
         work and nothing is compiled per shape (torch on a CPU). tt-metal's
         ladder, the default, exists to bound compiled programs and traces on
-        a device; eager on a CPU it would pad a 129-token prompt to 1024.
+        a device; eager on a CPU it would pad a 129-token prompt to 1024 and
+        a 2049-token one to 4096 (here: 2560, run as two 1280-token chunks).
         """
-        if type(block_size) is not int or block_size <= 0 or max_chunk_length % block_size:
-            raise _fail("block_size", block_size, f"must be a positive int dividing max_chunk_length={max_chunk_length}")
-        ladder = tuple(range(block_size, max_chunk_length + 1, block_size))
+        if type(block_size) is not int or block_size <= 0 or max_chunk_length % (4 * block_size):
+            rule = f"must be a positive int with 4 * block_size dividing max_chunk_length={max_chunk_length}"
+            raise _fail("block_size", block_size, rule)
+        quarter = max_chunk_length // 4
+        ladder = tuple(range(block_size, max_chunk_length + 1, block_size)) + tuple(
+            range(max_chunk_length + quarter, 4 * max_chunk_length + 1, quarter))
         return cls(tile_size=math.gcd(block_size, 32), length_ladder=ladder, max_chunk_length=max_chunk_length,
                    pad_partial_waves=False)
 

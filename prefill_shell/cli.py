@@ -18,48 +18,43 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from prefill_core import PageTableLayout, PrefillPolicy, SamplingParams
+from prefill_core import PageTableLayout, SamplingParams
 from prefill_core.errors import PrefillError
 
 from .backends import TorchBackend
 from .config import PrefillRuntimeConfig
+from .progress import Progress
 from .prefix_sharing import SharedPrefixBatch, largest_sharing_group, share_prefix
 from .result import PrefillResult
 from .runtime import PrefillRuntime
 from .text import Prompt, PromptError, encode, load_model, load_tokenizer, read_prompt_file, read_token_id_file, token_text
 
-__all__ = ["cpu_policy", "main", "make_runtime", "print_rows", "stage"]
-
-MAX_CHUNK = 2048
+__all__ = ["main", "make_runtime", "print_rows", "show_progress", "stage"]
 
 
 @contextlib.contextmanager
 def stage(label: str) -> Iterator[None]:
-    """Progress for a long step, on stderr so stdout stays the result.
-
-    (A stand-in until the runtime's progress callbacks land: callers pass
-    this as their ``progress`` hook.)
-    """
+    """A long step's start and duration, on stderr so stdout stays the result."""
     print(f"[{label}] ...", file=sys.stderr, flush=True)
     start = time.perf_counter()
     yield
     print(f"[{label}] done in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
 
 
-def cpu_policy(block_size: int) -> PrefillPolicy:
-    """Little padding on a CPU, where every padded token is real work and nothing compiles per shape:
-    block-sized rungs up to the max chunk, then 512-token rungs (whose chunks divide them evenly);
-    partial waves split exactly instead of padded."""
-    rungs = tuple(range(block_size, MAX_CHUNK + 1, block_size)) + tuple(range(MAX_CHUNK + 512, 8192 + 1, 512))
-    return PrefillPolicy(tile_size=block_size, length_ladder=rungs, max_chunk_length=MAX_CHUNK,
-                         chunk_quantum=MAX_CHUNK, pad_partial_waves=False)
+def show_progress(progress: Progress) -> None:
+    """An ``on_progress`` callback: one stderr line per finished unit (``done/total``) of a runtime stage."""
+    if progress.done:
+        print(f"  {progress.stage} {progress.done}/{progress.total} {progress.detail}", file=sys.stderr, flush=True)
 
 
 def make_runtime(model, batch: SharedPrefixBatch, block_size: int, device: str = "cpu") -> PrefillRuntime:
-    """A runtime whose KV pool holds exactly ``batch``'s blocks."""
+    """A runtime whose KV pool holds exactly ``batch``'s blocks, with the backend's preferred policy.
+
+    (On the CPU that is ``PrefillPolicy.fine_rungs``: padding is pure extra work there.)
+    """
     kv = model.new_kv_cache(batch.num_blocks, block_size)
     layout = PageTableLayout(block_size, batch.max_blocks_per_row, batch.num_blocks)
-    return PrefillRuntime(PrefillRuntimeConfig.resolve(model, TorchBackend(device), kv, layout, cpu_policy(block_size)))
+    return PrefillRuntime(PrefillRuntimeConfig.resolve(model, TorchBackend(device), kv, layout))
 
 
 def row_sampling(rows: int, seed: int) -> list[SamplingParams]:
@@ -96,9 +91,9 @@ def run_prompts(args: argparse.Namespace) -> None:
     runtime = make_runtime(model, batch, args.block_size, args.device)
     with stage(f"prefill {len(ids)} prompts, {sum(batch.lengths)} tokens"):
         if batch.prefix_tokens:
-            runtime.prefill(*batch.prefix_call())  # fills the shared blocks once
+            runtime.prefill(*batch.prefix_call(), on_progress=show_progress)  # fills the shared blocks once
         results = runtime.prefill(batch.tokens, batch.page_table, batch.lengths, batch.cached,
-                                  sampling=row_sampling(len(ids), args.seed))
+                                  sampling=row_sampling(len(ids), args.seed), on_progress=show_progress)
     print_rows(results, batch, tokenizer)
     runtime.close()
 

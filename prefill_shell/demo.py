@@ -23,7 +23,7 @@ import time
 from prefill_core import WarmupManifest
 from prefill_core.explain import plan_table
 
-from .cli import make_runtime, print_rows, row_sampling, stage
+from .cli import make_runtime, print_rows, row_sampling, show_progress, stage
 from .executor import PrefillExecutor
 from .prefix_sharing import SharedPrefixBatch, share_prefix
 from .text import Prompt, encode, load_model, load_tokenizer
@@ -110,19 +110,20 @@ def run_demo(args: argparse.Namespace) -> None:
     sampling = row_sampling(len(ids), args.seed)
     call = (batch.tokens, batch.page_table, batch.lengths, batch.cached)
     with stage(f"prefill the shared prefix ({len(batch.prefix_tokens)} tokens)"):
-        executor.prefill(*batch.prefix_call(), mode="eager")
+        executor.prefill(*batch.prefix_call(), mode="eager", on_progress=show_progress)
     prepared = runtime.prepare(*call, sampling=sampling).prepared
     print(f"model: {args.model or 'SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized to float32)'}\n")
     print(plan_table(prepared), "\n")
     with stage(f"eager prefill ({sum(batch.lengths) - sum(batch.cached)} uncached tokens)"):
-        eager, eager_s = _timed(lambda: executor.prefill(*call, sampling=sampling, mode="eager"))
+        eager, eager_s = _timed(lambda: executor.prefill(*call, sampling=sampling, mode="eager",
+                                                         on_progress=show_progress))
     with stage("warm-up on the observed programs (compile + capture)"):
-        executor.warm_up(WarmupManifest().observe(prepared))
+        executor.warm_up(WarmupManifest().observe(prepared), on_progress=show_progress)
     with stage("traced prefill"):
         traced, traced_s = _timed(lambda: executor.prefill(*call, sampling=sampling, mode="traced"))
     print_rows(eager, batch, tokenizer, labels)
     _summary(batch, prepared, members)
-    same = all((e.token, e.logprob, e.top_logprobs) == (t.token, t.logprob, t.top_logprobs) for e, t in zip(eager, traced))
+    same = eager == traced
     real = sum(p.request.real_tokens for p in prepared)
     print(f"traced results identical to eager: {same}")
     print(f"tokens/s: eager {real / eager_s:,.0f} ({eager_s:.2f} s), traced {real / traced_s:,.0f} ({traced_s:.2f} s)")

@@ -56,13 +56,21 @@ def test_wave_of_15_rows_is_padded_to_16_and_each_row_matches_oracle(tiny_model,
 
 @pytest.fixture(scope="module")
 def chunked_5000(tiny_model, kit):
-    """A 5000-token row prefilled with the default policy (2048-token chunks): (tokens, blocks, batch, logits, kv)."""
-    rt = kit.build_runtime(tiny_model, num_blocks=96, block_size=BS_DEFAULT)
+    """A 5000-token row prefilled with tt-metal's ladder (2048-token chunks): (tokens, blocks, batch, logits, kv)."""
+    rt = kit.build_runtime(tiny_model, num_blocks=96, block_size=BS_DEFAULT, policy=PrefillPolicy())
     tokens = kit.make_tokens(5000, seed=5000)
     blocks = kit.assign_blocks([5000], BS_DEFAULT, 96, seed=5)
     batch = rt.prepare(tokens[None], kit.page_table(blocks), [5000])
     (result,) = rt.assemble(rt.invocations(batch), batch.num_rows)
     return tokens, blocks[0], batch, result.logits, rt.config.kv
+
+
+def test_cpu_default_policy_runs_5000_tokens_in_fine_chunks(tiny_model, kit):
+    """Without a policy, the CPU backend's fine rungs run 5000 tokens as four 1280-token chunks (5120 positions)."""
+    rt = kit.build_runtime(tiny_model, num_blocks=96, block_size=BS_DEFAULT)
+    blocks = kit.assign_blocks([5000], BS_DEFAULT, 96, seed=5)
+    request = rt.prepare(kit.make_tokens(5000, seed=5000)[None], kit.page_table(blocks), [5000]).prepared[0].request
+    assert (request.chunk_length, request.num_chunks) == (1280, 4)
 
 
 def test_5000_token_row_chunked_by_2048_matches_oracle(chunked_5000, oracle, kit):

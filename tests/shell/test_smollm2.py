@@ -24,7 +24,6 @@ import torch
 
 from prefill_core import PageTableLayout, SamplingParams
 from prefill_shell.backends import TorchBackend
-from prefill_shell.cli import cpu_policy
 from prefill_shell.config import PrefillRuntimeConfig
 from prefill_shell.demo import document
 from prefill_shell.reference.gguf import load_gguf
@@ -136,7 +135,7 @@ def run_case(model, doc: torch.Tensor, oracle: Oracle, bs: int, lengths, cached_
     num_blocks = sum(need) + sum(own)
     kv = model.new_kv_cache(num_blocks, bs)
     layout = PageTableLayout(bs, -(-model.spec.max_position // bs), num_blocks)
-    runtime = PrefillRuntime(PrefillRuntimeConfig.resolve(model, TorchBackend(), kv, layout, cpu_policy(bs)))
+    runtime = PrefillRuntime(PrefillRuntimeConfig.resolve(model, TorchBackend(), kv, layout))
     starts = [sum(need[:i]) for i in range(len(lengths))]
     rows = [list(range(s, s + k)) for s, k in zip(starts, need)]
     uncached = _call(runtime, doc, lengths, rows, [0] * len(lengths), oracle)
@@ -210,7 +209,7 @@ def test_capital_of_france_is_paris(smollm2, smollm2_tokenizer):
     """'The capital of France is' prefilled by the runtime gives ' Paris' as the most likely next token."""
     ids = smollm2_tokenizer("The capital of France is")["input_ids"]
     kv = smollm2.new_kv_cache(1, 32)
-    runtime = PrefillRuntime(PrefillRuntimeConfig.resolve(smollm2, TorchBackend(), kv, policy=cpu_policy(32)))
+    runtime = PrefillRuntime(PrefillRuntimeConfig.resolve(smollm2, TorchBackend(), kv))
     (result,) = runtime.prefill(torch.tensor([ids]), torch.tensor([[0]], dtype=torch.int32), [len(ids)],
                                 sampling=[SamplingParams.greedy(num_logprobs=3)])
     assert smollm2_tokenizer.decode([result.token]) == " Paris"
