@@ -15,8 +15,9 @@ from .policy import PrefillPolicy
 from .request import PrefillRequest
 from .sampling import SamplingPath, classify_sampling
 from .signatures import PrefillProgramSignature, PrefillTraceSignature, program_signature, trace_signature
+from .validate import check_inputs
 
-__all__ = ["PreparedPrefill", "prepare_prefill", "prepare_request"]
+__all__ = ["PreparedPrefill", "prepare_in_lanes", "prepare_prefill", "prepare_request"]
 
 
 @attrs.frozen
@@ -52,3 +53,26 @@ def prepare_prefill(
     """
     requests = plan_prefill(batch, policy, layout, max_position=max_position)
     return tuple(prepare_request(request, policy) for request in requests)
+
+
+def prepare_in_lanes(batch: PrefillBatch, policy: PrefillPolicy, layout: PageTableLayout, *,
+                     max_position: int | None = None) -> tuple[PreparedPrefill, ...]:
+    """Plans a batch with more rows than one lane holds, whose slots the caller did not choose, as lane-sized sub-batches.
+
+    The whole call is validated first as one batch (a lane as wide as the
+    call), so rules across rows of different sub-batches (a block written
+    twice, a shared cached block at two columns) hold and errors name caller
+    rows. Each sub-batch of consecutive rows is then planned with slots
+    ``0..k-1``, and its requests' source rows are mapped back to caller rows,
+    so staging, assembly and every later message see caller rows only.
+    """
+    check_inputs(batch, attrs.evolve(policy, lane_size=len(batch)), layout, max_position=max_position)
+    prepared: list[PreparedPrefill] = []
+    for lane in policy.lane_groups(len(batch)):
+        picked = slice(lane.start, lane.stop)
+        sub = PrefillBatch(batch.lengths[picked], batch.cached[picked], tuple(range(len(lane))),
+                           batch.blocks[picked], batch.sampling[picked])
+        for p in prepare_prefill(sub, policy, layout, max_position=max_position):
+            rows = tuple(lane.start + r for r in p.request.source_rows)
+            prepared.append(attrs.evolve(p, request=attrs.evolve(p.request, source_rows=rows)))
+    return tuple(prepared)

@@ -27,8 +27,9 @@ import attrs
 
 from .contract import FILL_TABLE
 from .inputs import HostStep
+from .notes import add_note
 
-__all__ = ["Progress", "ProgressCallback", "ProgressCounter", "StepLog"]
+__all__ = ["Progress", "ProgressCallback", "ProgressCounter", "StepLog", "note_partial_writes"]
 
 
 @attrs.frozen
@@ -99,3 +100,23 @@ class StepLog(list):
             for row, entries in zip(source_rows, step[FILL_TABLE][: len(source_rows)].tolist()):
                 blocks[row].update(b for b in entries if b >= 0)
         return {row: tuple(sorted(ids)) for row, ids in blocks.items()}
+
+
+def note_partial_writes(error: BaseException, blocks: dict[int, tuple[int, ...]]) -> None:
+    """Tells the caller which KV blocks the failed request may have left partly written.
+
+    ``error.partial_writes`` maps each caller row of the failed request to
+    the sorted blocks its started steps write: earlier chunks (whole, but
+    the row's KV is incomplete) and the failing step (possibly some layers
+    only). Rows of requests that completed earlier in the same call are
+    absent: their KV is whole. A serving engine drops these blocks from its
+    prefix cache (never matches them as a cached prefix) and recomputes the
+    rows, or frees the blocks with the failed requests.
+    """
+    try:
+        error.partial_writes = blocks
+    except AttributeError:  # an exception type without a __dict__: the note still carries it
+        pass
+    listed = "; ".join(f"row {row}: blocks {list(ids)}" for row, ids in blocks.items())
+    add_note(error, f"partial writes: KV blocks that may hold partial writes of the failed request ({listed}); "
+                    "rows of requests completed earlier in this call hold whole KV")

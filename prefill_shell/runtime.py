@@ -16,29 +16,27 @@ choice) is ``PrefillExecutor``'s, and it uses only the public methods here.
 from __future__ import annotations
 
 import contextlib
-import functools
 import random
-import threading
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import attrs
 import torch
 
-from prefill_core import (PageTableLayout, PreparedPrefill, PrefillBatch, PrefillPolicy, PrefillProgramSignature,
-                          PrefillTraceSignature, SamplingParams, SamplingPath, prepare_prefill)
-from prefill_core.validate import check_inputs
+from prefill_core import (PageTableLayout, PreparedPrefill, PrefillProgramSignature, PrefillTraceSignature,
+                          SamplingParams, SamplingPath, prepare_in_lanes, prepare_prefill)
 from prefill_core.errors import CleanupError, PrefillStateError
 
 from .assembler import PrefillResultAssembler
 from .batch_builder import as_token_matrix, build_batch, check_token_ids, host_page_table
+from .call_guard import CallGuard, exclusive, exclusive_stream
 from .config import PrefillRuntimeConfig
 from .contract import CHUNK_START, FILL_TABLE, INPUT_TOKENS, READ_TABLE
 from .inputs import DeviceStep, HostStep, PrefillInputStager, build_host_steps
 from .ledger import DeviceTensor
 from .notes import add_note
 from .postprocess import PrefillPostprocessor, wave_params
-from .progress import ProgressCallback, ProgressCounter, StepLog
+from .progress import ProgressCallback, ProgressCounter, StepLog, note_partial_writes
 from .result import InvocationResult, PrefillResult
 from .sequence_runner import PrefillSequenceRunner
 from .trace import CapturedTrace, PrefillTraceLifecycle, warmup_step
@@ -62,49 +60,6 @@ class PreparedBatch:
         return sum(map(len, self.steps))
 
 
-def _note_partial_writes(error: BaseException, blocks: dict[int, tuple[int, ...]]) -> None:
-    """Tells the caller which KV blocks the failed request may have left partly written.
-
-    ``error.partial_writes`` maps each caller row of the failed request to
-    the sorted blocks its started steps write: earlier chunks (whole, but
-    the row's KV is incomplete) and the failing step (possibly some layers
-    only). Rows of requests that completed earlier in the same call are
-    absent: their KV is whole. A serving engine drops these blocks from its
-    prefix cache (never matches them as a cached prefix) and recomputes the
-    rows, or frees the blocks with the failed requests.
-    """
-    try:
-        error.partial_writes = blocks
-    except AttributeError:  # an exception type without a __dict__: the note still carries it
-        pass
-    listed = "; ".join(f"row {row}: blocks {list(ids)}" for row, ids in blocks.items())
-    add_note(error, f"partial writes: KV blocks that may hold partial writes of the failed request ({listed}); "
-                    "rows of requests completed earlier in this call hold whole KV")
-
-
-def _prepare_by_lane(batch: PrefillBatch, policy: PrefillPolicy, layout: PageTableLayout,
-                     max_position: int) -> tuple[PreparedPrefill, ...]:
-    """Plans a call with more rows than one lane holds (no explicit slots) as lane-sized sub-batches.
-
-    The whole call is validated first as one batch (a lane as wide as the
-    call), so rules across rows of different sub-batches (a block written
-    twice, a shared cached block at two columns) hold and errors name caller
-    rows. Each sub-batch of consecutive rows is then planned with slots
-    ``0..k-1``, and its requests' source rows are mapped back to caller rows,
-    so staging, assembly and every later message see caller rows only.
-    """
-    check_inputs(batch, attrs.evolve(policy, lane_size=len(batch)), layout, max_position=max_position)
-    prepared: list[PreparedPrefill] = []
-    for lane in policy.lane_groups(len(batch)):
-        picked = slice(lane.start, lane.stop)
-        sub = PrefillBatch(batch.lengths[picked], batch.cached[picked], tuple(range(len(lane))),
-                           batch.blocks[picked], batch.sampling[picked])
-        for p in prepare_prefill(sub, policy, layout, max_position=max_position):
-            rows = tuple(lane.start + r for r in p.request.source_rows)
-            prepared.append(attrs.evolve(p, request=attrs.evolve(p.request, source_rows=rows)))
-    return tuple(prepared)
-
-
 def _warmup_params(signature: PrefillProgramSignature) -> tuple:
     """Sampling parameters that exercise ``signature``'s postprocessing path."""
     b = signature.padded_batch
@@ -113,61 +68,6 @@ def _warmup_params(signature: PrefillProgramSignature) -> tuple:
     if signature.sampling_path is SamplingPath.ARGMAX:
         return (SamplingParams.greedy(),) * b
     return (SamplingParams(top_k=2, top_p=0.9),) * b
-
-
-class _CallGuard:
-    """At most one call in progress per runtime; an entry from another thread meanwhile raises at once.
-
-    Re-entrant on the holding thread (a stream's ``assemble`` pulls from its
-    ``invocations``), and held by a suspended stream generator until it is
-    exhausted or closed: its unread outputs live in buffers the next replay
-    overwrites.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._owner: threading.Thread | None = None
-        self._depth = 0
-
-    @contextlib.contextmanager
-    def hold(self, what: str) -> Iterator[None]:
-        me = threading.current_thread()
-        with self._lock:
-            if self._owner is not None and self._owner is not me:
-                msg = (f"PrefillRuntime.{what} was called on thread {me.name!r} while a call is in progress on "
-                       f"thread {self._owner.name!r}; a runtime serves one call at a time (one runtime per "
-                       f"execution lane, driven by one thread): nothing was run")
-                raise PrefillStateError(msg)
-            self._owner, self._depth = me, self._depth + 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._depth -= 1
-                if not self._depth:
-                    self._owner = None
-
-
-def _exclusive(method):
-    """Runs ``method`` holding the runtime's call guard."""
-
-    @functools.wraps(method)
-    def held(self, *args, **kwargs):
-        with self._guard.hold(method.__name__):
-            return method(self, *args, **kwargs)
-
-    return held
-
-
-def _exclusive_stream(method):
-    """Runs generator ``method`` holding the call guard from its first step until it ends or is closed."""
-
-    @functools.wraps(method)
-    def held(self, *args, **kwargs):
-        with self._guard.hold(method.__name__):
-            yield from method(self, *args, **kwargs)
-
-    return held
 
 
 class PrefillRuntime:
@@ -194,7 +94,7 @@ class PrefillRuntime:
         self.orphans: list[DeviceTensor] = []
         self._rng = random.Random(seed)
         self._closed = False
-        self._guard = _CallGuard()
+        self._guard = CallGuard()
         self._stager = PrefillInputStager(self.backend)
         self._postprocessor = PrefillPostprocessor(self.backend, self._run_lm_head, config.policy.max_logprobs)
         self._runner = PrefillSequenceRunner(self.backend, self._stager, self._postprocessor, self._run_body,
@@ -225,7 +125,7 @@ class PrefillRuntime:
         return self.config.model.lm_head(rows)
 
     # -- prepare, invoke, assemble ----------------------------------------
-    @_exclusive
+    @exclusive
     def prepare(
         self,
         tokens,
@@ -248,13 +148,13 @@ class PrefillRuntime:
         check_token_ids(matrix, batch, config.model.spec.vocab_size)
         max_position = config.model.spec.max_position
         if slots is None and len(batch) > config.policy.lane_size:
-            prepared = _prepare_by_lane(batch, config.policy, config.layout, max_position)
+            prepared = prepare_in_lanes(batch, config.policy, config.layout, max_position=max_position)
         else:
             prepared = prepare_prefill(batch, config.policy, config.layout, max_position=max_position)
         steps = tuple(tuple(build_host_steps(matrix, p.request, table)) for p in prepared)
         return PreparedBatch(prepared, steps, len(batch))
 
-    @_exclusive
+    @exclusive
     def invoke(self, batch: PreparedBatch, index: int, *, traced: bool = False,
                progress: ProgressCounter | None = None) -> InvocationResult:
         """Runs request ``index`` of ``batch``: eagerly, or by replaying its captured trace.
@@ -263,7 +163,7 @@ class PrefillRuntime:
         or workspace raises ``TraceCoverageError`` before anything runs.
         ``progress`` counts each body step as it finishes. An error raised
         once a step has started carries ``partial_writes`` (see
-        ``_note_partial_writes``).
+        ``progress.note_partial_writes``).
         """
         self._check_open()
         prepared = batch.prepared[index]
@@ -282,11 +182,11 @@ class PrefillRuntime:
                 outputs, owned = self._runner.run(prepared.program_signature, wave_params(prepared), steps, seeds)
         except BaseException as error:
             if steps.started:
-                _note_partial_writes(error, steps.written_blocks(rows))
+                note_partial_writes(error, steps.written_blocks(rows))
             raise
         return InvocationResult(prepared, outputs, owned, seeds)
 
-    @_exclusive_stream
+    @exclusive_stream
     def invocations(self, batch: PreparedBatch, *, traced: bool = False,
                     on_progress: ProgressCallback | None = None) -> Iterator[InvocationResult]:
         """Invocations in plan order, produced lazily (one in flight at a time).
@@ -298,17 +198,17 @@ class PrefillRuntime:
         for index in range(len(batch.prepared)):
             yield self.invoke(batch, index, traced=traced, progress=progress)
 
-    @_exclusive_stream
+    @exclusive_stream
     def stream(self, invocations: Iterable[InvocationResult]) -> Iterator[PrefillResult]:
         """Each source row's result as its invocation is read and released (plan order)."""
         return self._assembler.stream(invocations)
 
-    @_exclusive
+    @exclusive
     def assemble(self, invocations: Iterable[InvocationResult], num_rows: int) -> list[PrefillResult]:
         """Reads each invocation before pulling the next; results in caller row order."""
         return self._assembler.assemble(invocations, num_rows)
 
-    @_exclusive
+    @exclusive
     def prefill(self, tokens, page_table, prompt_lengths, cached_lengths=None, slots=None, sampling=None, *,
                 traced: bool = False, on_progress: ProgressCallback | None = None) -> list[PrefillResult]:
         """prepare + invoke + assemble: one row's result per caller row, in caller order."""
@@ -331,7 +231,7 @@ class PrefillRuntime:
         return tuple(seeds + [seeds[0]] * (request.padded_batch - request.active_batch_size))
 
     # -- programs and traces ------------------------------------------------
-    @_exclusive
+    @exclusive
     def compile(self, signature: PrefillProgramSignature) -> None:
         """Runs ``signature``'s body and postprocessing once on a step that writes no KV.
 
@@ -345,42 +245,42 @@ class PrefillRuntime:
             _, owned = self._runner.run(signature, params, [step], (0,) * len(params))
         self.release(owned)
 
-    @_exclusive
+    @exclusive
     def allocate_workspace(self, signature: PrefillProgramSignature) -> None:
         """Allocates the persistent postprocessing workspace of one program alias."""
         self._check_open()
         self._traces.allocate_workspace(signature)
 
-    @_exclusive
+    @exclusive
     def capture(self, body: PrefillTraceSignature) -> None:
         """Captures the hidden-body trace of ``body`` with its persistent inputs."""
         self._check_open()
         with torch.inference_mode():
             self._traces.capture(body)
 
-    @_exclusive
+    @exclusive
     def trace_gap(self, prepared: PreparedPrefill) -> str | None:
         """Why ``prepared`` cannot run traced (no trace, no workspace, not eligible), or None."""
         return self._traces.gap(prepared)
 
-    @_exclusive
+    @exclusive
     def captured_traces(self) -> tuple[CapturedTrace, ...]:
         """Every live captured trace (signature, persistent inputs, replay count), in capture order."""
         return tuple(self._traces.traces.values())
 
-    @_exclusive
+    @exclusive
     def release_traces(self) -> None:
         """Releases every trace and workspace (``CleanupError`` names traces that would not go)."""
         self._traces.release_all()
 
-    @_exclusive
+    @exclusive
     def configure_page_table_layout(self, layout: PageTableLayout) -> None:
         """Installs a bounded replacement layout; collaborators are not rebuilt."""
         self._check_open()
         self.config = self.config.with_layout(layout)
 
     # -- ownership ------------------------------------------------------
-    @_exclusive
+    @exclusive
     def release(self, handles: Iterable[DeviceTensor], primary: BaseException | None = None) -> None:
         """Releases live ``handles``; a failed release becomes an orphan for ``cleanup``.
 
@@ -402,7 +302,7 @@ class PrefillRuntime:
                 self.orphans.extend(h for h in pending[position:] if not h.released)
                 raise
 
-    @_exclusive
+    @exclusive
     def cleanup(self) -> None:
         """Retries every orphan; raises ``CleanupError`` with what is still alive."""
         pending, self.orphans = self.orphans, []
@@ -421,7 +321,7 @@ class PrefillRuntime:
         if self.orphans:
             raise CleanupError(f"{len(self.orphans)} device tensors could not be released: {failures}", self.orphans)
 
-    @_exclusive
+    @exclusive
     def close(self) -> None:
         """Releases traces, workspaces and orphans, then refuses further calls."""
         self._closed = True

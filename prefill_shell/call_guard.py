@@ -1,0 +1,73 @@
+"""One call at a time per runtime: the guard and the decorators that hold it.
+
+A runtime owns one lane's device state, and a serving engine drives a lane
+from one thread; an entry from a second thread while a call (or an
+unfinished stream) is in progress is an engine bug, refused at once with
+``PrefillStateError`` before anything runs (see ``PrefillRuntime``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+from collections.abc import Iterator
+
+from prefill_core.errors import PrefillStateError
+
+__all__ = ["CallGuard", "exclusive", "exclusive_stream"]
+
+
+class CallGuard:
+    """At most one call in progress per runtime; an entry from another thread meanwhile raises at once.
+
+    Re-entrant on the holding thread (a stream's ``assemble`` pulls from its
+    ``invocations``), and held by a suspended stream generator until it is
+    exhausted or closed: its unread outputs live in buffers the next replay
+    overwrites.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._owner: threading.Thread | None = None
+        self._depth = 0
+
+    @contextlib.contextmanager
+    def hold(self, what: str) -> Iterator[None]:
+        me = threading.current_thread()
+        with self._lock:
+            if self._owner is not None and self._owner is not me:
+                msg = (f"PrefillRuntime.{what} was called on thread {me.name!r} while a call is in progress on "
+                       f"thread {self._owner.name!r}; a runtime serves one call at a time (one runtime per "
+                       f"execution lane, driven by one thread): nothing was run")
+                raise PrefillStateError(msg)
+            self._owner, self._depth = me, self._depth + 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._depth -= 1
+                if not self._depth:
+                    self._owner = None
+
+
+def exclusive(method):
+    """Runs ``method`` holding the runtime's call guard."""
+
+    @functools.wraps(method)
+    def held(self, *args, **kwargs):
+        with self._guard.hold(method.__name__):
+            return method(self, *args, **kwargs)
+
+    return held
+
+
+def exclusive_stream(method):
+    """Runs generator ``method`` holding the call guard from its first step until it ends or is closed."""
+
+    @functools.wraps(method)
+    def held(self, *args, **kwargs):
+        with self._guard.hold(method.__name__):
+            yield from method(self, *args, **kwargs)
+
+    return held
