@@ -289,17 +289,16 @@ class PagedLlama:
         if read_table is not None:
             fixed = _capturing(start) if fixed_shape is None else fixed_shape
             reads = _chunk_reads(start, seq, read_table, kv.block_size, fixed)
-        x = F.embedding(tokens, self._embed)  # a fresh tensor: the residual stream, updated in place
-        residual = x.view(-1, x.shape[-1])  # [B*S, H]
+        batch = tokens.shape[0]
+        residual = F.embedding(tokens, self._embed).view(batch * seq, -1)  # [B*S, H]
         eps = self.config.rms_norm_eps
         for i, layer in enumerate(self._layers):
-            normed = _rms_norm(x, layer.attn_norm, eps)
+            normed = _rms_norm(residual, layer.attn_norm, eps).view(batch, seq, -1)
             attn = self._attention(i, layer, normed, (cos, sin), fill_table, read_table, reads, kv)
-            # Each residual add rides in its projection's GEMM (beta = 1): no
-            # separate add pass and no fresh [B*S, H] buffer per add.
-            residual.addmm_(attn, layer.o.t())
-            residual.addmm_(self._mlp_hidden(layer, _rms_norm(x, layer.mlp_norm, eps)), layer.down.t())
-        return _rms_norm(x, self._final_norm, eps)
+            residual = residual + F.linear(attn, layer.o)
+            mlp = self._mlp_hidden(layer, _rms_norm(residual, layer.mlp_norm, eps))
+            residual = residual + F.linear(mlp, layer.down)
+        return _rms_norm(residual, self._final_norm, eps).view(batch, seq, -1)
 
     def _attention(
         self,
@@ -342,8 +341,7 @@ class PagedLlama:
 
     @staticmethod
     def _mlp_hidden(layer: _Layer, x: torch.Tensor) -> torch.Tensor:
-        """silu(x W_gate^T) * (x W_up^T) as ``[B*S, I]``, in place on the gate output (the
-        down projection is fused with the residual add by the caller)."""
+        """silu(x W_gate^T) * (x W_up^T) as ``[B*S, I]``."""
         x = x.view(-1, x.shape[-1])
         hidden = F.silu(F.linear(x, layer.gate), inplace=True)
         return hidden.mul_(F.linear(x, layer.up))
@@ -355,11 +353,10 @@ class PagedLlama:
         if self.device.type != "cpu":
             return F.linear(rows, self._head).float()
         # On the CPU the head GEMM runs vocab-major, W @ rows^T: for the few
-        # rows a prefill keeps, MKL streams the [vocab, hidden] weight in this
-        # orientation 1.5-3.4x faster than F.linear's rows @ W^T (measured
-        # 1-32 rows, 32000 x 512). One row is sent as two because the
-        # single-column case falls to a matrix-vector kernel about as slow as
-        # F.linear.
+        # rows a prefill keeps, MKL streams the [vocab, hidden] weight faster
+        # in this orientation than in F.linear's rows @ W^T
+        # (benchmarks/host_forms.py measures the two). One row is sent as two
+        # because the single-column case falls to a matrix-vector kernel.
         n = rows.shape[0]
         columns = torch.cat((rows, rows)).t() if n == 1 else rows.t()
         return torch.mm(self._head, columns)[:, :n].t().float().contiguous()
