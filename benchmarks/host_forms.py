@@ -12,9 +12,6 @@ plain form should come back.
   ``torch.tensor`` on the list.
 * ``inference_mode``: entering ``torch.inference_mode`` once per invocation
   (``PrefillRuntime.invoke``) vs once per model call (body and LM head).
-* ``lm_head_1row`` / ``lm_head_32rows``: the reference model's CPU LM head,
-  ``mm(W, rows^T)`` vocab-major (``PagedLlama.lm_head``), vs
-  ``F.linear(rows, W)``, at SmolLM2's 49152 x 576 head.
 """
 
 from __future__ import annotations
@@ -26,7 +23,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -55,28 +51,9 @@ def _mode_per_invocation() -> None:
         pass
 
 
-_GEN = torch.Generator().manual_seed(0)
-HEAD = torch.randn(49152, 576, generator=_GEN)
-ROWS = {n: torch.randn(n, 576, generator=_GEN) for n in (1, 32)}
-
-
-def _head_vocab_major(n: int):
-    def run() -> None:
-        rows = ROWS[n]
-        columns = torch.cat((rows, rows)).t() if n == 1 else rows.t()
-        torch.mm(HEAD, columns)[:, :n].t().contiguous()
-    return run
-
-
-def _head_linear(n: int):
-    return lambda: F.linear(ROWS[n], HEAD)
-
-
 CASES = {
     "int_vector": (_chosen_vector, _plain_vector),
     "inference_mode": (_mode_per_invocation, _mode_per_call),
-    "lm_head_1row": (_head_vocab_major(1), _head_linear(1)),
-    "lm_head_32rows": (_head_vocab_major(32), _head_linear(32)),
 }
 
 
@@ -109,7 +86,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     ns = parser.parse_args()
     torch.set_num_threads(1)
-    report("host_forms", run(rounds=5 if ns.quick else 21, calls=50 if ns.quick else 200))
+    report("host_forms", run(rounds=5 if ns.quick else 21, calls=200 if ns.quick else 2000))
 
 
 if __name__ == "__main__":

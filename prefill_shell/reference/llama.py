@@ -349,14 +349,4 @@ class PagedLlama:
     @torch.inference_mode()
     def lm_head(self, hidden_rows: torch.Tensor) -> torch.Tensor:
         """``[N, hidden]`` -> float32 logits ``[N, vocab]``."""
-        rows = hidden_rows.to(self.dtype)
-        if self.device.type != "cpu":
-            return F.linear(rows, self._head).float()
-        # On the CPU the head GEMM runs vocab-major, W @ rows^T: for the few
-        # rows a prefill keeps, MKL streams the [vocab, hidden] weight faster
-        # in this orientation than in F.linear's rows @ W^T
-        # (benchmarks/host_forms.py measures the two). One row is sent as two
-        # because the single-column case falls to a matrix-vector kernel.
-        n = rows.shape[0]
-        columns = torch.cat((rows, rows)).t() if n == 1 else rows.t()
-        return torch.mm(self._head, columns)[:, :n].t().float().contiguous()
+        return F.linear(hidden_rows.to(self.dtype), self._head).float()
