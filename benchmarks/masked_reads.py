@@ -38,7 +38,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from prefill_core import PageTableLayout, PrefillBatch, PrefillPolicy, PrefillRow, plan_prefill  # noqa: E402
+from prefill_core import PageTableLayout, PrefillBatch, PrefillPolicy, PrefillRow, ceil_div, plan_prefill  # noqa: E402
 from prefill_shell.reference import random_llama  # noqa: E402
 from prefill_shell.reference.llama import _chunk_reads, _with_prefix  # noqa: E402
 from benchmarks._report import Metric, report  # noqa: E402
@@ -51,7 +51,7 @@ VARIANTS = ("old", "eager", "fixed")
 
 def last_step(model, length: int, cached: int) -> dict:
     """Inputs of the planner's last step for one row on blocks 1.., with fresh Q/K/V for the attention timing."""
-    blocks = tuple(range(1, 1 + -(-length // BLOCK)))
+    blocks = tuple(range(1, 1 + ceil_div(length, BLOCK)))
     layout = PageTableLayout(BLOCK, model.spec.max_position // BLOCK, NUM_BLOCKS)
     batch = PrefillBatch.from_rows((PrefillRow(length, cached, 0, blocks),))
     (request,) = plan_prefill(batch, PrefillPolicy(), layout)

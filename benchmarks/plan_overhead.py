@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks._report import Metric, report  # noqa: E402
 from prefill_core import (  # noqa: E402
     PageTableLayout,
+    ceil_div,
     PrefillBatch,
     PrefillPolicy,
     PrefillRow,
@@ -44,7 +45,7 @@ def batch_of(lengths: list[int], cached: int = 0) -> PrefillBatch:
     """Rows with disjoint consecutive blocks and slots 0..n-1."""
     rows, block = [], 0
     for slot, length in enumerate(lengths):
-        need = -(-length // BLOCK)
+        need = ceil_div(length, BLOCK)
         rows.append(PrefillRow(length, cached, slot, tuple(range(block, block + need))))
         block += need
     return PrefillBatch.from_rows(tuple(rows))

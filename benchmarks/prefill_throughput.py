@@ -38,7 +38,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._report import RESULTS, write_json  # noqa: E402
-from prefill_core import PageTableLayout, PrefillPolicy  # noqa: E402
+from prefill_core import PageTableLayout, PrefillPolicy, ceil_div  # noqa: E402
 from prefill_shell.backends import TorchBackend  # noqa: E402
 from prefill_shell.config import PrefillRuntimeConfig  # noqa: E402
 from prefill_shell.reference import random_llama, save_hf_folder  # noqa: E402
@@ -113,7 +113,7 @@ class MatmulProbe:
 class Ours:
     def __init__(self, model, lengths: list[int]):
         bs = 16
-        blocks = [-(-n // bs) for n in lengths]
+        blocks = [ceil_div(n, bs) for n in lengths]
         total = sum(blocks)
         kv = model.new_kv_cache(total, bs)
         layout = PageTableLayout(bs, max(blocks) + 1, total)

@@ -29,7 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from prefill_core import PageTableLayout, PrefillBatch, PrefillPolicy, PrefillRow, plan_prefill  # noqa: E402
+from prefill_core import PageTableLayout, PrefillBatch, PrefillPolicy, PrefillRow, ceil_div, plan_prefill  # noqa: E402
 from prefill_shell.backends import TorchBackend  # noqa: E402
 from prefill_shell.contract import SLOTS  # noqa: E402
 from prefill_shell.inputs import build_host_steps  # noqa: E402
@@ -54,7 +54,7 @@ def host_step(lengths: list[int], cached: list[int]):
     """The single step of the first request the planner makes for these rows."""
     rows, first = [], 0
     for slot, (length, done) in enumerate(zip(lengths, cached)):
-        need = -(-length // BLOCK)
+        need = ceil_div(length, BLOCK)
         rows.append(PrefillRow(length, done, slot, tuple(range(first, first + need))))
         first += need
     (request,) = plan_prefill(PrefillBatch.from_rows(tuple(rows)), PrefillPolicy(), LAYOUT)

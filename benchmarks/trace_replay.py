@@ -37,7 +37,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._report import Metric, report  # noqa: E402
-from prefill_core import PageTableLayout, PrefillPolicy, SamplingParams, WarmupManifest  # noqa: E402
+from prefill_core import PageTableLayout, PrefillPolicy, SamplingParams, WarmupManifest, ceil_div  # noqa: E402
 from prefill_shell.backends import TorchBackend  # noqa: E402
 from prefill_shell.config import PrefillRuntimeConfig  # noqa: E402
 from prefill_shell.executor import PrefillExecutor  # noqa: E402
@@ -62,7 +62,7 @@ CASES = (
 def _call(lengths: list[int], cached: list[int], seed: int) -> dict:
     """Seeded tokens and disjoint blocks for one prefill call."""
     gen = torch.Generator().manual_seed(seed)
-    need = [-(-n // BLOCK) for n in lengths]
+    need = [ceil_div(n, BLOCK) for n in lengths]
     tokens = torch.randint(1, 32000, (len(lengths), max(lengths)), generator=gen)
     table = torch.full((len(lengths), max(need)), -1, dtype=torch.int32)
     first = 0

@@ -7,7 +7,7 @@ from typing import Any
 import attrs
 import torch
 
-from prefill_core import PageTableLayout, PrefillPolicy
+from prefill_core import PageTableLayout, PrefillPolicy, ceil_div
 from prefill_core.errors import PrefillConfigError, PrefillInputError
 from prefill_core.policy import check_policy_fits_layout
 
@@ -96,7 +96,7 @@ class PrefillRuntimeConfig:
             if not isinstance(getattr(kv, name, None), int):
                 raise _config_error("kv", type(kv).__name__, f"must expose an int {name}")
         _check_kv_fits_model(kv, model.spec, model.dtype)
-        ceiling = PageTableLayout(kv.block_size, -(-model.spec.max_position // kv.block_size), kv.num_blocks)
+        ceiling = PageTableLayout(kv.block_size, ceil_div(model.spec.max_position, kv.block_size), kv.num_blocks)
         policy = policy or backend.preferred_policy(kv.block_size)
         _check_policy_fits_model(policy, model.spec)
         _check_capabilities(policy, backend)

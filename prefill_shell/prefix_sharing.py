@@ -14,6 +14,8 @@ from collections.abc import Collection, Sequence
 import attrs
 import torch
 
+from prefill_core import ceil_div
+
 __all__ = ["SharedPrefixBatch", "common_prefix_length", "largest_sharing_group", "share_prefix"]
 
 
@@ -79,7 +81,7 @@ def share_prefix(
     rows, cached = [], []
     for index, prompt in enumerate(prompts):
         own_start = shared if index in members else 0
-        need = -(-len(prompt) // block_size) - own_start // block_size
+        need = ceil_div(len(prompt), block_size) - own_start // block_size
         row = (prefix_blocks if own_start else []) + list(range(next_block, next_block + need))
         next_block += need
         rows.append(row)

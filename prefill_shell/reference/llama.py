@@ -29,6 +29,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from prefill_core import ceil_div
 from prefill_core.errors import PrefillConfigError
 from prefill_shell.reference.config import LlamaSpec
 from prefill_shell.reference.kv_cache import PagedKVCache
@@ -80,7 +81,7 @@ def _chunk_reads(start: torch.Tensor, seq: int, read_table: torch.Tensor, bs: in
         starts = start.tolist()
         if max(starts) > width * bs:
             raise ValueError(f"chunk start {max(starts)} lies past the read table's {width * bs} positions")
-        columns = max(-(-max(starts) // bs), 0)
+        columns = max(ceil_div(max(starts), bs), 0)
         all_readable = all(s == columns * bs for s in starts)
     if columns == 0:
         return _ChunkReads(0, None, None)

@@ -28,7 +28,7 @@ from hypothesis import note, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
-from prefill_core import PageTableLayout, SamplingParams, WarmupManifest
+from prefill_core import PageTableLayout, SamplingParams, WarmupManifest, ceil_div
 from prefill_core.errors import PrefillConfigError
 
 from ..backends import TorchBackend
@@ -82,7 +82,7 @@ class PrefillLifecycleMachine(RuleBasedStateMachine):
         num_blocks = self.runtime.config.layout.num_blocks
         rows = data.draw(st.integers(1, 6), label="rows")  # more than one 4-slot lane at times
         lengths = data.draw(st.lists(st.integers(1, 150), min_size=rows, max_size=rows), label="lengths")
-        need = [-(-n // BLOCK) for n in lengths]
+        need = [ceil_div(n, BLOCK) for n in lengths]
         blocks = data.draw(st.permutations(range(num_blocks)), label="blocks")
         while sum(need) > num_blocks:
             lengths, need = lengths[:-1], need[:-1]

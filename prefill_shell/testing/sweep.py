@@ -24,7 +24,7 @@ from collections.abc import Callable
 import attrs
 import torch
 
-from prefill_core import PageTableLayout, SamplingParams, WarmupManifest
+from prefill_core import PageTableLayout, SamplingParams, WarmupManifest, ceil_div
 
 from ..backends import TorchBackend
 from ..config import PrefillRuntimeConfig
@@ -96,7 +96,7 @@ class _Harness:
                                               PageTableLayout(BLOCK, 16, POOL), POLICY)
         self.runtime = PrefillRuntime(config)
         self.executor = PrefillExecutor(self.runtime)
-        need = [-(-n // BLOCK) for n in scenario.lengths]
+        need = [ceil_div(n, BLOCK) for n in scenario.lengths]
         self.table = torch.full((len(need), max(need) + 1), -1, dtype=torch.int32)
         first = 0
         for row, n in enumerate(need):
