@@ -32,8 +32,8 @@ class CallGuard:
         self._owner: threading.Thread | None = None
         self._depth = 0
 
-    @contextlib.contextmanager
-    def hold(self, what: str) -> Iterator[None]:
+    def enter(self, what: str) -> None:
+        """Takes the guard for the calling thread (again, if it holds it); raises if another thread does."""
         me = threading.current_thread()
         with self._lock:
             if self._owner is not None and self._owner is not me:
@@ -42,22 +42,36 @@ class CallGuard:
                        f"execution lane, driven by one thread): nothing was run")
                 raise PrefillStateError(msg)
             self._owner, self._depth = me, self._depth + 1
+
+    def exit(self) -> None:
+        """Gives back one level of the calling thread's hold."""
+        with self._lock:
+            self._depth -= 1
+            if not self._depth:
+                self._owner = None
+
+    @contextlib.contextmanager
+    def hold(self, what: str) -> Iterator[None]:
+        self.enter(what)
         try:
             yield
         finally:
-            with self._lock:
-                self._depth -= 1
-                if not self._depth:
-                    self._owner = None
+            self.exit()
 
 
 def exclusive(method):
     """Runs ``method`` holding the runtime's call guard."""
 
+    name = method.__name__
+
     @functools.wraps(method)
     def held(self, *args, **kwargs):
-        with self._guard.hold(method.__name__):
+        guard = self._guard
+        guard.enter(name)  # enter/exit, not a generator context manager: this runs on every runtime call
+        try:
             return method(self, *args, **kwargs)
+        finally:
+            guard.exit()
 
     return held
 

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
-import attrs
 import torch
 
 from prefill_core import PreparedPrefill
@@ -21,22 +20,35 @@ def _same_logits(a: Any, b: Any) -> bool:
     return a.shape == b.shape and a.dtype == b.dtype and torch.allclose(a, b, rtol=0, atol=0, equal_nan=True)
 
 
-@attrs.frozen
-class PrefillResult:
-    """The prefill output of one caller row.
+class PrefillResult(NamedTuple):
+    """The prefill output of one caller row: an immutable value.
 
     ``logits`` (float32 ``[V]``, a host copy the caller owns) when the row
     asked for no sampling; otherwise ``token``, its ``logprob`` under the
     model's raw distribution, and ``top_logprobs``: the row's
     ``num_logprobs`` best ``(token, logprob)``. Results compare with ``==``
     (logits by value), so eager and traced results can be compared directly.
+    A named tuple rather than a frozen attrs class: the assembler builds one
+    per row of every call, and a tuple is the cheapest immutable value.
     """
 
     row: int
-    logits: Any = attrs.field(default=None, eq=attrs.cmp_using(eq=_same_logits), hash=False)
+    logits: Any = None
     token: int | None = None
     logprob: float | None = None
     top_logprobs: tuple[tuple[int, float], ...] = ()
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, PrefillResult):
+            return NotImplemented
+        return self[0] == other[0] and self[2:] == other[2:] and _same_logits(self[1], other[1])
+
+    def __ne__(self, other: object) -> bool:
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
+    def __hash__(self) -> int:  # logits are left out: equal results hash alike
+        return hash((self[0], *self[2:]))
 
 
 class InvocationResult:
