@@ -35,8 +35,11 @@ class CallGuard:
     def enter(self, what: str) -> None:
         """Takes the guard for the calling thread (again, if it holds it); raises if another thread does."""
         me = threading.current_thread()
+        if self._owner is me:  # re-entry on the holding thread: only this thread changes the depth now
+            self._depth += 1
+            return
         with self._lock:
-            if self._owner is not None and self._owner is not me:
+            if self._owner is not None:
                 msg = (f"PrefillRuntime.{what} was called on thread {me.name!r} while a call is in progress on "
                        f"thread {self._owner.name!r}; a runtime serves one call at a time (one runtime per "
                        f"execution lane, driven by one thread): nothing was run")
@@ -45,10 +48,12 @@ class CallGuard:
 
     def exit(self) -> None:
         """Gives back one level of the calling thread's hold."""
-        with self._lock:
+        if self._depth > 1:
             self._depth -= 1
-            if not self._depth:
-                self._owner = None
+            return
+        with self._lock:
+            self._depth = 0
+            self._owner = None
 
     @contextlib.contextmanager
     def hold(self, what: str) -> Iterator[None]:

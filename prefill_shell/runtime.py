@@ -170,10 +170,9 @@ class PrefillRuntime:
         rows, num_steps = prepared.request.source_rows, len(batch.steps[index])
 
         def finished(step: int) -> None:
-            if progress is not None:
-                progress.advance(f"rows {rows} chunk {step + 1}/{num_steps}")
+            progress.advance(f"rows {rows} chunk {step + 1}/{num_steps}")
 
-        steps = StepLog(batch.steps[index], finished)
+        steps = StepLog(batch.steps[index], None if progress is None else finished)
         seeds = self._resolve_seeds(prepared)
         try:
             with torch.inference_mode():
