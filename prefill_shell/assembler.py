@@ -65,7 +65,7 @@ class PrefillResultAssembler:
         if prepared.sampling_path is SamplingPath.HOST:
             host = self._sample_on_host(invocation, host[LOGITS])
         if prepared.sampling_path is SamplingPath.LOGITS:
-            return [PrefillResult(row, logits=logits) for row, logits in zip(request.source_rows, host[LOGITS].unbind(0))]
+            return [PrefillResult(row, logits) for row, logits in zip(request.source_rows, host[LOGITS].unbind(0))]
         tokens, token_lp = host[SAMPLED_TOKENS].tolist(), host[TOKEN_LOGPROB].tolist()
         top_ids = host[TOP_IDS].tolist() if TOP_IDS in host else None
         top_values = host[TOP_LOGPROBS].tolist() if TOP_IDS in host else None
