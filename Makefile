@@ -18,15 +18,16 @@ PYTEST = -m pytest -q -p no:cacheprovider
 venv:
 	@echo $(VENV)/bin/python
 
+# Fetches the model once (fails loudly when it cannot), then prints its path.
 model:
-	@echo $(MODEL)
+	@scripts/ensure-model.sh
 
-demo:
+demo: model
 	$(RUN) -m prefill_shell run
 
 # The import layers (pyproject's [tool.importlinter]), then the whole suite
 # on every Python the package declares (3.12, then 3.10).
-test: lint-imports test-py312 test-py310
+test: model lint-imports test-py312 test-py310
 
 lint-imports:
 	$(ENV) $(VENV)/bin/lint-imports --no-cache
