@@ -48,11 +48,19 @@ _SEEDED_PATHS = (SamplingPath.TOPK, SamplingPath.HOST)
 
 @attrs.frozen(eq=False)
 class PreparedBatch:
-    """One prepared call: its requests in plan order and their host step values."""
+    """One prepared call: its requests in plan order and their host step values.
+
+    ``runtime`` and ``layout`` record what it was planned for: ``invoke``
+    refuses it on another runtime (another KV pool) or after
+    ``configure_page_table_layout`` changed the layout (its blocks may lie
+    outside the new pool), before anything is written.
+    """
 
     prepared: tuple[PreparedPrefill, ...]
     steps: tuple[tuple[HostStep, ...], ...]
     num_rows: int
+    runtime: object = attrs.field(repr=False)
+    layout: PageTableLayout
 
     @property
     def num_steps(self) -> int:
@@ -152,7 +160,7 @@ class PrefillRuntime:
         else:
             prepared = prepare_prefill(batch, config.policy, config.layout, max_position=max_position)
         steps = tuple(tuple(build_host_steps(matrix, p.request, table)) for p in prepared)
-        return PreparedBatch(prepared, steps, len(batch))
+        return PreparedBatch(prepared, steps, len(batch), self, config.layout)
 
     @exclusive
     def invoke(self, batch: PreparedBatch, index: int, *, traced: bool = False,
@@ -166,6 +174,7 @@ class PrefillRuntime:
         ``progress.note_partial_writes``).
         """
         self._check_open()
+        self._check_planned_here(batch)
         prepared = batch.prepared[index]
         rows, num_steps = prepared.request.source_rows, len(batch.steps[index])
 
@@ -328,6 +337,15 @@ class PrefillRuntime:
             self.release_traces()
         finally:
             self.cleanup()
+
+    def _check_planned_here(self, batch: PreparedBatch) -> None:
+        if batch.runtime is not self:
+            raise PrefillStateError("this PreparedBatch was prepared by another PrefillRuntime (another KV pool and "
+                                    "layout); prepare it on this one: nothing was run")
+        if batch.layout != self.config.layout:
+            msg = (f"this PreparedBatch was planned for {batch.layout}, but the runtime's layout is now "
+                   f"{self.config.layout} (configure_page_table_layout); prepare it again: nothing was run")
+            raise PrefillStateError(msg)
 
     def _check_open(self) -> None:
         if self._closed:

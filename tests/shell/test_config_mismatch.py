@@ -1,4 +1,4 @@
-"""Mismatched configuration fails at once, by name: at ``resolve`` or at backend construction.
+"""Mismatched configuration fails at once, by name: at ``resolve``, at backend construction or at ``invoke``.
 
 Each case once got through and failed late and obscurely: a pool built for
 another model raised a raw ``index_copy_`` error inside the first prefill, a
@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from prefill_core import PrefillPolicy
-from prefill_core.errors import PrefillConfigError
+from prefill_core import PageTableLayout, PrefillPolicy
+from prefill_core.errors import PrefillConfigError, PrefillStateError
 from prefill_shell.backends import TorchBackend
 from prefill_shell.config import PrefillRuntimeConfig
 from prefill_shell.reference import PagedKVCache
@@ -93,3 +93,35 @@ def test_a_cpu_torch_backend_is_accepted_in_every_spelling():
     """"cpu", torch.device("cpu") and "cpu:0" all build a CPU backend."""
     for device in ("cpu", torch.device("cpu"), "cpu:0"):
         assert TorchBackend(device).device.type == "cpu"
+
+
+def _pool_bytes(runtime) -> list[torch.Tensor]:
+    kv = runtime.config.kv
+    return [t.clone() for t in (*kv.keys, *kv.values)]
+
+
+def _unchanged(runtime, before: list[torch.Tensor]) -> bool:
+    kv = runtime.config.kv
+    return all(torch.equal(a, b) for a, b in zip(before, (*kv.keys, *kv.values)))
+
+
+def test_a_batch_prepared_by_another_runtime_is_refused_before_anything_is_written(tiny_model, kit):
+    """Invoking runtime A's prepared batch on runtime B raises PrefillStateError and leaves B's pool unchanged."""
+    a = kit.build_runtime(tiny_model, num_blocks=BLOCKS, block_size=BS)
+    b = kit.build_runtime(tiny_model, num_blocks=BLOCKS, block_size=BS)
+    batch = a.prepare(kit.make_tokens(40, seed=1)[None], torch.tensor([[0, 1, 2]], dtype=torch.int32), [40])
+    before = _pool_bytes(b)
+    with pytest.raises(PrefillStateError, match="another PrefillRuntime"):
+        b.invoke(batch, 0)
+    assert _unchanged(b, before) and b.backend.ledger.live() == []
+
+
+def test_a_batch_planned_before_the_layout_shrank_is_refused_before_anything_is_written(tiny_model, kit):
+    """After configure_page_table_layout shrinks the pool, a batch writing blocks 12-14 is refused unwritten."""
+    runtime = kit.build_runtime(tiny_model, num_blocks=BLOCKS, block_size=BS)
+    batch = runtime.prepare(kit.make_tokens(40, seed=2)[None], torch.tensor([[12, 13, 14]], dtype=torch.int32), [40])
+    runtime.configure_page_table_layout(PageTableLayout(BS, runtime.config.layout.max_num_blocks_per_seq, 8))
+    before = _pool_bytes(runtime)
+    with pytest.raises(PrefillStateError, match="prepare it again"):
+        runtime.invoke(batch, 0)
+    assert _unchanged(runtime, before) and runtime.backend.ledger.live() == []
