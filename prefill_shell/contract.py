@@ -41,9 +41,9 @@ top_logprobs        output              float32   B, N       their log-probs
 
 Every input is refreshed in place before a replay (traced) or uploaded once
 per step (eager); the sampling inputs (``SAMPLING_INPUTS``, top-k programs
-only) once per invocation, their values from ``sampling_values``. Every output is produced on the device: a new
-invocation-owned tensor when eager, assigned into the program alias's
-persistent workspace when traced.
+only) once per invocation, their values from ``sampling_values``. Every
+output is produced on the device: a new invocation-owned tensor when eager,
+assigned into the program alias's persistent workspace when traced.
 """
 
 from __future__ import annotations
