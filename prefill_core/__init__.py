@@ -14,7 +14,7 @@ from .policy import PrefillPolicy, ceil_div, round_up
 from .prepared import PreparedPrefill, prepare_in_lanes, prepare_prefill
 from .request import PrefillChunk, PrefillRequest, RequestKind
 from .rules import RULES, Rule
-from .sampling import GREEDY_TEMPERATURE, SamplingParams, SamplingPath
+from .sampling import GREEDY_TEMPERATURE, SamplingParams, SamplingPath, is_greedy
 from .serialize import converter, from_json, to_json
 from .signatures import PrefillProgramSignature, PrefillTraceSignature
 from .tables import SKIP, PageTableView, TableRole, materialize_table
@@ -42,6 +42,7 @@ __all__ = [
     "ceil_div",
     "converter",
     "from_json",
+    "is_greedy",
     "manifest_for",
     "materialize_table",
     "plan_prefill",

@@ -18,10 +18,15 @@ import enum
 
 import attrs
 
-__all__ = ["GREEDY_TEMPERATURE", "SamplingParams", "SamplingPath", "classify_sampling", "distinct_params"]
+__all__ = ["GREEDY_TEMPERATURE", "SamplingParams", "SamplingPath", "classify_sampling", "distinct_params", "is_greedy"]
 
 GREEDY_TEMPERATURE = 1e-5
 """A temperature below this is greedy (vLLM's epsilon): 1/T would overflow sampling."""
+
+
+def is_greedy(temperature: float, top_k: int) -> bool:
+    """Whether a row with these parameters takes the argmax: the one greediness rule."""
+    return temperature < GREEDY_TEMPERATURE or top_k == 1
 
 
 class SamplingPath(enum.Enum):
@@ -60,7 +65,7 @@ class SamplingParams:
     @property
     def is_greedy(self) -> bool:
         """Whether the row takes the argmax: temperature below ``GREEDY_TEMPERATURE``, or top_k 1."""
-        return self.temperature < GREEDY_TEMPERATURE or self.top_k == 1
+        return is_greedy(self.temperature, self.top_k)
 
     @classmethod
     def greedy(cls, num_logprobs: int = 0) -> SamplingParams:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from prefill_core import SamplingParams
+from prefill_core import is_greedy
 
 __all__ = ["sample_row", "top_logprobs", "resolve_generator"]
 
@@ -23,12 +23,6 @@ def resolve_generator(seed: int, device: torch.device) -> torch.Generator:
     generator = torch.Generator(device=device)
     generator.manual_seed(seed)
     return generator
-
-
-def _is_greedy(top_k: int, temperature: float) -> bool:
-    # The core's rule (SamplingParams.is_greedy), so a row is greedy in a
-    # sampled wave exactly when it would take the argmax path alone.
-    return SamplingParams(temperature=temperature, top_k=top_k).is_greedy
 
 
 def _support_probs(logits: torch.Tensor, top_k: int, top_p: float, temperature: float) -> torch.Tensor:
@@ -62,7 +56,7 @@ def sample_row(logits: torch.Tensor, top_k: int, top_p: float, temperature: floa
     an exponential race (argmax of p / E, E ~ Exp(1) from the row's seeded
     generator), which samples exactly from p with no host sync.
     """
-    if _is_greedy(top_k, temperature):
+    if is_greedy(temperature, top_k):  # the core's rule: greedy here exactly when the row alone takes argmax
         return torch.argmax(logits, dim=-1)
     probs = _support_probs(logits, top_k, top_p, temperature)
     race = torch.empty_like(probs).exponential_(generator=resolve_generator(seed, logits.device))

@@ -117,8 +117,8 @@ def _host(value: torch.Tensor, dtype: str, layout: str, mesh_mapper) -> Any:
     """A host ``ttnn.Tensor`` of ``value`` with ``dtype`` and ``layout``.
 
     Row-major values go through numpy into ``ttnn.Tensor`` (which copies):
-    3-4x cheaper than ``ttnn.from_torch``'s DLPack path for these small
-    tensors, and exact (unlike the Python-list constructor, which routes
+    cheaper than ``ttnn.from_torch``'s DLPack path for these small tensors
+    (``benchmarks/staging.py`` times the staging), and exact (unlike the Python-list constructor, which routes
     integers through float). Tiled values use ``from_torch``, which tilizes.
     """
     if layout == "ROW_MAJOR":

@@ -18,7 +18,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from prefill_core import PrefillPolicy, SamplingParams, SamplingPath
-from prefill_shell.contract import SAMPLING_INPUTS, sampling_values
 from prefill_shell.model import ModelSpec
 from prefill_shell.reference import PagedKVCache
 from prefill_shell.torch_sampling import sample_row, top_logprobs
@@ -114,12 +113,6 @@ def _run(fixed, kit, logits: torch.Tensor, params: list[SamplingParams]):
     tokens = torch.randint(1, VOCAB, (rows, 8), generator=torch.Generator().manual_seed(rows))
     table = kit.page_table([[row] for row in range(rows)])
     return rt.prefill(tokens, table, [8] * rows, sampling=params)
-
-
-def _device_sample(backend, logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """``backend.sample`` on the K, P and T tensors the postprocessor hands it for one row with ``params``."""
-    values = sampling_values((params,))
-    return backend.sample(logits, *(values[spec] for spec in SAMPLING_INPUTS), (params.seed,))
 
 
 # ---------------------------------------------------------------- regressions (the issue's reproducers)
