@@ -75,15 +75,18 @@ class Scope:
         return list(map(tuple.__getitem__, blocks, map(slice, needs)))
 
     @cached_property
-    def mapped_ids(self) -> set[int]:
-        """Every distinct mapped block id (one pass over the rows' prefixes)."""
-        prefixes = self.prefixes
-        return set(prefixes[0]) if len(prefixes) == 1 else set(chain.from_iterable(prefixes))
+    def mapped_ids(self) -> list[int]:
+        """Every mapped block id, ascending, repeats kept.
+
+        Sorted because its ends bound every id at once, and caller tables are
+        mostly ascending runs, which Python's sort merges in one pass.
+        """
+        return sorted(chain.from_iterable(self.prefixes))
 
     @cached_property
     def has_repeats(self) -> bool:
         """Whether any block id appears twice in the mapped prefixes (else no repeat rule can fire)."""
-        return len(self.mapped_ids) != sum(self.needs)
+        return len(set(self.mapped_ids)) != len(self.mapped_ids)
 
     @cached_property
     def first_written(self) -> list[int]:
@@ -94,9 +97,6 @@ class Scope:
     @cached_property
     def distinct_sampling(self) -> list[tuple[int, SamplingParams]]:
         """``(first row, params)`` for each distinct parameter object (rows usually share a few)."""
-        sampling = self.batch.sampling
-        if sampling.count(None) == len(sampling):  # identity hits: one C pass for the logits-only batch
-            return []
         first: dict[int, tuple[int, SamplingParams]] = {}
         for row, params in enumerate(self.batch.sampling):
             if params is not None and id(params) not in first:
@@ -246,9 +246,9 @@ def beyond_max_position(scope: Scope) -> Hit | None:
 
 def short_prefix(scope: Scope) -> Hit | None:
     blocks, needs = scope.batch.blocks, scope.needs
-    i = _first(map(lt, scope.widths, needs))
-    if i is None:
+    if not any(map(lt, scope.widths, needs)):
         return None
+    i = _first(map(lt, scope.widths, needs))
     have = len(blocks[i])
     return Hit(i, "blocks", have, f" (length={scope.batch.lengths[i]} needs {needs[i]})", shown=f"<{have} entries>")
 
@@ -257,8 +257,8 @@ def short_prefix(scope: Scope) -> Hit | None:
 
 
 def block_outside_pool(scope: Scope) -> Hit | None:
-    prefixes = scope.prefixes  # per-row min/max over tuples: cheaper than iterating a set
-    if min(map(min, prefixes)) >= 0 and max(map(max, prefixes)) < scope.limits.num_blocks:
+    ids = scope.mapped_ids
+    if ids[0] >= 0 and ids[-1] < scope.limits.num_blocks:
         return None
     pool = scope.limits.num_blocks
     for row, prefix in enumerate(scope.prefixes):

@@ -67,11 +67,13 @@ class PrefillResultAssembler:
         if prepared.sampling_path is SamplingPath.LOGITS:
             return [PrefillResult(row, logits) for row, logits in zip(request.source_rows, host[LOGITS].unbind(0))]
         tokens, token_lp = host[SAMPLED_TOKENS].tolist(), host[TOKEN_LOGPROB].tolist()
-        top_ids = host[TOP_IDS].tolist() if TOP_IDS in host else None
-        top_values = host[TOP_LOGPROBS].tolist() if TOP_IDS in host else None
+        if TOP_IDS not in host:  # no row of the wave asked for top log-probs
+            rows = zip(request.source_rows, tokens, token_lp)
+            return [PrefillResult(row, token=token, logprob=logprob) for row, token, logprob in rows]
+        top_ids, top_values = host[TOP_IDS].tolist(), host[TOP_LOGPROBS].tolist()
         results = []
         for b, row in enumerate(request.source_rows):
-            n = request.sampling[b].num_logprobs if top_ids is not None else 0
+            n = request.sampling[b].num_logprobs
             top = tuple(zip(top_ids[b][:n], top_values[b][:n])) if n else ()
             results.append(PrefillResult(row, token=tokens[b], logprob=token_lp[b], top_logprobs=top))
         return results

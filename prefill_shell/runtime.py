@@ -106,10 +106,10 @@ class PrefillRuntime:
         self._stager = PrefillInputStager(self.backend)
         self._postprocessor = PrefillPostprocessor(self.backend, self._run_lm_head, config.policy.max_logprobs)
         self._runner = PrefillSequenceRunner(self.backend, self._stager, self._postprocessor, self._run_body,
-                                             self.release)
+                                             self._release_handles)
         self._traces = PrefillTraceLifecycle(self.backend, self._stager, self._postprocessor, self._run_body,
-                                             config.model.spec, config.model.dtype, self.release)
-        self._assembler = PrefillResultAssembler(self.backend, self.release)
+                                             config.model.spec, config.model.dtype, self._release_handles)
+        self._assembler = PrefillResultAssembler(self.backend, self._release_handles)
 
     def hold(self) -> contextlib.AbstractContextManager[None]:
         """Holds this runtime for the calling thread until the block exits (re-entrant on that thread).
@@ -251,7 +251,7 @@ class PrefillRuntime:
         params = _warmup_params(signature)
         with torch.inference_mode():
             _, owned = self._runner.run(signature, params, [step], (0,) * len(params))
-        self.release(owned)
+        self._release_handles(owned)
 
     @exclusive
     def allocate_workspace(self, signature: PrefillProgramSignature) -> None:
@@ -298,6 +298,10 @@ class PrefillRuntime:
         ``KeyboardInterrupt``) during a release orphans that handle and every
         one not yet released, then propagates: nothing is left unowned.
         """
+        self._release_handles(handles, primary)
+
+    def _release_handles(self, handles: Iterable[DeviceTensor], primary: BaseException | None = None) -> None:
+        """``release`` for the collaborators, which run inside a call that already holds the guard."""
         pending = [h for h in handles if not h.released]
         for position, handle in enumerate(pending):
             try:
@@ -342,7 +346,7 @@ class PrefillRuntime:
         if batch.runtime is not self:
             raise PrefillStateError("this PreparedBatch was prepared by another PrefillRuntime (another KV pool and "
                                     "layout); prepare it on this one: nothing was run")
-        if batch.layout != self.config.layout:
+        if batch.layout is not self.config.layout and batch.layout != self.config.layout:
             msg = (f"this PreparedBatch was planned for {batch.layout}, but the runtime's layout is now "
                    f"{self.config.layout} (configure_page_table_layout); prepare it again: nothing was run")
             raise PrefillStateError(msg)
