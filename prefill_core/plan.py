@@ -45,12 +45,12 @@ from __future__ import annotations
 
 from .batch import PrefillBatch
 from .geometry import chunked_fill_width, chunked_read_width, regular_table_width
-from .intmath import ceil_div, ceil_div_column
+from .intmath import ceil_div
 from .layout import PageTableLayout
 from .policy import PrefillPolicy
 from .request import PrefillRequest, RequestKind
 from .tables import SKIP, PageTableView, TableRole
-from .validate import check_inputs
+from .validate import checked_scope
 
 __all__ = ["plan_prefill", "chunk_plan", "CHUNKED_FILLER"]
 
@@ -66,7 +66,7 @@ def plan_prefill(
     ``max_position``: the model's maximum position count; when given, a row
     longer than it raises ``PositionLimitError``.
     """
-    check_inputs(batch, policy, layout, max_position=max_position)
+    needs = checked_scope(batch, policy, layout, max_position=max_position).needs
     buckets, singles = _bucket_rows(batch, policy)
     waves: list[PrefillRequest] = []
     for (padded_length, _), members in buckets.items():
@@ -81,10 +81,10 @@ def plan_prefill(
                 if len(group) == 1:
                     singles.append(group[0])
                 else:
-                    waves.append(_regular_request(batch, group, padded_length, policy, layout))
+                    waves.append(_regular_request(batch, needs, group, padded_length, policy, layout))
     waves.sort(key=lambda request: request.source_rows[0])
     singles.sort()
-    return tuple(waves) + tuple(_single_request(batch, index, policy, layout) for index in singles)
+    return tuple(waves) + tuple(_single_request(batch, needs, index, policy, layout) for index in singles)
 
 
 def _bucket_rows(batch: PrefillBatch, policy: PrefillPolicy) -> tuple[dict[tuple[int, bool], list[int]], list[int]]:
@@ -93,23 +93,28 @@ def _bucket_rows(batch: PrefillBatch, policy: PrefillPolicy) -> tuple[dict[tuple
         return {}, list(range(len(batch)))
     buckets: dict[tuple[int, bool], list[int]] = {}
     singles: list[int] = []
-    rung_of: dict[int, int] = {}  # rows of a wave share a handful of lengths: one ladder walk each
+    rung_of = {n: policy.padded_length(n) for n in set(batch.lengths)}  # rows share a few lengths: one walk each
     max_chunk = policy.max_chunk_length
-    for row, (length, cached, params) in enumerate(zip(batch.lengths, batch.cached, batch.sampling)):
-        rung = rung_of.get(length)
-        if rung is None:
-            rung = rung_of[length] = policy.padded_length(length)
+    for row, (rung, cached, params) in enumerate(zip(map(rung_of.__getitem__, batch.lengths), batch.cached,
+                                                     batch.sampling)):
         if cached or rung > max_chunk:  # rule 2 (PrefillPolicy.is_regular): not a regular row
             singles.append(row)
+            continue
+        key = (rung, params is None)
+        bucket = buckets.get(key)
+        if bucket is None:
+            buckets[key] = [row]
         else:
-            buckets.setdefault((rung, params is None), []).append(row)
+            bucket.append(row)
     return buckets, singles
 
 
-def _single_request(batch: PrefillBatch, index: int, policy: PrefillPolicy, layout: PageTableLayout) -> PrefillRequest:
+def _single_request(
+    batch: PrefillBatch, needs: list[int], index: int, policy: PrefillPolicy, layout: PageTableLayout
+) -> PrefillRequest:
     length, cached = batch.lengths[index], batch.cached[index]
     if policy.is_regular(length, cached):
-        return _regular_request(batch, [index], policy.padded_length(length), policy, layout)
+        return _regular_request(batch, needs, [index], policy.padded_length(length), policy, layout)
     return _chunked_request(batch, index, policy, layout)
 
 
@@ -121,18 +126,23 @@ def _pick(column: tuple, members: list[int]) -> tuple:
 
 
 def _regular_request(
-    batch: PrefillBatch, members: list[int], padded_length: int, policy: PrefillPolicy, layout: PageTableLayout
+    batch: PrefillBatch,
+    needs: list[int],
+    members: list[int],
+    padded_length: int,
+    policy: PrefillPolicy,
+    layout: PageTableLayout,
 ) -> PrefillRequest:
+    """A regular wave of ``members``; ``needs`` is every batch row's mapped block count."""
     bs = layout.block_size
     padded_batch = 1 if len(members) == 1 else policy.wave_for(len(members))
-    lengths = _pick(batch.lengths, members)
-    real_blocks = tuple(ceil_div_column(lengths, bs)) + (0,) * (padded_batch - len(members))
+    real_blocks = tuple(_pick(needs, members)) + (0,) * (padded_batch - len(members))
     table = PageTableView(TableRole.REGULAR, regular_table_width(policy, bs, padded_length), real_blocks, SKIP)
     return PrefillRequest(
         kind=RequestKind.REGULAR_SINGLE if len(members) == 1 else RequestKind.REGULAR_BATCHED,
         source_rows=tuple(members),
         slots=_pick(batch.slots, members),
-        lengths=lengths,
+        lengths=_pick(batch.lengths, members),
         cached=(0,) * len(members),
         blocks=_pick(batch.blocks, members),
         sampling=_pick(batch.sampling, members),

@@ -14,7 +14,7 @@ import math
 from collections.abc import Sequence
 from functools import cached_property
 from itertools import chain, repeat
-from operator import ge, gt, indexOf, lt, mod, truth
+from operator import ge, gt, indexOf, is_, lt, mod, truth
 
 import attrs
 
@@ -57,6 +57,11 @@ class Scope:
         self.limits = limits
 
     @cached_property
+    def longest(self) -> int:
+        """The longest row's length (the length rules' one C pass)."""
+        return max(self.batch.lengths)
+
+    @cached_property
     def needs(self) -> list[int]:
         """Mapped block count of each row, ``ceil(length / block_size)``."""
         return ceil_div_column(self.batch.lengths, self.limits.block_size)
@@ -97,8 +102,11 @@ class Scope:
     @cached_property
     def distinct_sampling(self) -> list[tuple[int, SamplingParams]]:
         """``(first row, params)`` for each distinct parameter object (rows usually share a few)."""
+        sampling = self.batch.sampling
+        if all(map(is_, sampling, repeat(sampling[0]))):  # one object for every row (one C pass)
+            return [] if sampling[0] is None else [(0, sampling[0])]
         first: dict[int, tuple[int, SamplingParams]] = {}
-        for row, params in enumerate(self.batch.sampling):
+        for row, params in enumerate(sampling):
             if params is not None and id(params) not in first:
                 first[id(params)] = (row, params)
         return list(first.values())
@@ -229,7 +237,7 @@ def slot_beyond_lane(scope: Scope) -> Hit | None:
 
 def beyond_capacity(scope: Scope) -> Hit | None:
     lengths = scope.batch.lengths
-    if max(lengths) <= scope.limits.capacity:
+    if scope.longest <= scope.limits.capacity:
         return None
     return _hit_at(lengths, "length", map(gt, lengths, repeat(scope.limits.capacity)))
 
@@ -239,14 +247,14 @@ def beyond_max_position(scope: Scope) -> Hit | None:
     if limit is None:
         return None
     lengths = scope.batch.lengths
-    if max(lengths) <= limit:
+    if scope.longest <= limit:
         return None
     return _hit_at(lengths, "length", map(gt, lengths, repeat(limit)))
 
 
 def short_prefix(scope: Scope) -> Hit | None:
     blocks, needs = scope.batch.blocks, scope.needs
-    if not any(map(lt, scope.widths, needs)):
+    if scope.widths == needs or not any(map(lt, scope.widths, needs)):  # rows cut to their prefix (the shell's)
         return None
     i = _first(map(lt, scope.widths, needs))
     have = len(blocks[i])
@@ -336,30 +344,45 @@ def _is_finite(value: int | float) -> bool:
         return False
 
 
-def _sampling_hit(scope: Scope, name: str, broken) -> Hit | None:
-    for row, params in scope.distinct_sampling:
-        value = getattr(params, name)
-        if broken(value):
-            return Hit(row, f"sampling.{name}", value)
-    return None
+# Each sampling rule judges each distinct parameter object once, at its first row.
 
 
 def bad_temperature(scope: Scope) -> Hit | None:
-    return _sampling_hit(scope, "temperature", lambda t: not _is_real(t) or not _is_finite(t) or t < 0)
+    for row, params in scope.distinct_sampling:
+        t = params.temperature
+        if not _is_real(t) or not _is_finite(t) or t < 0:
+            return Hit(row, "sampling.temperature", t)
+    return None
 
 
 def bad_top_k(scope: Scope) -> Hit | None:
-    return _sampling_hit(scope, "top_k", lambda k: type(k) is not int or k < 0)
+    for row, params in scope.distinct_sampling:
+        k = params.top_k
+        if type(k) is not int or k < 0:
+            return Hit(row, "sampling.top_k", k)
+    return None
 
 
 def bad_top_p(scope: Scope) -> Hit | None:
-    return _sampling_hit(scope, "top_p", lambda p: not _is_real(p) or not 0 < p <= 1)
+    for row, params in scope.distinct_sampling:
+        p = params.top_p
+        if not _is_real(p) or not 0 < p <= 1:
+            return Hit(row, "sampling.top_p", p)
+    return None
 
 
 def bad_seed(scope: Scope) -> Hit | None:
-    return _sampling_hit(scope, "seed", lambda s: s is not None and (type(s) is not int or not 0 <= s < 2**63))
+    for row, params in scope.distinct_sampling:
+        seed = params.seed
+        if seed is not None and (type(seed) is not int or not 0 <= seed < 2**63):
+            return Hit(row, "sampling.seed", seed)
+    return None
 
 
 def bad_num_logprobs(scope: Scope) -> Hit | None:
     limit = scope.limits.max_logprobs
-    return _sampling_hit(scope, "num_logprobs", lambda n: type(n) is not int or not 0 <= n <= limit)
+    for row, params in scope.distinct_sampling:
+        n = params.num_logprobs
+        if type(n) is not int or not 0 <= n <= limit:
+            return Hit(row, "sampling.num_logprobs", n)
+    return None

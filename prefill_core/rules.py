@@ -138,7 +138,7 @@ RULES: tuple[Rule, ...] = (
     ),
 )
 
-_BY_STAGE = {stage: tuple(r for r in RULES if r.stage == stage) for stage in ("batch", "plan")}
+_BY_STAGE = {stage: tuple((r.find, r) for r in RULES if r.stage == stage) for stage in ("batch", "plan")}
 
 
 def rule_named(name: str) -> Rule:
@@ -151,7 +151,7 @@ def rule_named(name: str) -> Rule:
 
 def check(stage: str, scope: Scope) -> None:
     """Raises the first rule of ``stage`` (in table order) that ``scope``'s batch breaks."""
-    for rule in _BY_STAGE[stage]:
-        hit = rule.find(scope)
+    for find, rule in _BY_STAGE[stage]:
+        hit = find(scope)
         if hit is not None:
             raise rule.error_for(hit, scope.limits) from None

@@ -15,7 +15,7 @@ from .layout import PageTableLayout
 from .policy import PrefillPolicy, check_policy_fits_layout
 from .rules import Limits, Scope, check
 
-__all__ = ["check_inputs", "written_block_range"]
+__all__ = ["check_inputs", "checked_scope", "written_block_range"]
 
 
 def written_block_range(row: PrefillRow, block_size: int) -> tuple[int, int]:
@@ -42,9 +42,22 @@ def check_inputs(
     ``max_position_embeddings``) adds the rule ``length <= max_position``;
     ``None`` leaves lengths bounded by the layout's capacity only.
     """
+    checked_scope(batch, policy, layout, max_position=max_position)
+
+
+def checked_scope(
+    batch: PrefillBatch, policy: PrefillPolicy, layout: PageTableLayout, *, max_position: int | None = None
+) -> Scope:
+    """``check_inputs``, returning the judged batch with the columns its rules derived.
+
+    The planner reads the mapped block counts (``Scope.needs``) from it
+    rather than dividing every length a second time.
+    """
     _check_arguments(batch, policy, layout, max_position)
     check_policy_fits_layout(policy, layout)
     limits = Limits(
         layout.block_size, layout.num_blocks, layout.capacity, policy.lane_size, policy.max_logprobs, max_position
     )
-    check("plan", Scope(batch, limits))
+    scope = Scope(batch, limits)
+    check("plan", scope)
+    return scope

@@ -19,7 +19,8 @@ from collections.abc import Sequence
 
 import torch
 
-from prefill_core import PageTableLayout, PrefillBatch, ceil_div
+from prefill_core import PageTableLayout, PrefillBatch
+from prefill_core.intmath import ceil_div_column
 from prefill_core.errors import PrefillInputError
 
 __all__ = ["build_batch", "as_token_matrix", "check_token_ids", "host_page_table"]
@@ -184,7 +185,7 @@ def build_batch(
     if len(params) != num_rows:
         raise _fail("sampling", f"<{len(params)} entries>", f"must hold one entry per row ({num_rows})")
     bs, columns = layout.block_size, tokens.shape[1]
-    need = [ceil_div(length, bs) for length in lengths]  # <= 0 for a bad length, which the core names
+    need = ceil_div_column(lengths, bs)  # <= 0 for a bad length, which the core names
     _check_list_widths(tokens, "tokens", lengths, "prompt length")
     _check_list_widths(table, "page_table", need, "mapped prefix")
     if num_rows and (max(lengths) > columns or max(need) > table.shape[1]):
