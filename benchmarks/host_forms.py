@@ -12,6 +12,9 @@ plain form should come back.
   ``torch.tensor`` on the list.
 * ``inference_mode``: entering ``torch.inference_mode`` once per invocation
   (``PrefillRuntime.invoke``) vs once per model call (body and LM head).
+* ``result_record``: a 32-row wave's sampled results built with
+  ``assembler.result_record`` (``tuple.__new__`` on all five fields) vs
+  ``PrefillResult(row, token=..., logprob=...)``.
 """
 
 from __future__ import annotations
@@ -27,9 +30,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._report import Metric, report  # noqa: E402
+from prefill_shell.assembler import result_record  # noqa: E402
 from prefill_shell.inputs import _int_vector  # noqa: E402
+from prefill_shell.result import PrefillResult  # noqa: E402
 
 VALUES = list(range(32))
+LOGPROBS = [-0.5] * 32
 
 
 def _plain_vector() -> None:
@@ -51,9 +57,18 @@ def _mode_per_invocation() -> None:
         pass
 
 
+def _plain_records() -> None:
+    [PrefillResult(row, token=token, logprob=lp) for row, token, lp in zip(VALUES, VALUES, LOGPROBS)]
+
+
+def _chosen_records() -> None:
+    [result_record((row, None, token, lp, ())) for row, token, lp in zip(VALUES, VALUES, LOGPROBS)]
+
+
 CASES = {
     "int_vector": (_chosen_vector, _plain_vector),
     "inference_mode": (_mode_per_invocation, _mode_per_call),
+    "result_record": (_chosen_records, _plain_records),
 }
 
 

@@ -50,48 +50,39 @@ class Limits:
 
 
 class Scope:
-    """A batch under judgement, with the derived columns several rules read (each built once)."""
+    """A batch under judgement, with the derived columns several rules read (each built once).
+
+    The ``batch`` stage judges the rows alone and derives nothing. With
+    ``limits`` (the ``plan`` stage, whose batch has passed the ``batch``
+    rules: ints and tuples throughout) the columns every plan rule of a
+    passing batch reads are built here at once:
+
+    * ``longest``: the longest row's length;
+    * ``needs``: each row's mapped block count, ``ceil(length / block_size)``;
+    * ``widths``: how many page-table entries each row passed;
+    * ``prefixes``: each row's mapped prefix (a row cut to its prefix, as
+      the shell passes it, is itself; a short row is all it has);
+    * ``mapped_ids``: every mapped block id, ascending, repeats kept. Sorted
+      because its ends bound every id at once, and caller tables are mostly
+      ascending runs, which Python's sort merges in one pass;
+    * ``has_repeats``: whether any id appears twice (else no repeat rule can fire);
+    * ``distinct_sampling``: ``(first row, params)`` for each distinct
+      parameter object (rows usually share a few).
+    """
 
     def __init__(self, batch, limits: Limits | None = None):
         self.batch = batch
         self.limits = limits
-
-    @cached_property
-    def longest(self) -> int:
-        """The longest row's length (the length rules' one C pass)."""
-        return max(self.batch.lengths)
-
-    @cached_property
-    def needs(self) -> list[int]:
-        """Mapped block count of each row, ``ceil(length / block_size)``."""
-        return ceil_div_column(self.batch.lengths, self.limits.block_size)
-
-    @cached_property
-    def widths(self) -> list[int]:
-        """How many page-table entries each row passed."""
-        return list(map(len, self.batch.blocks))
-
-    @cached_property
-    def prefixes(self) -> Sequence[tuple[int, ...]]:
-        """Each row's mapped prefix (a row cut to its prefix, as the shell passes it, is itself)."""
-        blocks, needs = self.batch.blocks, self.needs
-        if self.widths == needs:
-            return blocks
-        return list(map(tuple.__getitem__, blocks, map(slice, needs)))
-
-    @cached_property
-    def mapped_ids(self) -> list[int]:
-        """Every mapped block id, ascending, repeats kept.
-
-        Sorted because its ends bound every id at once, and caller tables are
-        mostly ascending runs, which Python's sort merges in one pass.
-        """
-        return sorted(chain.from_iterable(self.prefixes))
-
-    @cached_property
-    def has_repeats(self) -> bool:
-        """Whether any block id appears twice in the mapped prefixes (else no repeat rule can fire)."""
-        return len(set(self.mapped_ids)) != len(self.mapped_ids)
+        if limits is None:
+            return
+        lengths, blocks = batch.lengths, batch.blocks
+        self.longest = max(lengths)
+        self.needs = needs = ceil_div_column(lengths, limits.block_size)
+        self.widths = widths = list(map(len, blocks))
+        self.prefixes = blocks if widths == needs else list(map(tuple.__getitem__, blocks, map(slice, needs)))
+        self.mapped_ids = sorted(chain.from_iterable(self.prefixes))
+        self.has_repeats = len(set(self.mapped_ids)) != len(self.mapped_ids)
+        self.distinct_sampling = _distinct_sampling(batch.sampling)
 
     @cached_property
     def first_written(self) -> list[int]:
@@ -99,17 +90,16 @@ class Scope:
         bs = self.limits.block_size
         return [c // bs for c in self.batch.cached]
 
-    @cached_property
-    def distinct_sampling(self) -> list[tuple[int, SamplingParams]]:
-        """``(first row, params)`` for each distinct parameter object (rows usually share a few)."""
-        sampling = self.batch.sampling
-        if all(map(is_, sampling, repeat(sampling[0]))):  # one object for every row (one C pass)
-            return [] if sampling[0] is None else [(0, sampling[0])]
-        first: dict[int, tuple[int, SamplingParams]] = {}
-        for row, params in enumerate(sampling):
-            if params is not None and id(params) not in first:
-                first[id(params)] = (row, params)
-        return list(first.values())
+
+def _distinct_sampling(sampling: tuple) -> list[tuple[int, SamplingParams]]:
+    """``(first row, params)`` for each distinct parameter object in ``sampling``, None excluded."""
+    if all(map(is_, sampling, repeat(sampling[0]))):  # one object for every row (one C pass)
+        return [] if sampling[0] is None else [(0, sampling[0])]
+    first: dict[int, tuple[int, SamplingParams]] = {}
+    for row, params in enumerate(sampling):
+        if params is not None and id(params) not in first:
+            first[id(params)] = (row, params)
+    return list(first.values())
 
 
 def _first(flags) -> int | None:
