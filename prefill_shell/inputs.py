@@ -10,6 +10,8 @@ read table, and the chunk-relative last-token index.
 from __future__ import annotations
 
 from array import array
+from itertools import repeat
+from operator import sub
 
 import torch
 
@@ -32,7 +34,7 @@ class HostStep(dict):
     __slots__ = ("chunk",)
 
     def __init__(self, chunk: PrefillChunk | None, values: dict[TensorSpec, torch.Tensor]):
-        super().__init__(values)
+        dict.__init__(self, values)
         self.chunk = chunk
 
 
@@ -58,12 +60,12 @@ def _int_vector(values, dtype: torch.dtype) -> torch.Tensor:
     return torch.frombuffer(array(_ARRAY_CODES[dtype], values), dtype=dtype)
 
 
-def _caller_rows(matrix: torch.Tensor, request: PrefillRequest) -> torch.Tensor:
-    """The request's active rows of a caller matrix: a view when they are consecutive."""
+def _caller_rows(matrix: torch.Tensor, request: PrefillRequest, columns: slice) -> torch.Tensor:
+    """``columns`` of the request's active rows of a caller matrix: a view when the rows are consecutive."""
     rows, active = request.source_rows, request.active_batch_size
     if rows[-1] - rows[0] == active - 1:  # contiguous caller rows (the common wave): no gather
-        return matrix[rows[0] : rows[0] + active]
-    return matrix[_int_vector(rows, torch.int64)]
+        return matrix[rows[0] : rows[0] + active, columns]
+    return matrix[_int_vector(rows, torch.int64), columns]
 
 
 def _padded_copy(src: torch.Tensor, rows: int, cols: int, filler: int) -> torch.Tensor:
@@ -82,7 +84,7 @@ def _token_block(tokens: torch.Tensor, request: PrefillRequest, chunk: PrefillCh
     width = min(chunk.length, tokens.shape[1] - chunk.start)
     if width <= 0:
         return torch.zeros(padded_batch, chunk.length, dtype=torch.int64)
-    block = _caller_rows(tokens, request)[:, chunk.start : chunk.start + width]  # [A, width]
+    block = _caller_rows(tokens, request, slice(chunk.start, chunk.start + width))  # [A, width]
     if min(request.lengths) < chunk.start + width:  # some row ends inside the block: zero its tail
         positions = torch.arange(chunk.start, chunk.start + width)
         block = block.masked_fill(positions >= _int_vector(request.lengths, torch.int64).unsqueeze(1), 0)
@@ -107,7 +109,7 @@ def _table_from_caller(
     real = view.real_blocks[: request.active_batch_size]
     if cols <= 0 or max(real) == 0:
         return torch.full((view.num_rows, view.width), view.filler, dtype=torch.int32)
-    src = _caller_rows(page_table, request)[:, first_block : first_block + cols]  # [A, cols]
+    src = _caller_rows(page_table, request, slice(first_block, first_block + cols))  # [A, cols]
     if min(real) < cols:  # some row maps fewer blocks than the cut holds: its tail is filler
         unmapped = torch.arange(cols) >= _int_vector(real, torch.int64).unsqueeze(1)
         src = src.masked_fill(unmapped, view.filler)
@@ -127,9 +129,10 @@ def _host_step(
     else:
         fill = _table_from_caller(page_table, chunk.fill_table, request, chunk.first_block)
         read = None if request.read_table is None else _table_from_caller(page_table, request.read_table, request, 0)
-    # Made chunk-relative only here, at the staging boundary; padding rows
-    # point at token 0 of their (zero) row.
-    last = [p - chunk.start for p in request.last_token_positions] if chunk.is_final else [0] * active
+    # Each row's last token (position length - 1), made chunk-relative only
+    # here, at the staging boundary; padding rows point at token 0 of their
+    # (zero) row.
+    last = list(map(sub, request.lengths, repeat(chunk.start + 1))) if chunk.is_final else [0] * active
     values = {
         INPUT_TOKENS: _token_block(tokens, request, chunk, b),
         CHUNK_START: _int_vector((chunk.start,) * b, torch.int64),
