@@ -18,6 +18,11 @@ from prefill_core.errors import PrefillStateError
 __all__ = ["CallGuard", "exclusive", "exclusive_stream"]
 
 
+def _thread_name(ident: int) -> str:
+    """The name of the live thread ``ident`` (its ident, if it has ended)."""
+    return next((t.name for t in threading.enumerate() if t.ident == ident), f"<thread {ident}>")
+
+
 class CallGuard:
     """At most one call in progress per runtime; an entry from another thread meanwhile raises at once.
 
@@ -29,20 +34,20 @@ class CallGuard:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._owner: threading.Thread | None = None
+        self._owner: int | None = None  # the holding thread's ident
         self._depth = 0
 
     def enter(self, what: str) -> None:
         """Takes the guard for the calling thread (again, if it holds it); raises if another thread does."""
-        me = threading.current_thread()
-        if self._owner is me:  # re-entry on the holding thread: only this thread changes the depth now
+        me = threading.get_ident()
+        if self._owner == me:  # re-entry on the holding thread: only this thread changes the depth now
             self._depth += 1
             return
         with self._lock:
             if self._owner is not None:
-                msg = (f"PrefillRuntime.{what} was called on thread {me.name!r} while a call is in progress on "
-                       f"thread {self._owner.name!r}; a runtime serves one call at a time (one runtime per "
-                       f"execution lane, driven by one thread): nothing was run")
+                msg = (f"PrefillRuntime.{what} was called on thread {threading.current_thread().name!r} while a "
+                       f"call is in progress on thread {_thread_name(self._owner)!r}; a runtime serves one call at "
+                       f"a time (one runtime per execution lane, driven by one thread): nothing was run")
                 raise PrefillStateError(msg)
             self._owner, self._depth = me, self._depth + 1
 
