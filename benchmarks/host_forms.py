@@ -15,6 +15,11 @@ plain form should come back.
 * ``result_record``: a 32-row wave's sampled results built with
   ``assembler.result_record`` (``tuple.__new__`` on all five fields) vs
   ``PrefillResult(row, token=..., logprob=...)``.
+* ``lm_head_1row`` / ``lm_head_8rows``: the reference model's CPU LM head at
+  the bench model's 32000 x 512 head, vocab-major (``vocab_major_head``,
+  chosen up to ``VOCAB_MAJOR_MAX_ROWS`` rows) vs ``F.linear``;
+  ``lm_head_32rows``: beyond that bound the choice is ``F.linear``, and the
+  alternative is vocab-major.
 """
 
 from __future__ import annotations
@@ -26,12 +31,14 @@ import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._report import Metric, report  # noqa: E402
 from prefill_shell.assembler import result_record  # noqa: E402
 from prefill_shell.inputs import _int_vector  # noqa: E402
+from prefill_shell.reference.llama import VOCAB_MAJOR_MAX_ROWS, vocab_major_head  # noqa: E402
 from prefill_shell.result import PrefillResult  # noqa: E402
 
 VALUES = list(range(32))
@@ -65,10 +72,29 @@ def _chosen_records() -> None:
     [result_record((row, None, token, lp, ())) for row, token, lp in zip(VALUES, VALUES, LOGPROBS)]
 
 
+_GEN = torch.Generator().manual_seed(0)
+HEAD = torch.randn(32000, 512, generator=_GEN)
+HEAD_ROWS = {n: torch.randn(n, 512, generator=_GEN) for n in (1, 8, 32)}
+
+
+def _head(n: int, vocab_major: bool):
+    rows = HEAD_ROWS[n]
+    return (lambda: vocab_major_head(HEAD, rows)) if vocab_major else (lambda: F.linear(rows, HEAD))
+
+
+def _head_case(n: int) -> tuple:
+    """(chosen, alternative) for ``n`` rows, as ``PagedLlama.lm_head`` chooses on the CPU."""
+    chosen_major = n <= VOCAB_MAJOR_MAX_ROWS
+    return _head(n, chosen_major), _head(n, not chosen_major)
+
+
 CASES = {
     "int_vector": (_chosen_vector, _plain_vector),
     "inference_mode": (_mode_per_invocation, _mode_per_call),
     "result_record": (_chosen_records, _plain_records),
+    "lm_head_1row": _head_case(1),
+    "lm_head_8rows": _head_case(8),
+    "lm_head_32rows": _head_case(32),
 }
 
 
@@ -84,7 +110,8 @@ def run(rounds: int, calls: int) -> list[Metric]:
     for r in range(rounds):
         for name, (chosen, plain) in CASES.items():
             pair = (chosen, plain) if r % 2 == 0 else (plain, chosen)
-            times = [_mean_us(fn, calls) for fn in pair]
+            n = max(1, calls // 200) if name.startswith("lm_head") else calls  # a head GEMM takes milliseconds
+            times = [_mean_us(fn, n) for fn in pair]
             chosen_us, plain_us = times if r % 2 == 0 else times[::-1]
             samples[name][0].append(chosen_us)
             samples[name][1].append(plain_us)

@@ -34,7 +34,24 @@ from prefill_core.errors import PrefillConfigError
 from prefill_shell.reference.config import LlamaSpec
 from prefill_shell.reference.kv_cache import PagedKVCache
 
-__all__ = ["PagedLlama", "llama_weight_shapes", "rope_inv_freq"]
+__all__ = ["PagedLlama", "VOCAB_MAJOR_MAX_ROWS", "llama_weight_shapes", "rope_inv_freq", "vocab_major_head"]
+
+VOCAB_MAJOR_MAX_ROWS = 8
+"""Up to this many rows the CPU LM head runs vocab-major (``vocab_major_head``); beyond, ``F.linear``."""
+
+
+def vocab_major_head(head: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """``F.linear(rows, head)`` as ``head @ rows^T``: float32 logits ``[N, vocab]``.
+
+    A prefill keeps one row per prompt, and for a few rows the CPU GEMM
+    streams the ``[vocab, hidden]`` weight much faster in this orientation;
+    for a full wave F.linear is as fast or faster (``benchmarks/host_forms.py``,
+    rows ``lm_head_*``). One row is sent as two, because a one-column product
+    falls to the matrix-vector kernel, which is no faster than F.linear.
+    """
+    n = rows.shape[0]
+    columns = torch.cat((rows, rows)).t() if n == 1 else rows.t()
+    return torch.mm(head, columns)[:, :n].t().float().contiguous()
 
 
 class _Layer(NamedTuple):
@@ -350,4 +367,7 @@ class PagedLlama:
     @torch.inference_mode()
     def lm_head(self, hidden_rows: torch.Tensor) -> torch.Tensor:
         """``[N, hidden]`` -> float32 logits ``[N, vocab]``."""
-        return F.linear(hidden_rows.to(self.dtype), self._head).float()
+        rows = hidden_rows.to(self.dtype)
+        if self.device.type == "cpu" and rows.shape[0] <= VOCAB_MAJOR_MAX_ROWS:
+            return vocab_major_head(self._head, rows)
+        return F.linear(rows, self._head).float()
