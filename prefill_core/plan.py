@@ -43,6 +43,10 @@ its cost grows with rows and mapped blocks, never with tokens.
 
 from __future__ import annotations
 
+from collections import defaultdict
+from itertools import repeat
+from operator import is_
+
 from .batch import PrefillBatch
 from .geometry import chunked_fill_width, chunked_read_width, regular_table_width
 from .intmath import ceil_div
@@ -91,21 +95,20 @@ def _bucket_rows(batch: PrefillBatch, policy: PrefillPolicy) -> tuple[dict[tuple
     """Regular rows that may batch, by (rung, logits-or-sampled); every other row is a single."""
     if not policy.batching_enabled:
         return {}, list(range(len(batch)))
+    rung_of = {n: policy.padded_length(n) for n in set(batch.lengths)}  # rows share a few lengths: one walk each
+    # Rows by (rung, cached, logits-or-sampled), in first-seen order: one dict append a row.
+    groups: defaultdict[tuple[int, int, bool], list[int]] = defaultdict(list)
+    keys = zip(map(rung_of.__getitem__, batch.lengths), batch.cached, map(is_, batch.sampling, repeat(None)))
+    for row, key in enumerate(keys):
+        groups[key].append(row)
     buckets: dict[tuple[int, bool], list[int]] = {}
     singles: list[int] = []
-    rung_of = {n: policy.padded_length(n) for n in set(batch.lengths)}  # rows share a few lengths: one walk each
     max_chunk = policy.max_chunk_length
-    for row, (rung, cached, params) in enumerate(zip(map(rung_of.__getitem__, batch.lengths), batch.cached,
-                                                     batch.sampling)):
+    for (rung, cached, logits), rows in groups.items():
         if cached or rung > max_chunk:  # rule 2 (PrefillPolicy.is_regular): not a regular row
-            singles.append(row)
-            continue
-        key = (rung, params is None)
-        bucket = buckets.get(key)
-        if bucket is None:
-            buckets[key] = [row]
+            singles.extend(rows)
         else:
-            bucket.append(row)
+            buckets[rung, logits] = rows
     return buckets, singles
 
 

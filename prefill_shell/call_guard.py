@@ -18,9 +18,9 @@ from prefill_core.errors import PrefillStateError
 __all__ = ["CallGuard", "exclusive", "exclusive_stream"]
 
 
-def _thread_name(ident: int) -> str:
-    """The name of the live thread ``ident`` (its ident, if it has ended)."""
-    return next((t.name for t in threading.enumerate() if t.ident == ident), f"<thread {ident}>")
+def _thread_name(ident: int | None) -> str:
+    """The name of the live thread ``ident``, for the error message."""
+    return next((t.name for t in threading.enumerate() if t.ident == ident), "another thread")
 
 
 class CallGuard:
@@ -30,35 +30,37 @@ class CallGuard:
     ``invocations``), and held by a suspended stream generator until it is
     exhausted or closed: its unread outputs live in buffers the next replay
     overwrites.
+
+    The lock is the hold itself: the first entry takes it without waiting
+    (``acquire(blocking=False)``), the last exit gives it back, so a second
+    thread's entry fails in one C call instead of queueing.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._owner: int | None = None  # the holding thread's ident
+        self._owner: int | None = None  # the holding thread's ident, set once the lock is held
         self._depth = 0
 
     def enter(self, what: str) -> None:
         """Takes the guard for the calling thread (again, if it holds it); raises if another thread does."""
         me = threading.get_ident()
-        if self._owner == me:  # re-entry on the holding thread: only this thread changes the depth now
+        if self._owner == me:  # re-entry: only the holding thread ever finds its own ident here
             self._depth += 1
             return
-        with self._lock:
-            if self._owner is not None:
-                msg = (f"PrefillRuntime.{what} was called on thread {threading.current_thread().name!r} while a "
-                       f"call is in progress on thread {_thread_name(self._owner)!r}; a runtime serves one call at "
-                       f"a time (one runtime per execution lane, driven by one thread): nothing was run")
-                raise PrefillStateError(msg)
-            self._owner, self._depth = me, self._depth + 1
+        if not self._lock.acquire(blocking=False):
+            msg = (f"PrefillRuntime.{what} was called on thread {threading.current_thread().name!r} while a "
+                   f"call is in progress on thread {_thread_name(self._owner)!r}; a runtime serves one call at "
+                   f"a time (one runtime per execution lane, driven by one thread): nothing was run")
+            raise PrefillStateError(msg)
+        self._owner, self._depth = me, 1
 
     def exit(self) -> None:
         """Gives back one level of the calling thread's hold."""
         if self._depth > 1:
             self._depth -= 1
             return
-        with self._lock:
-            self._depth = 0
-            self._owner = None
+        self._owner, self._depth = None, 0
+        self._lock.release()
 
     @contextlib.contextmanager
     def hold(self, what: str) -> Iterator[None]:
