@@ -17,50 +17,51 @@ from prefill_core.errors import PrefillStateError
 
 __all__ = ["CallGuard", "exclusive", "exclusive_stream"]
 
-
-def _thread_name(ident: int | None) -> str:
-    """The name of the live thread ``ident``, for the error message."""
-    return next((t.name for t in threading.enumerate() if t.ident == ident), "another thread")
+_get_ident = threading.get_ident
 
 
 class CallGuard:
     """At most one call in progress per runtime; an entry from another thread meanwhile raises at once.
 
-    Re-entrant on the holding thread (a stream's ``assemble`` pulls from its
-    ``invocations``), and held by a suspended stream generator until it is
-    exhausted or closed: its unread outputs live in buffers the next replay
-    overwrites.
-
-    The lock is the hold itself: the first entry takes it without waiting
-    (``acquire(blocking=False)``), the last exit gives it back, so a second
-    thread's entry fails in one C call instead of queueing.
+    The lock is the hold itself: the outermost entry takes it without
+    waiting (``acquire(blocking=False)``), so a second thread's entry fails
+    in one C call instead of queueing. Entries on the holding thread are
+    re-entrant (a stream's ``assemble`` pulls from its ``invocations``).
+    ``depth`` counts the holds open on that thread (``hold()`` blocks,
+    stream generators, the outermost call); the lock goes back when the last
+    one closes, so a suspended stream generator keeps the runtime held
+    until it is exhausted or closed: its unread outputs live in buffers the
+    next replay overwrites.
     """
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._owner: int | None = None  # the holding thread's ident, set once the lock is held
-        self._depth = 0
+        self.lock = threading.Lock()
+        self.owner: int | None = None  # the holding thread's ident, set once the lock is held
+        self.depth = 0
+
+    def refusal(self, what: str) -> PrefillStateError:
+        """The error for an entry into ``what`` while another thread holds the guard."""
+        holder = next((t.name for t in threading.enumerate() if t.ident == self.owner), "another thread")
+        return PrefillStateError(
+            f"PrefillRuntime.{what} was called on thread {threading.current_thread().name!r} while a call is in "
+            f"progress on thread {holder!r}; a runtime serves one call at a time (one runtime per execution "
+            f"lane, driven by one thread): nothing was run")
 
     def enter(self, what: str) -> None:
-        """Takes the guard for the calling thread (again, if it holds it); raises if another thread does."""
-        me = threading.get_ident()
-        if self._owner == me:  # re-entry: only the holding thread ever finds its own ident here
-            self._depth += 1
-            return
-        if not self._lock.acquire(blocking=False):
-            msg = (f"PrefillRuntime.{what} was called on thread {threading.current_thread().name!r} while a "
-                   f"call is in progress on thread {_thread_name(self._owner)!r}; a runtime serves one call at "
-                   f"a time (one runtime per execution lane, driven by one thread): nothing was run")
-            raise PrefillStateError(msg)
-        self._owner, self._depth = me, 1
+        """Opens one hold for the calling thread; raises if another thread holds the guard."""
+        me = _get_ident()
+        if self.owner != me:
+            if not self.lock.acquire(blocking=False):
+                raise self.refusal(what)
+            self.owner = me
+        self.depth += 1
 
     def exit(self) -> None:
-        """Gives back one level of the calling thread's hold."""
-        if self._depth > 1:
-            self._depth -= 1
-            return
-        self._owner, self._depth = None, 0
-        self._lock.release()
+        """Closes one hold; the last one gives the lock back."""
+        self.depth -= 1
+        if not self.depth:
+            self.owner = None
+            self.lock.release()
 
     @contextlib.contextmanager
     def hold(self, what: str) -> Iterator[None]:
@@ -72,14 +73,25 @@ class CallGuard:
 
 
 def exclusive(method):
-    """Runs ``method`` holding the runtime's call guard."""
+    """Runs ``method`` holding the runtime's call guard.
+
+    A call is strictly nested in whatever hold its thread already has, so
+    inside one it runs as it is; only the outermost call opens and closes a
+    hold (``enter`` and ``exit`` written out: this wraps every public
+    runtime call).
+    """
 
     name = method.__name__
 
     @functools.wraps(method)
     def held(self, *args, **kwargs):
         guard = self._guard
-        guard.enter(name)  # enter/exit, not a generator context manager: this runs on every runtime call
+        me = _get_ident()
+        if guard.owner == me:  # inside this thread's hold
+            return method(self, *args, **kwargs)
+        if not guard.lock.acquire(blocking=False):
+            raise guard.refusal(name)
+        guard.owner, guard.depth = me, 1
         try:
             return method(self, *args, **kwargs)
         finally:

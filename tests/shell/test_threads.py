@@ -127,6 +127,38 @@ def test_an_unfinished_stream_holds_the_runtime_until_it_ends(tiny_model, kit):
     assert rt.backend.ledger.live() == []
 
 
+def _entry_from_another_thread(rt) -> PrefillStateError | None:
+    """What ``rt.cleanup()`` raises when called from a fresh thread (None when it is served)."""
+    seen = {}
+
+    def other():
+        try:
+            rt.cleanup()
+        except PrefillStateError as error:
+            seen["error"] = error
+
+    thread = threading.Thread(target=other, name="other-thread")
+    thread.start()
+    thread.join(WAIT)
+    return seen.get("error")
+
+
+def test_a_stream_started_inside_hold_keeps_the_runtime_after_the_hold_ends(tiny_model, kit):
+    """hold() then a suspended invocations() generator: the runtime stays held past the block until the stream ends."""
+    rt, _ = _runtime(tiny_model)
+    tokens, table, lengths = _call(kit, seed=3250)
+    with rt.hold():
+        batch = rt.prepare(tokens, table, lengths)  # a call inside the hold runs in it
+        stream = rt.invocations(batch)
+        first = next(stream)
+        error = _entry_from_another_thread(rt)
+        assert error is not None and "other-thread" in str(error) and "MainThread" in str(error)
+    assert _entry_from_another_thread(rt) is not None, "the hold ended while its stream was unfinished"
+    rt.assemble([first, *stream], batch.num_rows)
+    assert _entry_from_another_thread(rt) is None
+    assert rt.backend.ledger.live() == []
+
+
 def test_a_traced_executor_refuses_a_second_thread_during_warm_up_and_serving(tiny_model, kit):
     """Thread A parked in warm-up, then in a traced prefill: the main thread's traced prefill raises both times."""
     rt, parking = _runtime(tiny_model)
