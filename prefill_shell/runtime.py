@@ -115,7 +115,9 @@ class PrefillRuntime:
         """Holds this runtime for the calling thread until the block exits (re-entrant on that thread).
 
         Several calls made inside are one call to every other thread: their
-        entries raise ``PrefillStateError`` until the block exits.
+        entries raise ``PrefillStateError`` until the block exits, or, when a
+        stream (``invocations``, ``stream``) started inside it is still
+        unfinished, until that stream ends.
         """
         return self._guard.hold("hold")
 
