@@ -11,14 +11,13 @@ only place its rule is written.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from functools import cached_property
 from itertools import chain, repeat
 from operator import ge, gt, indexOf, is_, lt, mod, truth
 
 import attrs
 
-from .intmath import ceil_div, ceil_div_column
+from .intmath import ceil_div_column
 from .sampling import SamplingParams
 
 COLUMNS = ("lengths", "cached", "slots", "blocks", "sampling")
