@@ -25,7 +25,7 @@ from prefill_core.errors import PrefillInputError
 
 __all__ = ["build_batch", "as_token_matrix", "check_token_ids", "host_page_table"]
 
-_INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+_INT_DTYPES = frozenset((torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8))
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _LIST_WIDTHS = "_prefill_list_row_widths"
 """Attribute naming, on a matrix this module built from rows, each row's own width.
@@ -109,7 +109,7 @@ def _int_matrix(field: str, value, filler: int) -> torch.Tensor:
     if isinstance(value, torch.Tensor):
         if value.dtype not in _INT_DTYPES or value.dim() != 2:
             raise _fail(field, _shown(value), "must be a 2-D integer tensor [rows, columns] or a list of int lists")
-        return value if value.device.type == "cpu" else value.to("cpu")
+        return value if value.is_cpu else value.to("cpu")
     if not _is_sequence(value):
         rule = "must be a 2-D integer tensor [rows, columns] or a list of int lists" + _numpy_hint(value)
         raise _fail(field, _shown(value), rule)
