@@ -95,7 +95,10 @@ def exclusive(method):
         try:
             return method(self, *args, **kwargs)
         finally:
-            guard.exit()
+            guard.depth -= 1
+            if not guard.depth:  # no stream or hold() opened inside is still running
+                guard.owner = None
+                guard.lock.release()
 
     return held
 
