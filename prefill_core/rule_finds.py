@@ -11,6 +11,7 @@ only place its rule is written.
 from __future__ import annotations
 
 import math
+from array import array
 from functools import cached_property
 from itertools import chain, repeat
 from operator import ge, gt, indexOf, is_, lt, mod, truth
@@ -61,9 +62,9 @@ class Scope:
     * ``widths``: how many page-table entries each row passed;
     * ``prefixes``: each row's mapped prefix (a row cut to its prefix, as
       the shell passes it, is itself; a short row is all it has);
-    * ``mapped_ids``: every mapped block id, ascending, repeats kept. Sorted
-      because its ends bound every id at once, and caller tables are mostly
-      ascending runs, which Python's sort merges in one pass;
+    * ``mapped_ids``: every mapped block id, row after row, repeats kept
+      (built, bounded and hashed in C passes linear in the ids, whatever
+      their order);
     * ``has_repeats``: whether any id appears twice (else no repeat rule can fire);
     * ``distinct_sampling``: ``(first row, params)`` for each distinct
       parameter object (rows usually share a few).
@@ -79,7 +80,7 @@ class Scope:
         self.needs = needs = ceil_div_column(lengths, limits.block_size)
         self.widths = widths = list(map(len, blocks))
         self.prefixes = blocks if widths == needs else list(map(tuple.__getitem__, blocks, map(slice, needs)))
-        self.mapped_ids = sorted(chain.from_iterable(self.prefixes))
+        self.mapped_ids = list(chain.from_iterable(self.prefixes))
         self.has_repeats = len(set(self.mapped_ids)) != len(self.mapped_ids)
         self.distinct_sampling = _distinct_sampling(batch.sampling)
 
@@ -113,6 +114,19 @@ def _hit_at(column: tuple, field: str, flags) -> Hit | None:
     """A hit at the first row whose flag is set (its value taken from ``column``), else None."""
     i = _first(flags)
     return None if i is None else Hit(i, field, column[i])
+
+
+def _in_uint32(ints: list[int]) -> bool:
+    """Whether every int lies in ``[0, 2**32)``: an unsigned C array refuses any other while it converts.
+
+    One C pass, about three times faster than ``min()`` comparing boxed
+    ints, whatever the ids' order.
+    """
+    try:
+        array("I", ints)
+    except OverflowError:
+        return False
+    return True
 
 
 def _all_ints(column: tuple) -> bool:
@@ -255,7 +269,7 @@ def short_prefix(scope: Scope) -> Hit | None:
 
 def block_outside_pool(scope: Scope) -> Hit | None:
     ids = scope.mapped_ids
-    if ids[0] >= 0 and ids[-1] < scope.limits.num_blocks:
+    if _in_uint32(ids) and max(ids) < scope.limits.num_blocks:  # else the walk below finds the offender
         return None
     pool = scope.limits.num_blocks
     for row, prefix in enumerate(scope.prefixes):
