@@ -178,12 +178,15 @@ class PrefillRuntime:
         self._check_open()
         self._check_planned_here(batch)
         prepared = batch.prepared[index]
-        rows, num_steps = prepared.request.source_rows, len(batch.steps[index])
+        rows = prepared.request.source_rows
+        finished = None
+        if progress is not None:
+            num_steps = len(batch.steps[index])
 
-        def finished(step: int) -> None:
-            progress.advance(f"rows {rows} chunk {step + 1}/{num_steps}")
+            def finished(step: int) -> None:
+                progress.advance(f"rows {rows} chunk {step + 1}/{num_steps}")
 
-        steps = StepLog(batch.steps[index], None if progress is None else finished)
+        steps = StepLog(batch.steps[index], finished)
         seeds = self._resolve_seeds(prepared)
         try:
             with torch.inference_mode():
