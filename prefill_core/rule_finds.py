@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from array import array
+from collections.abc import Sequence
 from functools import cached_property
 from itertools import chain, repeat
 from operator import ge, gt, indexOf, is_, lt, mod, truth
@@ -62,8 +63,8 @@ class Scope:
     * ``widths``: how many page-table entries each row passed;
     * ``prefixes``: each row's mapped prefix (a row cut to its prefix, as
       the shell passes it, is itself; a short row is all it has);
-    * ``mapped_ids``: every mapped block id, row after row, repeats kept
-      (built, bounded and hashed in C passes linear in the ids, whatever
+    * ``mapped_ids``: every mapped block id, row after row, repeats kept (a
+      sequence, bounded and hashed in C passes linear in the ids, whatever
       their order);
     * ``has_repeats``: whether any id appears twice (else no repeat rule can fire);
     * ``distinct_sampling``: ``(first row, params)`` for each distinct
@@ -80,7 +81,8 @@ class Scope:
         self.needs = needs = ceil_div_column(lengths, limits.block_size)
         self.widths = widths = list(map(len, blocks))
         self.prefixes = blocks if widths == needs else list(map(tuple.__getitem__, blocks, map(slice, needs)))
-        self.mapped_ids = list(chain.from_iterable(self.prefixes))
+        prefixes = self.prefixes
+        self.mapped_ids = prefixes[0] if len(prefixes) == 1 else list(chain.from_iterable(prefixes))
         self.has_repeats = len(set(self.mapped_ids)) != len(self.mapped_ids)
         self.distinct_sampling = _distinct_sampling(batch.sampling)
 
@@ -116,7 +118,7 @@ def _hit_at(column: tuple, field: str, flags) -> Hit | None:
     return None if i is None else Hit(i, field, column[i])
 
 
-def _in_uint32(ints: list[int]) -> bool:
+def _in_uint32(ints: Sequence[int]) -> bool:
     """Whether every int lies in ``[0, 2**32)``: an unsigned C array refuses any other while it converts.
 
     One C pass, about three times faster than ``min()`` comparing boxed
