@@ -188,11 +188,11 @@ def build_batch(
     need = ceil_div_column(lengths, bs)  # <= 0 for a bad length, which the core names
     _check_list_widths(tokens, "tokens", lengths, "prompt length")
     _check_list_widths(table, "page_table", need, "mapped prefix")
-    if num_rows and (max(lengths) > columns or max(need) > table.shape[1]):
+    widest = max(need, default=0)
+    if num_rows and (max(lengths) > columns or widest > table.shape[1]):
         _raise_first_shape_rule(lengths, need, columns, table.shape[1])
     # One host conversion of the mapped columns; stale tails past each row's
     # prefix are never read. The core gets columns: no per-row objects.
-    widest = max(need, default=0)
     mapped = table[:, :widest].tolist()  # an empty batch fails in the core
     if need == [widest] * num_rows:  # one mapped width (a uniform wave): the cut rows are the prefixes
         blocks = tuple(map(tuple, mapped))
