@@ -101,32 +101,6 @@ def test_an_overlapping_prefill_from_another_thread_raises_at_once_and_changes_n
     assert rt.backend.ledger.live() == []
 
 
-def test_an_unfinished_stream_holds_the_runtime_until_it_ends(tiny_model, kit):
-    """A thread holding an unfinished invocations() generator keeps others out; once it is exhausted others may call."""
-    rt, parking = _runtime(tiny_model)
-    tokens, table, lengths = _call(kit, seed=3200)
-    batch = rt.prepare(tokens, table, lengths)
-    stream = rt.invocations(batch)
-    first = next(stream)  # the main thread now holds the runtime through the suspended generator
-    entered = {}
-
-    def other():
-        try:
-            rt.cleanup()
-        except PrefillStateError as error:
-            entered["error"] = error
-
-    thread = threading.Thread(target=other)
-    thread.start()
-    thread.join(WAIT)
-    assert "error" in entered, "another thread entered while a stream was unfinished"
-    rt.assemble([first, *stream], batch.num_rows)  # the holder itself goes on
-    thread = threading.Thread(target=rt.cleanup)
-    thread.start()
-    thread.join(WAIT)
-    assert rt.backend.ledger.live() == []
-
-
 def _entry_from_another_thread(rt) -> PrefillStateError | None:
     """What ``rt.cleanup()`` raises when called from a fresh thread (None when it is served)."""
     seen = {}
@@ -141,6 +115,19 @@ def _entry_from_another_thread(rt) -> PrefillStateError | None:
     thread.start()
     thread.join(WAIT)
     return seen.get("error")
+
+
+def test_an_unfinished_stream_holds_the_runtime_until_it_ends(tiny_model, kit):
+    """A thread holding an unfinished invocations() generator keeps others out; once it is exhausted others may call."""
+    rt, parking = _runtime(tiny_model)
+    tokens, table, lengths = _call(kit, seed=3200)
+    batch = rt.prepare(tokens, table, lengths)
+    stream = rt.invocations(batch)
+    first = next(stream)  # the main thread now holds the runtime through the suspended generator
+    assert _entry_from_another_thread(rt) is not None, "another thread entered while a stream was unfinished"
+    rt.assemble([first, *stream], batch.num_rows)  # the holder itself goes on
+    assert _entry_from_another_thread(rt) is None
+    assert rt.backend.ledger.live() == []
 
 
 def test_a_stream_started_inside_hold_keeps_the_runtime_after_the_hold_ends(tiny_model, kit):
