@@ -76,9 +76,9 @@ def exclusive(method):
     """Runs ``method`` holding the runtime's call guard.
 
     A call is strictly nested in whatever hold its thread already has, so
-    inside one it runs as it is; only the outermost call opens and closes a
-    hold (``enter`` and ``exit`` written out: this wraps every public
-    runtime call).
+    inside one it runs as it is; only the outermost call opens a hold
+    (``enter`` written out: this wraps every public runtime call) and
+    closes it.
     """
 
     name = method.__name__
@@ -95,10 +95,7 @@ def exclusive(method):
         try:
             return method(self, *args, **kwargs)
         finally:
-            guard.depth -= 1
-            if not guard.depth:  # no stream or hold() opened inside is still running
-                guard.owner = None
-                guard.lock.release()
+            guard.exit()  # a stream or hold() opened inside and still running keeps the lock
 
     return held
 
