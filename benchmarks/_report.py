@@ -68,4 +68,6 @@ def write_json(name: str, metrics: dict[str, float], units: dict[str, str], *, r
 def report(name: str, metrics: Sequence[Metric], *, results_dir: Path = RESULTS) -> Path:
     """Prints the table and writes ``<results_dir>/<name>.json``; returns the path written."""
     print(table(metrics))
-    return write_json(name, {m.key: m.value for m in metrics}, {m.key: m.unit for m in metrics}, results_dir=results_dir)
+    return write_json(
+        name, {m.key: m.value for m in metrics}, {m.key: m.unit for m in metrics}, results_dir=results_dir
+    )

@@ -29,11 +29,22 @@ from prefill_shell.text import Prompt, encode
 
 BLOCK = 32
 QUESTIONS = (
-    "What time does the museum open?", "How much is a child ticket?", "Can I bring my dog?",
-    "Which is the oldest engine?", "Is there a cafe?", "Are you open on Mondays?", "How long is a tour?",
-    "May I take photos?", "Where is the nearest station?", "When does the cafe close?",
-    "Is it free for a 3-year-old?", "What does the cafe serve?", "When was the Blue Comet built?",
-    "Where do the tours start?", "Can I use a flash?", "What time do you close?",
+    "What time does the museum open?",
+    "How much is a child ticket?",
+    "Can I bring my dog?",
+    "Which is the oldest engine?",
+    "Is there a cafe?",
+    "Are you open on Mondays?",
+    "How long is a tour?",
+    "May I take photos?",
+    "Where is the nearest station?",
+    "When does the cafe close?",
+    "Is it free for a 3-year-old?",
+    "What does the cafe serve?",
+    "When was the Blue Comet built?",
+    "Where do the tours start?",
+    "Can I use a flash?",
+    "What time do you close?",
 )
 
 
@@ -45,7 +56,9 @@ class ChatCase:
     """16 chat rows over one cached system prompt, for both systems."""
 
     def __init__(self, model, hf, tokenizer):
-        chats = [Prompt(messages=({"role": "system", "content": SYSTEM}, {"role": "user", "content": q})) for q in QUESTIONS]
+        chats = [
+            Prompt(messages=({"role": "system", "content": SYSTEM}, {"role": "user", "content": q})) for q in QUESTIONS
+        ]
         self.ids = [encode(tokenizer, p, chat=False) for p in chats]
         self.batch = share_prefix(self.ids, BLOCK)
         self.runtime = make_runtime(model, self.batch, BLOCK)
@@ -67,8 +80,10 @@ class ChatCase:
         clones = [copy.deepcopy(self.prefix_cache) for _ in self.suffixes]
         start = time.perf_counter()
         with torch.inference_mode():
-            logits = [self.hf(s, past_key_values=c, use_cache=True, logits_to_keep=1).logits[0, -1]
-                      for s, c in zip(self.suffixes, clones)]
+            logits = [
+                self.hf(s, past_key_values=c, use_cache=True, logits_to_keep=1).logits[0, -1]
+                for s, c in zip(self.suffixes, clones)
+            ]
         return time.perf_counter() - start, logits
 
 
@@ -76,7 +91,7 @@ def _rounds(ours, theirs, rounds: int) -> tuple[list[float], list[float]]:
     """Interleaved samples (seconds) of both systems, alternating which goes first."""
     ours_s, theirs_s = [], []
     for r in range(rounds):
-        for who in ((0, 1) if r % 2 == 0 else (1, 0)):
+        for who in (0, 1) if r % 2 == 0 else (1, 0):
             if who == 0:
                 start = time.perf_counter()
                 ours()
@@ -90,10 +105,26 @@ def _record(name: str, tokens: int, ours_s, theirs_s, metrics: dict, units: dict
     ratios = [t / o for o, t in zip(ours_s, theirs_s)]  # > 1: ours faster
     o, t = statistics.median(ours_s), statistics.median(theirs_s)
     row = (name, tokens / o, tokens / t, statistics.median(ratios), min(ratios), max(ratios), len(ratios))
-    metrics.update({f"{name}.ours_tok_s": row[1], f"{name}.hf_tok_s": row[2], f"{name}.ratio": row[3],
-                    f"{name}.ratio_min": row[4], f"{name}.ratio_max": row[5], f"{name}.repeats": row[6]})
-    units.update({f"{name}.ours_tok_s": "tokens/s", f"{name}.hf_tok_s": "tokens/s", f"{name}.ratio": "x",
-                  f"{name}.ratio_min": "x", f"{name}.ratio_max": "x", f"{name}.repeats": "count"})
+    metrics.update(
+        {
+            f"{name}.ours_tok_s": row[1],
+            f"{name}.hf_tok_s": row[2],
+            f"{name}.ratio": row[3],
+            f"{name}.ratio_min": row[4],
+            f"{name}.ratio_max": row[5],
+            f"{name}.repeats": row[6],
+        }
+    )
+    units.update(
+        {
+            f"{name}.ours_tok_s": "tokens/s",
+            f"{name}.hf_tok_s": "tokens/s",
+            f"{name}.ratio": "x",
+            f"{name}.ratio_min": "x",
+            f"{name}.ratio_max": "x",
+            f"{name}.repeats": "count",
+        }
+    )
     return row
 
 
@@ -135,18 +166,31 @@ def run_smollm2(quick: bool, repeats: int) -> dict:
     ours_s, theirs_s = _rounds(chat.ours, lambda: chat.theirs()[0], rounds)
     rows.append(_record("smollm2_chat16", chat.uncached, ours_s, theirs_s, metrics, units))
     saved = 1 - chat.uncached / chat.full
-    metrics.update({"smollm2_chat16.ours_full_tok_s": chat.full / statistics.median(ours_s),
-                    "smollm2_chat16.hf_full_tok_s": chat.full / statistics.median(theirs_s),
-                    "smollm2_chat16.cache_saved_share": saved, "smollm2_chat16.max_logit_diff": diff})
-    units.update({"smollm2_chat16.ours_full_tok_s": "tokens/s", "smollm2_chat16.hf_full_tok_s": "tokens/s",
-                  "smollm2_chat16.cache_saved_share": "fraction", "smollm2_chat16.max_logit_diff": "abs"})
+    metrics.update(
+        {
+            "smollm2_chat16.ours_full_tok_s": chat.full / statistics.median(ours_s),
+            "smollm2_chat16.hf_full_tok_s": chat.full / statistics.median(theirs_s),
+            "smollm2_chat16.cache_saved_share": saved,
+            "smollm2_chat16.max_logit_diff": diff,
+        }
+    )
+    units.update(
+        {
+            "smollm2_chat16.ours_full_tok_s": "tokens/s",
+            "smollm2_chat16.hf_full_tok_s": "tokens/s",
+            "smollm2_chat16.cache_saved_share": "fraction",
+            "smollm2_chat16.max_logit_diff": "abs",
+        }
+    )
 
     print(f"\nSmolLM2-135M-Instruct ({path.name}, float32, 2 threads), ours vs transformers on the same GGUF:")
     print(f"{'case':<16} {'ours tok/s':>11} {'HF tok/s':>10} {'ratio (median)':>15} {'range':>13} {'rounds':>6}")
     for name, o, t, ratio, lo, hi, n in rows:
         print(f"{name:<16} {o:>11,.0f} {t:>10,.0f} {ratio:>14.2f}x {lo:>6.2f}-{hi:.2f}x {n:>6}")
-    print(f"chat16: {chat.full} prompt tokens, {chat.full - chat.uncached} from the cached system prompt "
-          f"({saved:.1%} of positions saved), {chat.uncached} timed; full-prompt tok/s ours "
-          f"{metrics['smollm2_chat16.ours_full_tok_s']:,.0f}, HF {metrics['smollm2_chat16.hf_full_tok_s']:,.0f}; "
-          f"max |logit diff| ours vs HF {diff:.2e}")
+    print(
+        f"chat16: {chat.full} prompt tokens, {chat.full - chat.uncached} from the cached system prompt "
+        f"({saved:.1%} of positions saved), {chat.uncached} timed; full-prompt tok/s ours "
+        f"{metrics['smollm2_chat16.ours_full_tok_s']:,.0f}, HF {metrics['smollm2_chat16.hf_full_tok_s']:,.0f}; "
+        f"max |logit diff| ours vs HF {diff:.2e}"
+    )
     return {"metrics": metrics, "units": units}

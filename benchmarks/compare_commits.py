@@ -32,8 +32,9 @@ from benchmarks._report import Metric, report  # noqa: E402
 
 def _run(tree: Path, benchmark: str, args: list[str]) -> dict[str, float]:
     env = dict(os.environ, PYTHONPATH=str(tree))
-    subprocess.run([sys.executable, f"benchmarks/{benchmark}.py", *args], cwd=tree, env=env, check=True,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [sys.executable, f"benchmarks/{benchmark}.py", *args], cwd=tree, env=env, check=True, stdout=subprocess.DEVNULL
+    )
     return json.loads((tree / "benchmarks" / "results" / f"{benchmark}.json").read_text())["metrics"]
 
 
@@ -43,8 +44,9 @@ def compare(base_ref: str, benchmark: str, rounds: int, args: list[str]) -> dict
     kept = saved.read_bytes() if saved.exists() else None
     scratch = Path(tempfile.mkdtemp(prefix="prefill-base-"))
     base = scratch / "tree"
-    subprocess.run(["git", "worktree", "add", "--detach", str(base), base_ref], cwd=ROOT, check=True,
-                   capture_output=True)
+    subprocess.run(
+        ["git", "worktree", "add", "--detach", str(base), base_ref], cwd=ROOT, check=True, capture_output=True
+    )
     runs: dict[str, list[dict[str, float]]] = {"base": [], "new": []}
     try:
         for r in range(rounds):
@@ -66,7 +68,7 @@ def main() -> None:
     argv = sys.argv[1:]
     cut = argv.index("--") if "--" in argv else len(argv)
     ns = parser.parse_args(argv[:cut])
-    runs = compare(ns.base_ref, ns.benchmark, ns.rounds, argv[cut + 1:])
+    runs = compare(ns.base_ref, ns.benchmark, ns.rounds, argv[cut + 1 :])
     shared = [k for k in runs["new"][0] if k in runs["base"][0]]
     metrics = []
     for key in shared:

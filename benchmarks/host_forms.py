@@ -35,11 +35,11 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._report import Metric, report  # noqa: E402
-from prefill_shell.assembler import result_record  # noqa: E402
-from prefill_shell.inputs import _int_vector  # noqa: E402
-from prefill_shell.reference.llama import VOCAB_MAJOR_MAX_ROWS, vocab_major_head  # noqa: E402
-from prefill_shell.result import PrefillResult  # noqa: E402
+from benchmarks._report import Metric, report
+from prefill_shell.assembler import result_record
+from prefill_shell.inputs import _int_vector
+from prefill_shell.reference.llama import VOCAB_MAJOR_MAX_ROWS, vocab_major_head
+from prefill_shell.result import PrefillResult
 
 VALUES = list(range(32))
 LOGPROBS = [-0.5] * 32
@@ -118,8 +118,11 @@ def run(rounds: int, calls: int) -> list[Metric]:
     metrics = []
     for name, (chosen, plain) in samples.items():
         c, p = statistics.median(chosen), statistics.median(plain)
-        metrics += [Metric(f"{name}.chosen_us", c, "us"), Metric(f"{name}.plain_us", p, "us"),
-                    Metric(f"{name}.plain_over_chosen", p / c, "x", note=f"{rounds} interleaved rounds")]
+        metrics += [
+            Metric(f"{name}.chosen_us", c, "us"),
+            Metric(f"{name}.plain_us", p, "us"),
+            Metric(f"{name}.plain_over_chosen", p / c, "x", note=f"{rounds} interleaved rounds"),
+        ]
     return metrics
 
 

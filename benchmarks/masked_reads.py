@@ -38,10 +38,10 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from prefill_core import PageTableLayout, PrefillBatch, PrefillPolicy, PrefillRow, ceil_div, plan_prefill  # noqa: E402
-from prefill_shell.reference import random_llama  # noqa: E402
-from prefill_shell.reference.llama import _chunk_reads, _with_prefix  # noqa: E402
-from benchmarks._report import Metric, report  # noqa: E402
+from benchmarks._report import Metric, report
+from prefill_core import PageTableLayout, PrefillBatch, PrefillPolicy, PrefillRow, ceil_div, plan_prefill
+from prefill_shell.reference import random_llama
+from prefill_shell.reference.llama import _chunk_reads, _with_prefix
 
 BLOCK = 32
 NUM_BLOCKS = 160
@@ -67,8 +67,16 @@ def last_step(model, length: int, cached: int) -> dict:
         return torch.randn(1, heads, chunk, spec.head_dim, generator=gen)
 
     tokens = torch.randint(1, spec.vocab_size, (1, chunk), generator=gen)
-    return {"start": torch.tensor([start]), "real": length - start, "read": read, "fill": fill, "tokens": tokens,
-            "q": normal(spec.num_heads), "k": normal(spec.num_kv_heads), "v": normal(spec.num_kv_heads)}
+    return {
+        "start": torch.tensor([start]),
+        "real": length - start,
+        "read": read,
+        "fill": fill,
+        "tokens": tokens,
+        "q": normal(spec.num_heads),
+        "k": normal(spec.num_kv_heads),
+        "v": normal(spec.num_kv_heads),
+    }
 
 
 def old_attention(kv, case: dict) -> list[torch.Tensor]:
@@ -132,11 +140,22 @@ def case_metrics(model, name: str, case: dict, repeats: int) -> list[Metric]:
         new = new_attention(kv, case, fixed_shape)
         diff = max((a - b)[:, :, :real].abs().max().item() for a, b in zip(old, new))
         assert diff < 1e-4, f"{name}: new read (fixed_shape={fixed_shape}) differs from the old by {diff:.3g}"
-    attention = timed_rounds({"old": lambda: old_attention(kv, case), "eager": lambda: new_attention(kv, case, False),
-                              "fixed": lambda: new_attention(kv, case, True)}, repeats)
+    attention = timed_rounds(
+        {
+            "old": lambda: old_attention(kv, case),
+            "eager": lambda: new_attention(kv, case, False),
+            "fixed": lambda: new_attention(kv, case, True),
+        },
+        repeats,
+    )
     step_args = (case["tokens"], case["start"], case["fill"], case["read"], kv)
-    step = timed_rounds({"eager": lambda: model.forward_hidden(*step_args, fixed_shape=False),
-                         "fixed": lambda: model.forward_hidden(*step_args, fixed_shape=True)}, max(repeats // 3, 3))
+    step = timed_rounds(
+        {
+            "eager": lambda: model.forward_hidden(*step_args, fixed_shape=False),
+            "fixed": lambda: model.forward_hidden(*step_args, fixed_shape=True),
+        },
+        max(repeats // 3, 3),
+    )
     chunk, width, start = case["q"].shape[2], case["read"].shape[1] * BLOCK, int(case["start"])
     keys = {"old": f"{width} keys", "eager": f"{start + chunk} keys", "fixed": f"{max(width - chunk, 0) + chunk} keys"}
     out = [Metric(f"{name}.attention.{v}", attention[v], "us", note=keys[v]) for v in VARIANTS]

@@ -25,8 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._report import Metric, report  # noqa: E402
-from prefill_core import PageTableLayout, PrefillBatch, PrefillPolicy, PrefillRow, ceil_div, plan_prefill  # noqa: E402
+from benchmarks._report import Metric, report
+from prefill_core import PageTableLayout, PrefillBatch, PrefillPolicy, PrefillRow, ceil_div, plan_prefill
 
 BLOCK = 32
 POLICY = PrefillPolicy()
@@ -101,7 +101,13 @@ def main() -> int:
         metrics += [
             Metric(f"{name}_computed_per_real", c["computed_per_real"], "ratio", None, "padding rows included"),
             Metric(f"{name}_active_per_real", c["active_per_real"], "ratio", target, "padding rows excluded"),
-            Metric(f"{name}_tt_metal_rule_per_real", c["tt_metal_per_real"], "ratio", None, "rung(max(length - cached, 1)) per row"),
+            Metric(
+                f"{name}_tt_metal_rule_per_real",
+                c["tt_metal_per_real"],
+                "ratio",
+                None,
+                "rung(max(length - cached, 1)) per row",
+            ),
             Metric(f"{name}_table_entries_per_step", c["table_entries_per_step"], "count", None, f"{c['steps']} steps"),
         ]
     report("plan_cost", metrics)

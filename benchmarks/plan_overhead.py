@@ -23,13 +23,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._report import Metric, report  # noqa: E402
-from prefill_core import (  # noqa: E402
+from benchmarks._report import Metric, report
+from prefill_core import (
     PageTableLayout,
-    ceil_div,
     PrefillBatch,
     PrefillPolicy,
     PrefillRow,
+    ceil_div,
     manifest_for,
     plan_prefill,
     prepare_prefill,
@@ -133,7 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     # samples above pay for starting cold.
     warm_long = median_us({"w": (plan(long_row), 20)}, slow_samples)["w"]
     manifest = manifest_for(PrefillPolicy(), MANIFEST_LAYOUT)
-    manifest_ms = median_us({"m": (lambda: manifest_for(PrefillPolicy(), MANIFEST_LAYOUT), 1)}, slow_samples)["m"] / 1000
+    manifest_ms = (
+        median_us({"m": (lambda: manifest_for(PrefillPolicy(), MANIFEST_LAYOUT), 1)}, slow_samples)["m"] / 1000
+    )
     per_row = {n: fast[f"plan_{n}x128"] for n in short}
     plan_mixed, plan_long, prepare_32 = fast["plan_mixed"], fast["plan_long"], fast["prepare_32"]
     iterate_long, materialize_long = fast["iterate_long"], fast["materialize_long"]
@@ -147,14 +149,38 @@ def main(argv: list[str] | None = None) -> int:
         ),
         Metric("plan_32_mixed_20_1000_us", plan_mixed, "us", None, f"{plan_mixed / per_row[32]:.2f}x 32x128"),
         Metric(
-            "plan_131072_row_cached_2048_us", plan_long, "us", None, f"{long_request.num_chunks} chunks of 2048, 4096 blocks"
+            "plan_131072_row_cached_2048_us",
+            plan_long,
+            "us",
+            None,
+            f"{long_request.num_chunks} chunks of 2048, 4096 blocks",
         ),
-        Metric("plan_131072_row_back_to_back_us", warm_long, "us", None, "same row, 20 calls in a row per sample (warm caches)"),
-        Metric("plan_131072_row_shuffled_blocks_us", fast["plan_long_shuffled"], "us", None, "same row, 4096 ids in random order"),
-        Metric("plan_131072_row_block_runs_us", fast["plan_long_runs"], "us", None, "same row, runs of 16-64 ids in random order"),
+        Metric(
+            "plan_131072_row_back_to_back_us",
+            warm_long,
+            "us",
+            None,
+            "same row, 20 calls in a row per sample (warm caches)",
+        ),
+        Metric(
+            "plan_131072_row_shuffled_blocks_us",
+            fast["plan_long_shuffled"],
+            "us",
+            None,
+            "same row, 4096 ids in random order",
+        ),
+        Metric(
+            "plan_131072_row_block_runs_us",
+            fast["plan_long_runs"],
+            "us",
+            None,
+            "same row, runs of 16-64 ids in random order",
+        ),
         Metric("prepare_32x128_us", prepare_32, "us", None, "plan + sampling path + identities"),
         Metric("prepare_over_plan_32x128", prepare_32 / per_row[32], "ratio"),
-        Metric("plan_131072_and_iterate_chunks_us", iterate_long, "us", None, f"{iterate_long / plan_long:.2f}x plan alone"),
+        Metric(
+            "plan_131072_and_iterate_chunks_us", iterate_long, "us", None, f"{iterate_long / plan_long:.2f}x plan alone"
+        ),
         Metric(
             "plan_131072_chunks_and_tables_us",
             materialize_long,

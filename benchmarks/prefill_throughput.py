@@ -37,13 +37,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._report import RESULTS, write_json  # noqa: E402
-from prefill_core import PageTableLayout, PrefillPolicy, ceil_div  # noqa: E402
-from prefill_shell.backends import TorchBackend  # noqa: E402
-from prefill_shell.config import PrefillRuntimeConfig  # noqa: E402
-from prefill_shell.reference import random_llama, save_hf_folder  # noqa: E402
-from prefill_shell.runtime import PrefillRuntime  # noqa: E402
-
+from benchmarks._report import RESULTS, write_json
+from prefill_core import PageTableLayout, PrefillPolicy, ceil_div
+from prefill_shell.backends import TorchBackend
+from prefill_shell.config import PrefillRuntimeConfig
+from prefill_shell.reference import random_llama, save_hf_folder
+from prefill_shell.runtime import PrefillRuntime
 
 # A CPU-minded policy: 16-token length rungs (little padding; a CPU compiles
 # nothing per shape, so many rungs cost nothing), one chunk up to 4096 tokens,
@@ -51,7 +50,10 @@ from prefill_shell.runtime import PrefillRuntime  # noqa: E402
 # extra work). tt-metal's default ladder would pad every 129-1024-token prompt
 # to 1024.
 CPU_POLICY = PrefillPolicy(
-    tile_size=16, length_ladder=tuple(range(16, 1025, 16)), max_chunk_length=4096, chunk_quantum=2048,
+    tile_size=16,
+    length_ladder=tuple(range(16, 1025, 16)),
+    max_chunk_length=4096,
+    chunk_quantum=2048,
     pad_partial_waves=False,
 )
 
@@ -142,7 +144,10 @@ class Transformers:
 
     def one_at_a_time(self, tokens: torch.Tensor) -> list:
         with torch.inference_mode():
-            return [self.model(tokens[i : i + 1, :n], use_cache=True, logits_to_keep=1).logits for i, n in enumerate(self.lengths)]
+            return [
+                self.model(tokens[i : i + 1, :n], use_cache=True, logits_to_keep=1).logits
+                for i, n in enumerate(self.lengths)
+            ]
 
     def padded_batch(self, tokens: torch.Tensor) -> list:
         longest = max(self.lengths)
@@ -186,7 +191,9 @@ def run(quick: bool, repeats: int) -> dict:
         probe = MatmulProbe(spec)
         probe_samples: list[float] = []
         for name, lengths in cases(quick).items():
-            tokens = torch.randint(1, spec.vocab_size, (len(lengths), max(lengths)), generator=torch.Generator().manual_seed(7))
+            tokens = torch.randint(
+                1, spec.vocab_size, (len(lengths), max(lengths)), generator=torch.Generator().manual_seed(7)
+            )
             ours, hf = Ours(model, lengths), Transformers(Path(tmp), lengths)
             hf_modes = {"one_at_a_time": hf.one_at_a_time}
             if len(set(lengths)) > 1 or len(lengths) > 1:
@@ -213,23 +220,47 @@ def run(quick: bool, repeats: int) -> dict:
             # for reading our share against figures quoted for HF elsewhere.
             hf_share = workload_flops(spec, lengths) / med[hf_best] / case_rate
             eff = ours.padding_efficiency(tokens)
-            rows.append((name, ours_tps, hf_tps, hf_best, ours_tps / hf_tps, eff, case_rate, share, hf_share, case_repeats))
-            metrics.update({f"{name}.ours_tok_s": ours_tps, f"{name}.hf_tok_s": hf_tps,
-                            f"{name}.ratio": ours_tps / hf_tps, f"{name}.padding_efficiency": eff,
-                            f"{name}.probe_share": share, f"{name}.hf_probe_share": hf_share,
-                            f"{name}.repeats": case_repeats, f"{name}.probe_gflops": case_rate / 1e9})
-            units.update({f"{name}.ours_tok_s": "tokens/s", f"{name}.hf_tok_s": "tokens/s", f"{name}.ratio": "x",
-                          f"{name}.padding_efficiency": "real/computed", f"{name}.probe_share": "fraction",
-                          f"{name}.hf_probe_share": "fraction", f"{name}.repeats": "count",
-                          f"{name}.probe_gflops": "GFLOP/s"})
+            rows.append(
+                (name, ours_tps, hf_tps, hf_best, ours_tps / hf_tps, eff, case_rate, share, hf_share, case_repeats)
+            )
+            metrics.update(
+                {
+                    f"{name}.ours_tok_s": ours_tps,
+                    f"{name}.hf_tok_s": hf_tps,
+                    f"{name}.ratio": ours_tps / hf_tps,
+                    f"{name}.padding_efficiency": eff,
+                    f"{name}.probe_share": share,
+                    f"{name}.hf_probe_share": hf_share,
+                    f"{name}.repeats": case_repeats,
+                    f"{name}.probe_gflops": case_rate / 1e9,
+                }
+            )
+            units.update(
+                {
+                    f"{name}.ours_tok_s": "tokens/s",
+                    f"{name}.hf_tok_s": "tokens/s",
+                    f"{name}.ratio": "x",
+                    f"{name}.padding_efficiency": "real/computed",
+                    f"{name}.probe_share": "fraction",
+                    f"{name}.hf_probe_share": "fraction",
+                    f"{name}.repeats": "count",
+                    f"{name}.probe_gflops": "GFLOP/s",
+                }
+            )
     metrics["matmul_probe_gflops"] = statistics.median(probe_samples) / 1e9
     units["matmul_probe_gflops"] = "GFLOP/s"
-    print(f"matmul probe (torch.mm 1024x{spec.hidden_size}x{spec.intermediate_size}, 2 threads, one sample per round): "
-          f"median {metrics['matmul_probe_gflops']:.1f} GFLOP/s, {min(probe_samples) / 1e9:.1f}-{max(probe_samples) / 1e9:.1f} over the run")
-    print(f"{'case':<18} {'ours tok/s':>11} {'HF tok/s':>10} {'HF mode':>14} {'ratio':>6} {'pad eff':>8} {'probe GF/s':>10} {'probe share':>11} {'HF share':>9} {'repeats':>7}  target")
+    print(
+        f"matmul probe (torch.mm 1024x{spec.hidden_size}x{spec.intermediate_size}, 2 threads, one sample per round): "
+        f"median {metrics['matmul_probe_gflops']:.1f} GFLOP/s, {min(probe_samples) / 1e9:.1f}-{max(probe_samples) / 1e9:.1f} over the run"
+    )
+    print(
+        f"{'case':<18} {'ours tok/s':>11} {'HF tok/s':>10} {'HF mode':>14} {'ratio':>6} {'pad eff':>8} {'probe GF/s':>10} {'probe share':>11} {'HF share':>9} {'repeats':>7}  target"
+    )
     for name, o, h, mode, ratio, eff, rate, share, hf_share, n in rows:
         target = ">=1.0x" + (", share>=80%" if name.startswith("mixed") else "")
-        print(f"{name:<18} {o:>11,.0f} {h:>10,.0f} {mode:>14} {ratio:>5.2f}x {eff:>8.1%} {rate / 1e9:>10.1f} {share:>11.1%} {hf_share:>9.1%} {n:>7}  {target}")
+        print(
+            f"{name:<18} {o:>11,.0f} {h:>10,.0f} {mode:>14} {ratio:>5.2f}x {eff:>8.1%} {rate / 1e9:>10.1f} {share:>11.1%} {hf_share:>9.1%} {n:>7}  {target}"
+        )
     return {"benchmark": "prefill_throughput", "metrics": metrics, "units": units}
 
 
@@ -247,7 +278,9 @@ def profile_mixed() -> None:
     torch.set_num_threads(2)
     model = random_llama(0, "bench")
     lengths = cases(False)["mixed32_64-1024"]
-    tokens = torch.randint(1, model.config.vocab_size, (len(lengths), max(lengths)), generator=torch.Generator().manual_seed(7))
+    tokens = torch.randint(
+        1, model.config.vocab_size, (len(lengths), max(lengths)), generator=torch.Generator().manual_seed(7)
+    )
     ours = Ours(model, lengths)
     ours(tokens)  # warm
     with profile() as prof:
@@ -265,8 +298,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="fewer cases and repeats (under a minute)")
     parser.add_argument("--repeats", type=int, default=None, help="at least this many samples a system per case")
-    parser.add_argument("--profile", action="store_true", help="only print where the mixed case's time goes, by op group")
-    parser.add_argument("--smollm2-only", action="store_true", help="only the SmolLM2 cases (other metrics kept from the last JSON)")
+    parser.add_argument(
+        "--profile", action="store_true", help="only print where the mixed case's time goes, by op group"
+    )
+    parser.add_argument(
+        "--smollm2-only", action="store_true", help="only the SmolLM2 cases (other metrics kept from the last JSON)"
+    )
     parser.add_argument("--no-smollm2", action="store_true", help="skip the SmolLM2 cases")
     args = parser.parse_args()
     if args.profile:

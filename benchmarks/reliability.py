@@ -18,28 +18,38 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from benchmarks._report import write_json  # noqa: E402
-from prefill_shell.reference import random_llama  # noqa: E402
-from prefill_shell.testing.sweep import FAULT_TYPES, SCENARIOS, sweep  # noqa: E402
-
+from benchmarks._report import write_json
+from prefill_shell.reference import random_llama
+from prefill_shell.testing.sweep import FAULT_TYPES, SCENARIOS, sweep
 
 
 def main() -> None:
-    import conftest  # the hypothesis profiles  # noqa: PLC0415
+    import conftest  # the hypothesis profiles
 
     model = random_llama(0, "tiny")
     metrics, units = {}, {}
-    header = (f"{'scenario':<22} {'raises':<17} {'fault points':>12} {'raised':>6} {'unchanged':>9} {'orphaned':>8} "
-              f"{'noted':>5} {'leaks':>5} {'KV bytes changed outside writes':>31} {'wrong after':>11}")
+    header = (
+        f"{'scenario':<22} {'raises':<17} {'fault points':>12} {'raised':>6} {'unchanged':>9} {'orphaned':>8} "
+        f"{'noted':>5} {'leaks':>5} {'KV bytes changed outside writes':>31} {'wrong after':>11}"
+    )
     print(header)
     for scenario in SCENARIOS:
         for raises in FAULT_TYPES:
             r = sweep(model, scenario, raises=raises)
-            print(f"{r.scenario:<22} {r.raises:<17} {r.fault_points:>12} {r.faults_raised:>6} {r.errors_unchanged:>9} "
-                  f"{r.release_faults_kept_as_orphans:>8} {r.runs_with_cleanup_notes:>5} {r.leaked_tensors:>5} "
-                  f"{r.kv_bytes_corrupted:>31} {r.wrong_results_after_fault:>11}")
-            for field in ("fault_points", "faults_raised", "errors_unchanged", "release_faults_kept_as_orphans",
-                          "leaked_tensors", "kv_bytes_corrupted", "wrong_results_after_fault"):
+            print(
+                f"{r.scenario:<22} {r.raises:<17} {r.fault_points:>12} {r.faults_raised:>6} {r.errors_unchanged:>9} "
+                f"{r.release_faults_kept_as_orphans:>8} {r.runs_with_cleanup_notes:>5} {r.leaked_tensors:>5} "
+                f"{r.kv_bytes_corrupted:>31} {r.wrong_results_after_fault:>11}"
+            )
+            for field in (
+                "fault_points",
+                "faults_raised",
+                "errors_unchanged",
+                "release_faults_kept_as_orphans",
+                "leaked_tensors",
+                "kv_bytes_corrupted",
+                "wrong_results_after_fault",
+            ):
                 key = f"{scenario.name}.{r.raises}.{field}"
                 metrics[key], units[key] = getattr(r, field), "count"
     metrics["hypothesis_examples_ci"] = conftest.CI_EXAMPLES

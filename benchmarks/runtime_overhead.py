@@ -21,12 +21,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._report import write_json  # noqa: E402
-from prefill_core import PageTableLayout, PrefillPolicy, SamplingParams  # noqa: E402
-from prefill_shell.backends import TorchBackend  # noqa: E402
-from prefill_shell.config import PrefillRuntimeConfig  # noqa: E402
-from prefill_shell.model import ModelSpec  # noqa: E402
-from prefill_shell.runtime import PrefillRuntime  # noqa: E402
+from benchmarks._report import write_json
+from prefill_core import PageTableLayout, PrefillPolicy, SamplingParams
+from prefill_shell.backends import TorchBackend
+from prefill_shell.config import PrefillRuntimeConfig
+from prefill_shell.model import ModelSpec
+from prefill_shell.runtime import PrefillRuntime
 
 ROWS, LENGTH, HIDDEN, VOCAB, BLOCK = 32, 128, 512, 1024, 32
 
@@ -76,7 +76,9 @@ def round_robin_us(cases: dict[str, object], repeats: int, after_round=lambda: N
 def run(repeats: int) -> dict:
     torch.set_num_threads(1)
     layout = PageTableLayout(BLOCK, 64, NullKV.num_blocks)
-    runtime = PrefillRuntime(PrefillRuntimeConfig.resolve(NullBody(), TorchBackend(), NullKV(), layout, PrefillPolicy()))
+    runtime = PrefillRuntime(
+        PrefillRuntimeConfig.resolve(NullBody(), TorchBackend(), NullKV(), layout, PrefillPolicy())
+    )
     tokens = torch.randint(1, VOCAB, (ROWS, LENGTH))
     table = torch.arange(NullKV.num_blocks, dtype=torch.int32).reshape(ROWS, -1)
     lengths = [LENGTH] * ROWS

@@ -29,12 +29,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from prefill_core import PageTableLayout, PrefillBatch, PrefillPolicy, PrefillRow, ceil_div, plan_prefill  # noqa: E402
-from prefill_shell.backends import TorchBackend  # noqa: E402
-from prefill_shell.contract import SLOTS  # noqa: E402
-from prefill_shell.inputs import build_host_steps  # noqa: E402
-from prefill_shell.ledger import Ownership  # noqa: E402
-from benchmarks._report import Metric, report  # noqa: E402
+from benchmarks._report import Metric, report
+from prefill_core import PageTableLayout, PrefillBatch, PrefillPolicy, PrefillRow, ceil_div, plan_prefill
+from prefill_shell.backends import TorchBackend
+from prefill_shell.contract import SLOTS
+from prefill_shell.inputs import build_host_steps
+from prefill_shell.ledger import Ownership
 
 BLOCK = 64
 LAYOUT = PageTableLayout(BLOCK, 4096 // BLOCK, 192)
@@ -73,8 +73,12 @@ def _timed_us(stage, step) -> float:
 
 def _torch_stager(backend: TorchBackend, only=None):
     def stage(step) -> list:
-        return [backend.upload(host, spec, Ownership.INVOCATION) for spec, host in step.items()
-                if only is None or spec is only]
+        return [
+            backend.upload(host, spec, Ownership.INVOCATION)
+            for spec, host in step.items()
+            if only is None or spec is only
+        ]
+
     return stage
 
 

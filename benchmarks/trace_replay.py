@@ -36,13 +36,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._report import Metric, report  # noqa: E402
-from prefill_core import PageTableLayout, PrefillPolicy, SamplingParams, WarmupManifest, ceil_div  # noqa: E402
-from prefill_shell.backends import TorchBackend  # noqa: E402
-from prefill_shell.config import PrefillRuntimeConfig  # noqa: E402
-from prefill_shell.executor import PrefillExecutor  # noqa: E402
-from prefill_shell.reference import random_llama  # noqa: E402
-from prefill_shell.runtime import PrefillRuntime  # noqa: E402
+from benchmarks._report import Metric, report
+from prefill_core import PageTableLayout, PrefillPolicy, SamplingParams, WarmupManifest, ceil_div
+from prefill_shell.backends import TorchBackend
+from prefill_shell.config import PrefillRuntimeConfig
+from prefill_shell.executor import PrefillExecutor
+from prefill_shell.reference import random_llama
+from prefill_shell.runtime import PrefillRuntime
 
 BLOCK = 64
 LAYOUT = PageTableLayout(BLOCK, 4096 // BLOCK, 192)
@@ -69,8 +69,13 @@ def _call(lengths: list[int], cached: list[int], seed: int) -> dict:
     for row, n in enumerate(need):
         table[row, :n] = torch.arange(first, first + n, dtype=torch.int32)
         first += n
-    return {"tokens": tokens, "page_table": table, "prompt_lengths": lengths, "cached_lengths": cached,
-            "sampling": [SamplingParams.greedy()] * len(lengths)}
+    return {
+        "tokens": tokens,
+        "page_table": table,
+        "prompt_lengths": lengths,
+        "cached_lengths": cached,
+        "sampling": [SamplingParams.greedy()] * len(lengths),
+    }
 
 
 def _timed_ms(executor: PrefillExecutor, batch, mode: str) -> float:
@@ -89,8 +94,9 @@ def run(device: str, quick: bool, repeats: int | None) -> dict[str, dict[str, fl
     config = PrefillRuntimeConfig.resolve(model, TorchBackend(device), kv, layout=LAYOUT, policy=PrefillPolicy())
     runtime = PrefillRuntime(config)
     executor = PrefillExecutor(runtime)
-    batches = {name: runtime.prepare(**_call(lengths, cached, seed=i))
-               for i, (name, lengths, cached, _, _) in enumerate(CASES)}
+    batches = {
+        name: runtime.prepare(**_call(lengths, cached, seed=i)) for i, (name, lengths, cached, _, _) in enumerate(CASES)
+    }
     manifest = WarmupManifest().observe(p for b in batches.values() for p in b.prepared)
     executor.warm_up(manifest)
     out: dict[str, dict[str, float]] = {}

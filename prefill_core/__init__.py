@@ -5,7 +5,7 @@ numpy, no I/O, no clocks, no environment, no global mutable state.
 """
 
 from .batch import PrefillBatch, PrefillRow
-from .errors import *  # noqa: F401,F403 (the hierarchy is public API)
+from .errors import *  # noqa: F403 (the hierarchy is public API)
 from .errors import __all__ as _error_names
 from .layout import PageTableLayout
 from .manifest import WarmupManifest, manifest_for

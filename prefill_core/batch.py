@@ -67,16 +67,23 @@ class PrefillBatch:
     def from_rows(cls, rows: Sequence[PrefillRow]) -> PrefillBatch:
         """A batch of ``rows`` (a tuple or list of ``PrefillRow``), in order."""
         if not isinstance(rows, (tuple, list)):
-            raise PrefillInputError(f"PrefillBatch rows={type(rows).__name__} is invalid: must be a tuple or list of PrefillRow", field="rows")
+            raise PrefillInputError(
+                f"PrefillBatch rows={type(rows).__name__} is invalid: must be a tuple or list of PrefillRow",
+                field="rows",
+            )
         for index, row in enumerate(rows):
             if not isinstance(row, PrefillRow):
-                raise PrefillInputError(f"row {index}: expected a PrefillRow, got {type(row).__name__}", row=index, field="row")
+                raise PrefillInputError(
+                    f"row {index}: expected a PrefillRow, got {type(row).__name__}", row=index, field="row"
+                )
         if not rows:
             return cls((), (), (), (), ())
         return cls(*zip(*((r.length, r.cached, r.slot, r.blocks, r.sampling) for r in rows)))
 
     def row(self, index: int) -> PrefillRow:
-        return PrefillRow(self.lengths[index], self.cached[index], self.slots[index], self.blocks[index], self.sampling[index])
+        return PrefillRow(
+            self.lengths[index], self.cached[index], self.slots[index], self.blocks[index], self.sampling[index]
+        )
 
     @property
     def rows(self) -> tuple[PrefillRow, ...]:

@@ -74,7 +74,18 @@ def _rows_text(rows: tuple[int, ...]) -> str:
 
 def plan_table(prepared: tuple[PreparedPrefill, ...], first_rows: tuple[int, ...] | None = None) -> str:
     """The plan as a table; ``first_rows[i]`` offsets request i's rows (sub-batches of one call)."""
-    header = ("#", "kind", "rows", "active/padded", "padded len", "chunk", "chunks (first start)", "tables", "sampling", "efficiency")
+    header = (
+        "#",
+        "kind",
+        "rows",
+        "active/padded",
+        "padded len",
+        "chunk",
+        "chunks (first start)",
+        "tables",
+        "sampling",
+        "efficiency",
+    )
     lines = [header]
     real = computed = 0
     for i, p in enumerate(prepared):
@@ -83,11 +94,20 @@ def plan_table(prepared: tuple[PreparedPrefill, ...], first_rows: tuple[int, ...
         if r.read_table is not None:
             tables += f" + {r.read_table.role.value}[{r.read_table.width}]"
         real, computed = real + r.real_tokens, computed + r.computed_tokens
-        lines.append((
-            str(i), r.kind.value, _rows_text(tuple(row + (first_rows[i] if first_rows else 0) for row in r.source_rows)), f"{r.active_batch_size}/{r.padded_batch}",
-            str(r.padded_length), str(r.chunk_length), f"{r.num_chunks} ({r.first_chunk_start})", tables,
-            p.sampling_path.value, f"{r.real_tokens / r.computed_tokens:.1%}",
-        ))
+        lines.append(
+            (
+                str(i),
+                r.kind.value,
+                _rows_text(tuple(row + (first_rows[i] if first_rows else 0) for row in r.source_rows)),
+                f"{r.active_batch_size}/{r.padded_batch}",
+                str(r.padded_length),
+                str(r.chunk_length),
+                f"{r.num_chunks} ({r.first_chunk_start})",
+                tables,
+                p.sampling_path.value,
+                f"{r.real_tokens / r.computed_tokens:.1%}",
+            )
+        )
     widths = [max(len(line[c]) for line in lines) for c in range(len(header))]
     out = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in lines]
     out.append(f"padding efficiency (real / computed tokens): {real}/{computed} = {real / computed:.1%}")
@@ -102,5 +122,7 @@ def manifest_table(manifest: WarmupManifest) -> str:
             f"{s.key:<24} {s.variant.value:<16} {s.padded_batch:>5} {s.invocation_length:>6} {widths:>9}  "
             f"{s.sampling_path.value:<8}  {s.logprobs}"
         )
-    out.append(f"{len(manifest.program_signatures)} program signatures, {len(manifest.trace_signatures)} trace signatures")
+    out.append(
+        f"{len(manifest.program_signatures)} program signatures, {len(manifest.trace_signatures)} trace signatures"
+    )
     return "\n".join(out)

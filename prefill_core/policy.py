@@ -133,9 +133,14 @@ class PrefillPolicy:
             raise _fail("block_size", block_size, rule)
         quarter = max_chunk_length // 4
         ladder = tuple(range(block_size, max_chunk_length + 1, block_size)) + tuple(
-            range(max_chunk_length + quarter, 4 * max_chunk_length + 1, quarter))
-        return cls(tile_size=math.gcd(block_size, 32), length_ladder=ladder, max_chunk_length=max_chunk_length,
-                   pad_partial_waves=False)
+            range(max_chunk_length + quarter, 4 * max_chunk_length + 1, quarter)
+        )
+        return cls(
+            tile_size=math.gcd(block_size, 32),
+            length_ladder=ladder,
+            max_chunk_length=max_chunk_length,
+            pad_partial_waves=False,
+        )
 
     def padded_length(self, num_tokens: int) -> int:
         """Physical token count for a prompt of ``num_tokens`` tokens."""
@@ -178,7 +183,11 @@ class PrefillPolicy:
         """Largest wave a bucket of ``padded_length`` may use (0 if none)."""
         best = 0
         for wave in self.waves:
-            if wave <= self.max_batch_size and wave <= self.lane_size and wave * padded_length < self.max_batched_tokens:
+            if (
+                wave <= self.max_batch_size
+                and wave <= self.lane_size
+                and wave * padded_length < self.max_batched_tokens
+            ):
                 best = wave
         return best
 

@@ -55,8 +55,9 @@ def prepare_prefill(
     return tuple(prepare_request(request, policy) for request in requests)
 
 
-def prepare_in_lanes(batch: PrefillBatch, policy: PrefillPolicy, layout: PageTableLayout, *,
-                     max_position: int | None = None) -> tuple[PreparedPrefill, ...]:
+def prepare_in_lanes(
+    batch: PrefillBatch, policy: PrefillPolicy, layout: PageTableLayout, *, max_position: int | None = None
+) -> tuple[PreparedPrefill, ...]:
     """Plans a batch with more rows than one lane holds, whose slots the caller did not choose, as lane-sized sub-batches.
 
     The whole call is validated first as one batch (a lane as wide as the
@@ -70,8 +71,13 @@ def prepare_in_lanes(batch: PrefillBatch, policy: PrefillPolicy, layout: PageTab
     prepared: list[PreparedPrefill] = []
     for lane in policy.lane_groups(len(batch)):
         picked = slice(lane.start, lane.stop)
-        sub = PrefillBatch(batch.lengths[picked], batch.cached[picked], tuple(range(len(lane))),
-                           batch.blocks[picked], batch.sampling[picked])
+        sub = PrefillBatch(
+            batch.lengths[picked],
+            batch.cached[picked],
+            tuple(range(len(lane))),
+            batch.blocks[picked],
+            batch.sampling[picked],
+        )
         for p in prepare_prefill(sub, policy, layout, max_position=max_position):
             rows = tuple(lane.start + r for r in p.request.source_rows)
             prepared.append(attrs.evolve(p, request=attrs.evolve(p.request, source_rows=rows)))

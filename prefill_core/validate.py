@@ -24,7 +24,11 @@ def written_block_range(row: PrefillRow, block_size: int) -> tuple[int, int]:
 
 
 def _check_arguments(batch: object, policy: object, layout: object, max_position: object) -> None:
-    for name, value, kind in (("batch", batch, PrefillBatch), ("policy", policy, PrefillPolicy), ("layout", layout, PageTableLayout)):
+    for name, value, kind in (
+        ("batch", batch, PrefillBatch),
+        ("policy", policy, PrefillPolicy),
+        ("layout", layout, PageTableLayout),
+    ):
         if not isinstance(value, kind):
             msg = f"{name} must be a {kind.__name__}, got {type(value).__name__}"
             raise PrefillInputError(msg, field=name)

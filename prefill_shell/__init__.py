@@ -13,4 +13,11 @@ from .executor import PrefillExecutor
 from .result import PrefillResult
 from .runtime import PrefillRuntime, PreparedBatch
 
-__all__ = ["PrefillExecutor", "PrefillResult", "PrefillRuntime", "PrefillRuntimeConfig", "PreparedBatch", "TorchBackend"]
+__all__ = [
+    "PrefillExecutor",
+    "PrefillResult",
+    "PrefillRuntime",
+    "PrefillRuntimeConfig",
+    "PreparedBatch",
+    "TorchBackend",
+]

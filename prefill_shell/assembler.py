@@ -94,10 +94,12 @@ class PrefillResultAssembler:
         """The ``host`` path: device returned logits; sample here with each row's seed."""
         request = invocation.prepared.request
         active = logits[: request.active_batch_size]
-        tokens = torch.stack([
-            sample_row(active[b], p.top_k, p.top_p, p.temperature, invocation.seeds[b])
-            for b, p in enumerate(request.sampling)
-        ])
+        tokens = torch.stack(
+            [
+                sample_row(active[b], p.top_k, p.top_p, p.temperature, invocation.seeds[b])
+                for b, p in enumerate(request.sampling)
+            ]
+        )
         top_n = max(p.num_logprobs for p in request.sampling)
         token_lp, ids, values = top_logprobs(active, tokens, top_n)
         host = {SAMPLED_TOKENS: tokens, TOKEN_LOGPROB: token_lp}

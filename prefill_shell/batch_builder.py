@@ -20,8 +20,8 @@ from collections.abc import Sequence
 import torch
 
 from prefill_core import PageTableLayout, PrefillBatch
-from prefill_core.intmath import ceil_div_column
 from prefill_core.errors import PrefillInputError
+from prefill_core.intmath import ceil_div_column
 
 __all__ = ["build_batch", "as_token_matrix", "check_token_ids", "host_page_table"]
 
@@ -156,7 +156,9 @@ def _raise_first_shape_rule(lengths: list[int], need: list[int], columns: int, t
     for row, length in enumerate(lengths):
         if length > columns:
             rule = f"tokens holds only {columns} columns"
-            raise PrefillInputError(f"row {row}: prompt_lengths={length} is invalid: {rule}", row=row, field="prompt_lengths")
+            raise PrefillInputError(
+                f"row {row}: prompt_lengths={length} is invalid: {rule}", row=row, field="prompt_lengths"
+            )
         if need[row] > table_columns:
             rule = f"the mapped prefix needs {need[row]} entries but page_table has {table_columns} columns"
             raise PrefillInputError(f"row {row}: page_table is invalid: {rule}", row=row, field="page_table")

@@ -45,7 +45,8 @@ class CallGuard:
         return PrefillStateError(
             f"PrefillRuntime.{what} was called on thread {threading.current_thread().name!r} while a call is in "
             f"progress on thread {holder!r}; a runtime serves one call at a time (one runtime per execution "
-            f"lane, driven by one thread): nothing was run")
+            f"lane, driven by one thread): nothing was run"
+        )
 
     def enter(self, what: str) -> None:
         """Opens one hold for the calling thread; raises if another thread holds the guard."""

@@ -23,11 +23,20 @@ from prefill_core.errors import PrefillError
 
 from .backends import TorchBackend
 from .config import PrefillRuntimeConfig
-from .progress import Progress
 from .prefix_sharing import SharedPrefixBatch, largest_sharing_group, share_prefix
+from .progress import Progress
 from .result import PrefillResult
 from .runtime import PrefillRuntime
-from .text import Prompt, PromptError, encode, load_model, load_tokenizer, read_prompt_file, read_token_id_file, token_text
+from .text import (
+    Prompt,
+    PromptError,
+    encode,
+    load_model,
+    load_tokenizer,
+    read_prompt_file,
+    read_token_id_file,
+    token_text,
+)
 
 __all__ = ["main", "make_runtime", "print_rows", "show_progress", "stage"]
 
@@ -59,17 +68,23 @@ def make_runtime(model, batch: SharedPrefixBatch, block_size: int, device: str =
 
 def row_sampling(rows: int, seed: int) -> list[SamplingParams]:
     """Per row: top-5 log-probs and one token sampled at temperature 0.7 from the 20 most likely."""
-    return [SamplingParams(temperature=0.7, top_k=20, top_p=0.95, seed=seed + row, num_logprobs=5) for row in range(rows)]
+    return [
+        SamplingParams(temperature=0.7, top_k=20, top_p=0.95, seed=seed + row, num_logprobs=5) for row in range(rows)
+    ]
 
 
-def print_rows(results: Sequence[PrefillResult], batch: SharedPrefixBatch, tokenizer, labels: Sequence[str] = ()) -> None:
+def print_rows(
+    results: Sequence[PrefillResult], batch: SharedPrefixBatch, tokenizer, labels: Sequence[str] = ()
+) -> None:
     """One line per row: length, cached tokens, top-5 next tokens with log-probs, the sampled token."""
     print(f"{'row':>3} {'label':<10} {'len':>5} {'cached':>6}  {'next tokens (log-prob)':<70} sampled")
     for result in results:
         i = result.row
         top = "  ".join(f"{token_text(tokenizer, t)} {lp:.2f}" for t, lp in result.top_logprobs)
         label = labels[i] if i < len(labels) else ""
-        print(f"{i:>3} {label:<10} {batch.lengths[i]:>5} {batch.cached[i]:>6}  {top:<70} {token_text(tokenizer, result.token)}")
+        print(
+            f"{i:>3} {label:<10} {batch.lengths[i]:>5} {batch.cached[i]:>6}  {top:<70} {token_text(tokenizer, result.token)}"
+        )
 
 
 def _prompt_ids(args: argparse.Namespace, tokenizer) -> list[list[int]]:
@@ -92,8 +107,14 @@ def run_prompts(args: argparse.Namespace) -> None:
     with stage(f"prefill {len(ids)} prompts, {sum(batch.lengths)} tokens"):
         if batch.prefix_tokens:
             runtime.prefill(*batch.prefix_call(), on_progress=show_progress)  # fills the shared blocks once
-        results = runtime.prefill(batch.tokens, batch.page_table, batch.lengths, batch.cached,
-                                  sampling=row_sampling(len(ids), args.seed), on_progress=show_progress)
+        results = runtime.prefill(
+            batch.tokens,
+            batch.page_table,
+            batch.lengths,
+            batch.cached,
+            sampling=row_sampling(len(ids), args.seed),
+            on_progress=show_progress,
+        )
     print_rows(results, batch, tokenizer)
     runtime.close()
 
@@ -102,9 +123,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m prefill_shell")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="prefill prompts (or, without any, the demo batch) and print next tokens")
-    run.add_argument("--model", help="a .gguf file, a Hugging Face folder, or random:NAME (default: the pinned SmolLM2)")
+    run.add_argument(
+        "--model", help="a .gguf file, a Hugging Face folder, or random:NAME (default: the pinned SmolLM2)"
+    )
     run.add_argument("--prompt", action="append", help="a prompt (repeatable)")
-    run.add_argument("--prompts", help="a file: one prompt per line, or .jsonl objects with 'prompt' or chat 'messages'")
+    run.add_argument(
+        "--prompts", help="a file: one prompt per line, or .jsonl objects with 'prompt' or chat 'messages'"
+    )
     run.add_argument("--token-ids", help="a file of prompts as space-separated token ids, one per line")
     run.add_argument("--chat", action="store_true", help="apply the model's chat template to plain prompts")
     run.add_argument("--device", default="cpu", help="torch device (cpu or cuda)")

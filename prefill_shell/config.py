@@ -30,8 +30,10 @@ def _check_capabilities(policy: PrefillPolicy, backend: Backend) -> None:
     wave_cap = backend.max_sampled_wave
     largest_wave = max((w for w in policy.waves if w <= min(policy.max_batch_size, policy.lane_size)), default=1)
     if wave_cap is not None and largest_wave > wave_cap:
-        rule = (f"its largest wave ({largest_wave} rows) exceeds the backend's max_sampled_wave={wave_cap}; "
-                f"lower max_batch_size or lane_size to {wave_cap}")
+        rule = (
+            f"its largest wave ({largest_wave} rows) exceeds the backend's max_sampled_wave={wave_cap}; "
+            f"lower max_batch_size or lane_size to {wave_cap}"
+        )
         raise _config_error("policy.waves", policy.waves, rule)
 
 
@@ -89,7 +91,9 @@ class PrefillRuntimeConfig:
     ) -> PrefillRuntimeConfig:
         """Checks every collaborator once; raises ``PrefillConfigError`` naming what is wrong."""
         if not isinstance(model, PrefillModel):
-            raise _config_error("model", type(model).__name__, "must implement PrefillModel (spec, dtype, forward_hidden, lm_head)")
+            raise _config_error(
+                "model", type(model).__name__, "must implement PrefillModel (spec, dtype, forward_hidden, lm_head)"
+            )
         if not isinstance(backend, Backend):
             raise _config_error("backend", type(backend).__name__, "must implement the Backend seam")
         for name in ("block_size", "num_blocks"):
@@ -110,9 +114,13 @@ class PrefillRuntimeConfig:
             raise _config_error("layout", type(layout).__name__, "must be a PageTableLayout")
         ceiling = self.layout_ceiling
         if layout.block_size != ceiling.block_size:
-            raise _config_error("layout.block_size", layout.block_size, f"must equal the KV pool's {ceiling.block_size}")
+            raise _config_error(
+                "layout.block_size", layout.block_size, f"must equal the KV pool's {ceiling.block_size}"
+            )
         if layout.num_blocks > ceiling.num_blocks:
-            raise _config_error("layout.num_blocks", layout.num_blocks, f"must be <= the KV pool's {ceiling.num_blocks}")
+            raise _config_error(
+                "layout.num_blocks", layout.num_blocks, f"must be <= the KV pool's {ceiling.num_blocks}"
+            )
         if layout.max_num_blocks_per_seq > ceiling.max_num_blocks_per_seq:
             rule = f"must be <= {ceiling.max_num_blocks_per_seq} (the model's max_position / block_size)"
             raise _config_error("layout.max_num_blocks_per_seq", layout.max_num_blocks_per_seq, rule)

@@ -128,11 +128,15 @@ class TensorSpec:
 
 _B = ("B",)
 INPUT_TOKENS = TensorSpec("input_tokens", Stage.BODY_INPUT, torch.int64, ("B", "S"), "prompt token ids")
-CHUNK_START = TensorSpec("chunk_start", Stage.BODY_INPUT, torch.int64, _B, "absolute position of the step's first token")
+CHUNK_START = TensorSpec(
+    "chunk_start", Stage.BODY_INPUT, torch.int64, _B, "absolute position of the step's first token"
+)
 SLOTS = TensorSpec("slots", Stage.BODY_INPUT, torch.int32, _B, "KV slot per row, -1 for padding rows")
 FILL_TABLE = TensorSpec("fill_table", Stage.BODY_INPUT, torch.int32, ("B", "Wf"), "blocks the step writes (-1: none)")
 READ_TABLE = TensorSpec("read_table", Stage.BODY_INPUT, torch.int32, ("B", "Wr"), "blocks chunked attention reads")
-LAST_TOKEN_INDEX = TensorSpec("last_token_index", Stage.POSTPROCESS_INPUT, torch.int64, _B, "step-relative last-token row")
+LAST_TOKEN_INDEX = TensorSpec(
+    "last_token_index", Stage.POSTPROCESS_INPUT, torch.int64, _B, "step-relative last-token row"
+)
 TOP_K = TensorSpec("top_k", Stage.POSTPROCESS_INPUT, torch.int64, _B, "device sampling K")
 # P and T are float64 on the host and T is not inverted here: float64 holds a
 # row's Python floats exactly, and T itself (not 1/T) is what the torch sampler
@@ -156,18 +160,33 @@ STEP_INPUTS = (*BODY_INPUTS, LAST_TOKEN_INDEX)
 """Everything one host step holds."""
 SAMPLING_INPUTS = (TOP_K, TOP_P, TEMPERATURE)
 """What device top-k sampling reads beside the logits, in the order of ``Backend.sample``'s arguments."""
-ALL_SPECS = (*STEP_INPUTS, *SAMPLING_INPUTS, HIDDEN, LAST_HIDDEN, LOGITS, SAMPLED_TOKENS, TOKEN_LOGPROB, TOP_IDS,
-             TOP_LOGPROBS)
+ALL_SPECS = (
+    *STEP_INPUTS,
+    *SAMPLING_INPUTS,
+    HIDDEN,
+    LAST_HIDDEN,
+    LOGITS,
+    SAMPLED_TOKENS,
+    TOKEN_LOGPROB,
+    TOP_IDS,
+    TOP_LOGPROBS,
+)
 
 
 def body_geometry(body: PrefillTraceSignature, hidden_size: int) -> dict[str, int]:
     """The dimensions of a hidden body's tensors."""
-    return {"B": body.padded_batch, "S": body.chunk_length, "Wf": body.page_table_width,
-            "Wr": body.read_table_width, "H": hidden_size}
+    return {
+        "B": body.padded_batch,
+        "S": body.chunk_length,
+        "Wf": body.page_table_width,
+        "Wr": body.read_table_width,
+        "H": hidden_size,
+    }
 
 
-def program_geometry(signature: PrefillProgramSignature, hidden_size: int, vocab_size: int,
-                     max_logprobs: int) -> dict[str, int]:
+def program_geometry(
+    signature: PrefillProgramSignature, hidden_size: int, vocab_size: int, max_logprobs: int
+) -> dict[str, int]:
     """The dimensions of every tensor one program (body and postprocessing) touches."""
     return {**body_geometry(signature.body, hidden_size), "V": vocab_size, "N": max_logprobs}
 
@@ -199,5 +218,8 @@ def sampling_values(params: Sequence[SamplingParams]) -> dict[TensorSpec, torch.
     """
     rows = [(1, 1.0, 1.0) if p.is_greedy else (p.top_k, p.top_p, p.temperature) for p in params]
     k, p, t = zip(*rows)
-    return {TOP_K: torch.tensor(k, dtype=TOP_K.host_dtype), TOP_P: torch.tensor(p, dtype=TOP_P.host_dtype),
-            TEMPERATURE: torch.tensor(t, dtype=TEMPERATURE.host_dtype)}
+    return {
+        TOP_K: torch.tensor(k, dtype=TOP_K.host_dtype),
+        TOP_P: torch.tensor(p, dtype=TOP_P.host_dtype),
+        TEMPERATURE: torch.tensor(t, dtype=TEMPERATURE.host_dtype),
+    }

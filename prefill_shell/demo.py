@@ -60,8 +60,10 @@ CITIES = ("Oslo", "Lisbon", "Cairo", "Lima", "Perth", "Quebec", "Nairobi", "Osak
 def document(lines: int = 130, seed: int = 0) -> str:
     """A long, regular text (a weather log) that ends mid-entry, so the next token is predictable."""
     rng = random.Random(seed)
-    entries = [f"Day {day}: in {rng.choice(CITIES)} it was {rng.randint(-5, 35)} degrees and {rng.choice(('sunny', 'rainy', 'windy', 'cloudy'))}."
-               for day in range(1, lines + 1)]
+    entries = [
+        f"Day {day}: in {rng.choice(CITIES)} it was {rng.randint(-5, 35)} degrees and {rng.choice(('sunny', 'rainy', 'windy', 'cloudy'))}."
+        for day in range(1, lines + 1)
+    ]
     return "Weather log of the travelling reporter.\n" + "\n".join(entries) + f"\nDay {lines + 1}: in"
 
 
@@ -76,8 +78,14 @@ def demo_prompts(tokenizer, vocab_size: int, seed: int = 0) -> tuple[list[list[i
         rng = random.Random(seed)
         ids = lambda n: [rng.randrange(1, vocab_size) for _ in range(n)]  # noqa: E731
         system = ids(150)
-        return [system + ids(12 + i) for i in members] + [ids(2300)] + [ids(6 + i) for i in range(len(SHORT))], labels, members
-    chats = [Prompt(messages=({"role": "system", "content": SYSTEM}, {"role": "user", "content": q})) for q in QUESTIONS]
+        return (
+            [system + ids(12 + i) for i in members] + [ids(2300)] + [ids(6 + i) for i in range(len(SHORT))],
+            labels,
+            members,
+        )
+    chats = [
+        Prompt(messages=({"role": "system", "content": SYSTEM}, {"role": "user", "content": q})) for q in QUESTIONS
+    ]
     prompts = chats + [Prompt(text=document())] + [Prompt(text=s) for s in SHORT]
     return [encode(tokenizer, p, chat=False) for p in prompts], labels, members
 
@@ -86,11 +94,15 @@ def _summary(batch: SharedPrefixBatch, prepared, members: list[int]) -> None:
     shared = len(batch.prefix_tokens)
     real = sum(p.request.real_tokens for p in prepared)
     computed = sum(p.request.computed_tokens for p in prepared)
-    print(f"\nshared system prompt: {shared} tokens ({len(batch.prefix_blocks)} blocks) prefilled once, "
-          f"then read from cache by {len(members)} rows")
-    print(f"batch: {sum(batch.lengths)} prompt tokens = {sum(batch.cached)} taken from cache + {real} computed "
-          f"({computed} positions with padding); without the shared prefix the chat rows alone would compute "
-          f"{sum(batch.lengths[i] for i in members)}")
+    print(
+        f"\nshared system prompt: {shared} tokens ({len(batch.prefix_blocks)} blocks) prefilled once, "
+        f"then read from cache by {len(members)} rows"
+    )
+    print(
+        f"batch: {sum(batch.lengths)} prompt tokens = {sum(batch.cached)} taken from cache + {real} computed "
+        f"({computed} positions with padding); without the shared prefix the chat rows alone would compute "
+        f"{sum(batch.lengths[i] for i in members)}"
+    )
 
 
 def _timed(fn):
@@ -115,8 +127,9 @@ def run_demo(args: argparse.Namespace) -> None:
     print(f"model: {args.model or 'SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized to float32)'}\n")
     print(plan_table(prepared), "\n")
     with stage(f"eager prefill ({sum(batch.lengths) - sum(batch.cached)} uncached tokens)"):
-        eager, eager_s = _timed(lambda: executor.prefill(*call, sampling=sampling, mode="eager",
-                                                         on_progress=show_progress))
+        eager, eager_s = _timed(
+            lambda: executor.prefill(*call, sampling=sampling, mode="eager", on_progress=show_progress)
+        )
     with stage("warm-up on the observed programs (compile + capture)"):
         executor.warm_up(WarmupManifest().observe(prepared), on_progress=show_progress)
     with stage("traced prefill"):

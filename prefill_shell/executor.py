@@ -62,8 +62,11 @@ class PrefillExecutor:
         captured = set(manifest.trace_signatures)
         aliases = [s for s in manifest.program_signatures if s.body in captured]
         bodies = sorted(captured, key=lambda s: (s.padded_batch * s.chunk_length, s.key), reverse=True)
-        stages = (("compile", manifest.program_signatures, self.compile),
-                  ("allocate", aliases, self.runtime.allocate_workspace), ("capture", bodies, self.runtime.capture))
+        stages = (
+            ("compile", manifest.program_signatures, self.compile),
+            ("allocate", aliases, self.runtime.allocate_workspace),
+            ("capture", bodies, self.runtime.capture),
+        )
         with self.runtime.hold():
             for stage, signatures, run in stages:
                 progress = ProgressCounter(on_progress, stage, len(signatures)).start()
@@ -72,8 +75,9 @@ class PrefillExecutor:
                     progress.advance(signature.key)
 
     # -- dispatch -------------------------------------------------------
-    def invocations(self, batch: PreparedBatch, mode: str = "auto",
-                    on_progress: ProgressCallback | None = None) -> Iterator[InvocationResult]:
+    def invocations(
+        self, batch: PreparedBatch, mode: str = "auto", on_progress: ProgressCallback | None = None
+    ) -> Iterator[InvocationResult]:
         """Invocations in plan order; a traced call is preflighted before anything runs.
 
         ``on_progress`` gets stage ``"prefill"``: done 0..``batch.num_steps`` body steps.
@@ -85,8 +89,10 @@ class PrefillExecutor:
         gaps = [(p, why) for p, why in gaps if why is not None]
         if mode == "traced" and gaps:
             prepared, why = gaps[0]
-            msg = (f"traced prefill of rows {prepared.request.source_rows} is not covered: {why}; "
-                   f"program {prepared.program_signature.key}; warm up a manifest that holds it or run mode='eager'")
+            msg = (
+                f"traced prefill of rows {prepared.request.source_rows} is not covered: {why}; "
+                f"program {prepared.program_signature.key}; warm up a manifest that holds it or run mode='eager'"
+            )
             raise TraceCoverageError(msg)
         return self._run(batch, mode == "traced" or (mode == "auto" and not gaps), on_progress)
 
@@ -101,8 +107,17 @@ class PrefillExecutor:
                     self.compile_count += 1  # a program first seen while serving: a late compile
                 yield self.runtime.invoke(batch, index, traced=traced, progress=progress)
 
-    def prefill(self, tokens, page_table, prompt_lengths, cached_lengths=None, slots=None, sampling=None,
-                mode: str = "auto", on_progress: ProgressCallback | None = None) -> list[PrefillResult]:
+    def prefill(
+        self,
+        tokens,
+        page_table,
+        prompt_lengths,
+        cached_lengths=None,
+        slots=None,
+        sampling=None,
+        mode: str = "auto",
+        on_progress: ProgressCallback | None = None,
+    ) -> list[PrefillResult]:
         """prepare + (traced or eager) invoke + streaming assemble, in caller row order."""
         with self.runtime.hold():
             batch = self.runtime.prepare(tokens, page_table, prompt_lengths, cached_lengths, slots, sampling)

@@ -18,8 +18,17 @@ import torch
 from prefill_core import PageTableView, PrefillChunk, PrefillRequest
 
 from .backends.base import Backend
-from .contract import (BODY_INPUTS, CHUNK_START, FILL_TABLE, INPUT_TOKENS, LAST_TOKEN_INDEX, READ_TABLE, SLOTS,
-                       STEP_INPUTS, TensorSpec)
+from .contract import (
+    BODY_INPUTS,
+    CHUNK_START,
+    FILL_TABLE,
+    INPUT_TOKENS,
+    LAST_TOKEN_INDEX,
+    READ_TABLE,
+    SLOTS,
+    STEP_INPUTS,
+    TensorSpec,
+)
 from .ledger import DeviceTensor, Ownership
 
 __all__ = ["HostStep", "DeviceStep", "PrefillInputStager", "build_host_steps"]

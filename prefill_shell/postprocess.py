@@ -22,11 +22,20 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from prefill_core import PreparedPrefill, PrefillProgramSignature, SamplingPath
+from prefill_core import PrefillProgramSignature, PreparedPrefill, SamplingPath
 
 from .backends.base import Backend
-from .contract import (LAST_HIDDEN, LOGITS, SAMPLED_TOKENS, SAMPLING_INPUTS, TOKEN_LOGPROB, TOP_IDS, TOP_LOGPROBS,
-                       TensorSpec, sampling_values)
+from .contract import (
+    LAST_HIDDEN,
+    LOGITS,
+    SAMPLED_TOKENS,
+    SAMPLING_INPUTS,
+    TOKEN_LOGPROB,
+    TOP_IDS,
+    TOP_LOGPROBS,
+    TensorSpec,
+    sampling_values,
+)
 from .ledger import DeviceTensor, Ownership
 
 __all__ = ["PrefillPostprocessor", "wave_params"]
@@ -94,8 +103,9 @@ class PrefillPostprocessor:
             outputs[TOP_LOGPROBS] = emit(TOP_LOGPROBS, top_values)
         return outputs
 
-    def _sampling_inputs(self, params: tuple, acquired: list[DeviceTensor],
-                         workspace: dict[TensorSpec, DeviceTensor] | None) -> list[DeviceTensor]:
+    def _sampling_inputs(
+        self, params: tuple, acquired: list[DeviceTensor], workspace: dict[TensorSpec, DeviceTensor] | None
+    ) -> list[DeviceTensor]:
         """K, P and T on the device: refreshed into the workspace (traced) or uploaded for this invocation."""
         host = sampling_values(params)
         if workspace is not None:

@@ -93,5 +93,6 @@ def share_prefix(
         table[index, : len(row)] = torch.tensor(row, dtype=torch.int32)
         tokens[index, : len(prompt)] = torch.tensor(list(prompt), dtype=torch.int64)
     prefix = tuple(prompts[members[0]][:shared]) if shared else ()
-    return SharedPrefixBatch(tokens, table, tuple(len(p) for p in prompts), tuple(cached), prefix,
-                             tuple(prefix_blocks), max(next_block, 1))
+    return SharedPrefixBatch(
+        tokens, table, tuple(len(p) for p in prompts), tuple(cached), prefix, tuple(prefix_blocks), max(next_block, 1)
+    )

@@ -118,5 +118,8 @@ def note_partial_writes(error: BaseException, blocks: dict[int, tuple[int, ...]]
     except AttributeError:  # an exception type without a __dict__: the note still carries it
         pass
     listed = "; ".join(f"row {row}: blocks {list(ids)}" for row, ids in blocks.items())
-    add_note(error, f"partial writes: KV blocks that may hold partial writes of the failed request ({listed}); "
-                    "rows of requests completed earlier in this call hold whole KV")
+    add_note(
+        error,
+        f"partial writes: KV blocks that may hold partial writes of the failed request ({listed}); "
+        "rows of requests completed earlier in this call hold whole KV",
+    )

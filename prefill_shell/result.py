@@ -56,8 +56,7 @@ class InvocationResult:
 
     __slots__ = ("prepared", "outputs", "owned", "seeds", "consumed")
 
-    def __init__(self, prepared: PreparedPrefill, outputs: dict, owned: list[DeviceTensor],
-                 seeds: tuple[int, ...]):
+    def __init__(self, prepared: PreparedPrefill, outputs: dict, owned: list[DeviceTensor], seeds: tuple[int, ...]):
         self.prepared = prepared
         self.outputs = outputs
         self.owned = owned

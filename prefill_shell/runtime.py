@@ -23,8 +23,16 @@ from typing import Any
 import attrs
 import torch
 
-from prefill_core import (PageTableLayout, PreparedPrefill, PrefillProgramSignature, PrefillTraceSignature,
-                          SamplingParams, SamplingPath, prepare_in_lanes, prepare_prefill)
+from prefill_core import (
+    PageTableLayout,
+    PrefillProgramSignature,
+    PrefillTraceSignature,
+    PreparedPrefill,
+    SamplingParams,
+    SamplingPath,
+    prepare_in_lanes,
+    prepare_prefill,
+)
 from prefill_core.errors import CleanupError, PrefillStateError
 
 from .assembler import PrefillResultAssembler
@@ -105,10 +113,18 @@ class PrefillRuntime:
         self._guard = CallGuard()
         self._stager = PrefillInputStager(self.backend)
         self._postprocessor = PrefillPostprocessor(self.backend, self._run_lm_head, config.policy.max_logprobs)
-        self._runner = PrefillSequenceRunner(self.backend, self._stager, self._postprocessor, self._run_body,
-                                             self._release_handles)
-        self._traces = PrefillTraceLifecycle(self.backend, self._stager, self._postprocessor, self._run_body,
-                                             config.model.spec, config.model.dtype, self._release_handles)
+        self._runner = PrefillSequenceRunner(
+            self.backend, self._stager, self._postprocessor, self._run_body, self._release_handles
+        )
+        self._traces = PrefillTraceLifecycle(
+            self.backend,
+            self._stager,
+            self._postprocessor,
+            self._run_body,
+            config.model.spec,
+            config.model.dtype,
+            self._release_handles,
+        )
         self._assembler = PrefillResultAssembler(self.backend, self._release_handles)
 
     def hold(self) -> contextlib.AbstractContextManager[None]:
@@ -127,8 +143,11 @@ class PrefillRuntime:
     def _run_body(self, step: DeviceStep) -> Any:
         read = step.get(READ_TABLE)
         return self.config.model.forward_hidden(
-            step[INPUT_TOKENS].value, step[CHUNK_START].value, step[FILL_TABLE].value,
-            None if read is None else read.value, self.config.kv,
+            step[INPUT_TOKENS].value,
+            step[CHUNK_START].value,
+            step[FILL_TABLE].value,
+            None if read is None else read.value,
+            self.config.kv,
         )
 
     def _run_lm_head(self, rows: Any) -> Any:
@@ -165,8 +184,9 @@ class PrefillRuntime:
         return PreparedBatch(prepared, steps, len(batch), self, config.layout)
 
     @exclusive
-    def invoke(self, batch: PreparedBatch, index: int, *, traced: bool = False,
-               progress: ProgressCounter | None = None) -> InvocationResult:
+    def invoke(
+        self, batch: PreparedBatch, index: int, *, traced: bool = False, progress: ProgressCounter | None = None
+    ) -> InvocationResult:
         """Runs request ``index`` of ``batch``: eagerly, or by replaying its captured trace.
 
         ``traced=True`` never falls back to eager: a request without a trace
@@ -200,8 +220,9 @@ class PrefillRuntime:
         return InvocationResult(prepared, outputs, owned, seeds)
 
     @exclusive_stream
-    def invocations(self, batch: PreparedBatch, *, traced: bool = False,
-                    on_progress: ProgressCallback | None = None) -> Iterator[InvocationResult]:
+    def invocations(
+        self, batch: PreparedBatch, *, traced: bool = False, on_progress: ProgressCallback | None = None
+    ) -> Iterator[InvocationResult]:
         """Invocations in plan order, produced lazily (one in flight at a time).
 
         ``on_progress`` gets stage ``"prefill"``: done 0..``batch.num_steps``
@@ -222,8 +243,18 @@ class PrefillRuntime:
         return self._assembler.assemble(invocations, num_rows)
 
     @exclusive
-    def prefill(self, tokens, page_table, prompt_lengths, cached_lengths=None, slots=None, sampling=None, *,
-                traced: bool = False, on_progress: ProgressCallback | None = None) -> list[PrefillResult]:
+    def prefill(
+        self,
+        tokens,
+        page_table,
+        prompt_lengths,
+        cached_lengths=None,
+        slots=None,
+        sampling=None,
+        *,
+        traced: bool = False,
+        on_progress: ProgressCallback | None = None,
+    ) -> list[PrefillResult]:
         """prepare + invoke + assemble: one row's result per caller row, in caller order."""
         batch = self.prepare(tokens, page_table, prompt_lengths, cached_lengths, slots, sampling)
         return self.assemble(self.invocations(batch, traced=traced, on_progress=on_progress), batch.num_rows)
@@ -311,7 +342,7 @@ class PrefillRuntime:
         for position, handle in enumerate(pending):
             try:
                 self.backend.release(handle)
-            except Exception as failure:  # noqa: BLE001 (kept as orphan, reported below)
+            except Exception as failure:
                 self.orphans.append(handle)
                 if primary is not None:
                     add_note(primary, f"cleanup: releasing {handle!r} failed: {failure!r}")
@@ -329,7 +360,7 @@ class PrefillRuntime:
                 continue
             try:
                 self.backend.release(handle)
-            except Exception as failure:  # noqa: BLE001
+            except Exception as failure:
                 self.orphans.append(handle)
                 failures.append(repr(failure))
             except BaseException:
@@ -349,11 +380,15 @@ class PrefillRuntime:
 
     def _check_planned_here(self, batch: PreparedBatch) -> None:
         if batch.runtime is not self:
-            raise PrefillStateError("this PreparedBatch was prepared by another PrefillRuntime (another KV pool and "
-                                    "layout); prepare it on this one: nothing was run")
+            raise PrefillStateError(
+                "this PreparedBatch was prepared by another PrefillRuntime (another KV pool and "
+                "layout); prepare it on this one: nothing was run"
+            )
         if batch.layout is not self.config.layout and batch.layout != self.config.layout:
-            msg = (f"this PreparedBatch was planned for {batch.layout}, but the runtime's layout is now "
-                   f"{self.config.layout} (configure_page_table_layout); prepare it again: nothing was run")
+            msg = (
+                f"this PreparedBatch was planned for {batch.layout}, but the runtime's layout is now "
+                f"{self.config.layout} (configure_page_table_layout); prepare it again: nothing was run"
+            )
             raise PrefillStateError(msg)
 
     def _check_open(self) -> None:

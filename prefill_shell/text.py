@@ -56,7 +56,7 @@ def model_path(ref: str | None) -> Path:
 def load_model(ref: str | None, dtype: torch.dtype = torch.float32, device: str = "cpu") -> PagedLlama:
     """The weights ``--model`` names, as a ``PagedLlama``."""
     if ref is not None and ref.startswith(RANDOM_PREFIX):
-        name = ref[len(RANDOM_PREFIX):]
+        name = ref[len(RANDOM_PREFIX) :]
         if name not in PRESETS:
             raise PrefillConfigError(f"--model {ref!r} is invalid: presets are {sorted(PRESETS)}")
         return random_llama(0, name, device=device)
@@ -65,7 +65,9 @@ def load_model(ref: str | None, dtype: torch.dtype = torch.float32, device: str 
         return load_gguf(path, dtype=dtype, device=device)
     if path.is_dir():
         return load_hf_folder(path, device=device, dtype=str(dtype).removeprefix("torch."))
-    raise PrefillConfigError(f"--model {str(path)!r} is invalid: expected a .gguf file, a Hugging Face folder or random:NAME")
+    raise PrefillConfigError(
+        f"--model {str(path)!r} is invalid: expected a .gguf file, a Hugging Face folder or random:NAME"
+    )
 
 
 def load_tokenizer(ref: str | None) -> Any:
@@ -102,11 +104,18 @@ def _json_prompt(path: Path, number: int, line: str) -> Prompt:
     if isinstance(record, dict) and isinstance(record.get("prompt"), str):
         return Prompt(text=record["prompt"])
     messages = record.get("messages") if isinstance(record, dict) else None
-    if isinstance(messages, list) and messages and all(
-        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in messages
+    if (
+        isinstance(messages, list)
+        and messages
+        and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in messages
+        )
     ):
         return Prompt(messages=tuple({"role": m["role"], "content": m["content"]} for m in messages))
-    raise PromptError(f"{where}: expected an object with a 'prompt' string or a non-empty 'messages' list of {{role, content}}")
+    raise PromptError(
+        f"{where}: expected an object with a 'prompt' string or a non-empty 'messages' list of {{role, content}}"
+    )
 
 
 def read_token_id_file(path: str | Path) -> list[list[int]]:
@@ -118,7 +127,9 @@ def read_token_id_file(path: str | Path) -> list[list[int]]:
         try:
             out.append([int(part) for part in line.split()])
         except ValueError:
-            raise PromptError(f"{path}:{number}: expected space-separated token ids, got {line.strip()[:40]!r}") from None
+            raise PromptError(
+                f"{path}:{number}: expected space-separated token ids, got {line.strip()[:40]!r}"
+            ) from None
     return out
 
 

@@ -29,8 +29,19 @@ from prefill_core import PrefillProgramSignature, PrefillTraceSignature, Prepare
 from prefill_core.errors import CleanupError, TraceCoverageError
 
 from .backends.base import Backend, TraceHandle
-from .contract import (BODY_INPUTS, FILL_TABLE, HIDDEN, LAST_TOKEN_INDEX, READ_TABLE, SAMPLING_INPUTS, SLOTS,
-                       STEP_INPUTS, body_geometry, program_geometry, workspace_specs)
+from .contract import (
+    BODY_INPUTS,
+    FILL_TABLE,
+    HIDDEN,
+    LAST_TOKEN_INDEX,
+    READ_TABLE,
+    SAMPLING_INPUTS,
+    SLOTS,
+    STEP_INPUTS,
+    body_geometry,
+    program_geometry,
+    workspace_specs,
+)
 from .inputs import DeviceStep, HostStep, PrefillInputStager
 from .ledger import DeviceTensor, Ownership
 from .postprocess import PrefillPostprocessor, wave_params
@@ -78,9 +89,16 @@ def workspace_key(signature: PrefillProgramSignature) -> tuple:
 class PrefillTraceLifecycle:
     """Captures traces, keeps per-alias workspaces, and replays prepared requests."""
 
-    def __init__(self, backend: Backend, stager: PrefillInputStager, postprocessor: PrefillPostprocessor,
-                 body: Callable[[DeviceStep], object], model_spec, model_dtype: torch.dtype,
-                 release: Callable[..., None]):
+    def __init__(
+        self,
+        backend: Backend,
+        stager: PrefillInputStager,
+        postprocessor: PrefillPostprocessor,
+        body: Callable[[DeviceStep], object],
+        model_spec,
+        model_dtype: torch.dtype,
+        release: Callable[..., None],
+    ):
         self._backend = backend
         self._stager = stager
         self._postprocessor = postprocessor
@@ -96,8 +114,9 @@ class PrefillTraceLifecycle:
         key = workspace_key(signature)
         if key in self.workspaces:
             return
-        geometry = program_geometry(signature, self._spec.hidden_size, self._spec.vocab_size,
-                                    self._postprocessor.max_logprobs)
+        geometry = program_geometry(
+            signature, self._spec.hidden_size, self._spec.vocab_size, self._postprocessor.max_logprobs
+        )
         workspace: dict = {}
         try:
             for spec in workspace_specs(signature):
@@ -158,7 +177,12 @@ class PrefillTraceLifecycle:
             trace.replays += 1
         self._backend.refresh(steps[-1][LAST_TOKEN_INDEX], workspace[LAST_TOKEN_INDEX])
         outputs = self._postprocessor.finish(
-            prepared.program_signature, wave_params(prepared), trace.hidden, workspace[LAST_TOKEN_INDEX], seeds, [],
+            prepared.program_signature,
+            wave_params(prepared),
+            trace.hidden,
+            workspace[LAST_TOKEN_INDEX],
+            seeds,
+            [],
             workspace=workspace,
         )
         return InvocationResult(prepared, outputs, [], seeds)
@@ -175,7 +199,7 @@ class PrefillTraceLifecycle:
             if not trace.handle.released:
                 try:
                     self._backend.release_trace(trace.handle)
-                except Exception as failure:  # noqa: BLE001 (reported below, retried later)
+                except Exception as failure:
                     failures.append(f"{signature.key}: {failure!r}")
                     continue
             self._release(trace.inputs.handles() + [trace.hidden])

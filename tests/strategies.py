@@ -110,7 +110,9 @@ class CaseSpec:
 
     def build(self) -> Case:
         return Case(
-            PrefillBatch.from_rows(self.rows), PrefillPolicy(**self.policy_kwargs), PageTableLayout(**self.layout_kwargs)
+            PrefillBatch.from_rows(self.rows),
+            PrefillPolicy(**self.policy_kwargs),
+            PageTableLayout(**self.layout_kwargs),
         )
 
     @property
@@ -224,7 +226,9 @@ EXTREME_TOP_P = (5e-324, 1e-46, 1e-39, 1e-7)
 @st.composite
 def sampling_params(draw, max_logprobs: int = 20) -> SamplingParams:
     """Valid sampling parameters (greedy, device top-k, beyond-cap top-k and extreme floats all occur)."""
-    temperature = draw(st.one_of(st.sampled_from((0.0, 0.7, 1.0)), st.sampled_from(EXTREME_TEMPERATURES), st.floats(0.0, 4.0)))
+    temperature = draw(
+        st.one_of(st.sampled_from((0.0, 0.7, 1.0)), st.sampled_from(EXTREME_TEMPERATURES), st.floats(0.0, 4.0))
+    )
     top_k = draw(st.one_of(st.sampled_from((0, 1, 32, 33)), st.integers(0, 200)))
     top_p = draw(st.one_of(st.just(1.0), st.sampled_from(EXTREME_TOP_P), st.floats(0.0, 1.0, exclude_min=True)))
     seed = draw(st.one_of(st.none(), st.integers(0, 2**63 - 1)))
@@ -235,7 +239,7 @@ def sampling_params(draw, max_logprobs: int = 20) -> SamplingParams:
 # ---------------------------------------------------------------- batches
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def row_lengths(block_size: int, max_length: int = MAX_LENGTH) -> st.SearchStrategy[int]:
     """Prompt lengths in ``1..max_length``, biased towards small and boundary values."""
     edges = BOUNDARY_LENGTHS + (block_size - 1, block_size, block_size + 1)
@@ -381,7 +385,9 @@ def _breakers(spec: CaseSpec) -> dict[str, Callable]:
 
     def length(draw):
         i, value = any_row(draw), draw(st.integers(-(2**40), 0))
-        return InvalidCase("length <= 0", InvalidLengthError, i, "length", value, _with_row(spec, i, length=value, cached=0))
+        return InvalidCase(
+            "length <= 0", InvalidLengthError, i, "length", value, _with_row(spec, i, length=value, cached=0)
+        )
 
     def cached_negative(draw):
         i, value = any_row(draw), draw(st.integers(-(2**20), -1).map(lambda v: v * bs))
@@ -390,7 +396,9 @@ def _breakers(spec: CaseSpec) -> dict[str, Callable]:
     def cached_beyond(draw):
         i = any_row(draw)
         value = (rows[i].length // bs + draw(st.integers(1, 4))) * bs
-        return InvalidCase("cached > length", InvalidCachedLengthError, i, "cached", value, _with_row(spec, i, cached=value))
+        return InvalidCase(
+            "cached > length", InvalidCachedLengthError, i, "cached", value, _with_row(spec, i, cached=value)
+        )
 
     def cached_unaligned(draw):
         i = draw(st.sampled_from([k for k, r in enumerate(rows) if r.length > 1]))
@@ -420,7 +428,12 @@ def _breakers(spec: CaseSpec) -> dict[str, Callable]:
         column = draw(st.integers(0, -(-rows[i].length // bs) - 1))
         value = draw(st.one_of(st.integers(-(2**40), -1), st.integers(pool, pool + 2**40)))
         return InvalidCase(
-            "block outside the pool", InvalidPageTableError, i, f"blocks[{column}]", value, _with_block(spec, i, column, value)
+            "block outside the pool",
+            InvalidPageTableError,
+            i,
+            f"blocks[{column}]",
+            value,
+            _with_block(spec, i, column, value),
         )
 
     def two_writers(draw):
@@ -430,16 +443,26 @@ def _breakers(spec: CaseSpec) -> dict[str, Callable]:
         value = rows[i].blocks[source]
         later, column = (j, target) if j > i else (i, source)
         return InvalidCase(
-            "block written by two rows", BlockConflictError, later, f"blocks[{column}]", value,
+            "block written by two rows",
+            BlockConflictError,
+            later,
+            f"blocks[{column}]",
+            value,
             _with_block(spec, j, target, value),
         )
 
     def written_twice(draw):
         i = draw(st.sampled_from([w for w in writers if len(_written(rows[w], bs)) >= 2]))
-        first, second = sorted(draw(st.lists(st.sampled_from(_written(rows[i], bs)), min_size=2, max_size=2, unique=True)))
+        first, second = sorted(
+            draw(st.lists(st.sampled_from(_written(rows[i], bs)), min_size=2, max_size=2, unique=True))
+        )
         value = rows[i].blocks[first]
         return InvalidCase(
-            "row writes a block twice", BlockConflictError, i, f"blocks[{second}]", value,
+            "row writes a block twice",
+            BlockConflictError,
+            i,
+            f"blocks[{second}]",
+            value,
             _with_block(spec, i, second, value),
         )
 
@@ -462,12 +485,19 @@ def _breakers(spec: CaseSpec) -> dict[str, Callable]:
         reader = next(k for k, r in enumerate(changed.rows) if value in r.blocks[: r.cached // bs])
         column = changed.rows[reader].blocks.index(value)
         return InvalidCase(
-            "written block is another row's cached block", BlockConflictError, reader, f"blocks[{column}]", value, changed
+            "written block is another row's cached block",
+            BlockConflictError,
+            reader,
+            f"blocks[{column}]",
+            value,
+            changed,
         )
 
     def repeated_in_row(draw):
         i = draw(st.sampled_from([k for k, r in enumerate(rows) if r.cached >= 2 * bs]))
-        first, second = sorted(draw(st.lists(st.integers(0, rows[i].cached // bs - 1), min_size=2, max_size=2, unique=True)))
+        first, second = sorted(
+            draw(st.lists(st.integers(0, rows[i].cached // bs - 1), min_size=2, max_size=2, unique=True))
+        )
         value = rows[i].blocks[first]
         changed = _with_block(spec, i, second, value)
         return InvalidCase("block repeated in a row", RepeatedBlockError, i, f"blocks[{second}]", value, changed)
@@ -476,10 +506,16 @@ def _breakers(spec: CaseSpec) -> dict[str, Callable]:
         i, c_i, k, c_k = draw(st.sampled_from(_shared_column_targets(rows, bs)))
         value = rows[i].blocks[c_i]
         changed = _with_block(spec, k, c_k, value)
-        holders = [(r, row.blocks.index(value)) for r, row in enumerate(changed.rows) if value in row.blocks[: row.cached // bs]]
+        holders = [
+            (r, row.blocks.index(value))
+            for r, row in enumerate(changed.rows)
+            if value in row.blocks[: row.cached // bs]
+        ]
         first_column = holders[0][1]
         row, column = next((r, c) for r, c in holders[1:] if c != first_column)
-        return InvalidCase("shared cached block at another column", SharedBlockColumnError, row, f"blocks[{column}]", value, changed)
+        return InvalidCase(
+            "shared cached block at another column", SharedBlockColumnError, row, f"blocks[{column}]", value, changed
+        )
 
     def beyond_max_position(draw):
         longest = max(r.length for r in rows)
@@ -490,7 +526,9 @@ def _breakers(spec: CaseSpec) -> dict[str, Callable]:
     def beyond_capacity(draw):
         i = any_row(draw)
         value = capacity + draw(st.integers(1, 4 * bs))
-        return InvalidCase("length beyond capacity", CapacityError, i, "length", value, _with_row(spec, i, length=value))
+        return InvalidCase(
+            "length beyond capacity", CapacityError, i, "length", value, _with_row(spec, i, length=value)
+        )
 
     def policy_change(rule, field, value):
         kwargs = dict(spec.policy_kwargs, **{field: value})
@@ -498,7 +536,9 @@ def _breakers(spec: CaseSpec) -> dict[str, Callable]:
 
     def wave_not_power(draw):
         bad = draw(st.integers(3, 1000).filter(lambda w: w & (w - 1)))
-        return policy_change("wave not a power of two", "waves", tuple(sorted(set(spec.policy_kwargs["waves"]) | {bad})))
+        return policy_change(
+            "wave not a power of two", "waves", tuple(sorted(set(spec.policy_kwargs["waves"]) | {bad}))
+        )
 
     def ladder_not_increasing(draw):
         unit = _rung_unit(bs)
@@ -530,7 +570,11 @@ def _breakers(spec: CaseSpec) -> dict[str, Callable]:
         value = draw(st.integers(3, 200).filter(lambda v: v & (v - 1)))
         kwargs = dict(spec.layout_kwargs, block_size=value)
         return InvalidCase(
-            "block size not a power of two", InvalidLayoutError, None, "block_size", value,
+            "block size not a power of two",
+            InvalidLayoutError,
+            None,
+            "block_size",
+            value,
             attrs.evolve(spec, layout_kwargs=kwargs),
         )
 
@@ -753,15 +797,19 @@ EXTREME_SAMPLING_TOP_K = (0, 1, 2, 20, 32, 33, 10**9, 2**62)
 @st.composite
 def extreme_sampling_params(draw, max_logprobs: int = 5) -> SamplingParams:
     """Accepted sampling parameters biased to extreme floats and top-k values (greedy rows included)."""
-    temperature = draw(st.one_of(
-        st.sampled_from(EXTREME_SAMPLING_TEMPERATURES),
-        st.floats(0.0, 1e308, allow_nan=False, allow_infinity=False, allow_subnormal=True),
-    ))
+    temperature = draw(
+        st.one_of(
+            st.sampled_from(EXTREME_SAMPLING_TEMPERATURES),
+            st.floats(0.0, 1e308, allow_nan=False, allow_infinity=False, allow_subnormal=True),
+        )
+    )
     top_k = draw(st.one_of(st.sampled_from(EXTREME_SAMPLING_TOP_K), st.integers(0, 300)))
-    top_p = draw(st.one_of(
-        st.sampled_from(EXTREME_SAMPLING_TOP_P),
-        st.floats(0.0, 1.0, exclude_min=True, allow_nan=False, allow_subnormal=True),
-    ))
+    top_p = draw(
+        st.one_of(
+            st.sampled_from(EXTREME_SAMPLING_TOP_P),
+            st.floats(0.0, 1.0, exclude_min=True, allow_nan=False, allow_subnormal=True),
+        )
+    )
     seed = draw(st.integers(0, INT64_MAX))
     return SamplingParams(temperature, top_k, top_p, seed, draw(st.integers(0, max_logprobs)))
 

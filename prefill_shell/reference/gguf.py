@@ -57,7 +57,9 @@ def _gguf():
     try:
         import gguf
     except ImportError:  # the optional "text" extra
-        raise PrefillConfigError("reading a GGUF file needs the 'gguf' package (pip install 'prefill-runtime[text]')") from None
+        raise PrefillConfigError(
+            "reading a GGUF file needs the 'gguf' package (pip install 'prefill-runtime[text]')"
+        ) from None
     return gguf
 
 
@@ -78,12 +80,15 @@ def _metadata(reader: Any, path: Path) -> dict[str, Any]:
             out[key] = _field_value(field)
     arch = out.get("general.architecture")
     if arch != _ARCH:
-        raise PrefillConfigError(f"{path}: general.architecture={arch!r} is unsupported: only {_ARCH!r} GGUF files load")
+        raise PrefillConfigError(
+            f"{path}: general.architecture={arch!r} is unsupported: only {_ARCH!r} GGUF files load"
+        )
     return out
 
 
 def gguf_spec(meta: dict[str, Any], tensor_names: set[str], vocab_rows: int, dtype: str, path: Path) -> LlamaSpec:
     """The ``LlamaSpec`` a Llama GGUF's metadata describes."""
+
     def need(key: str) -> Any:
         if f"{_ARCH}.{key}" not in meta:
             raise PrefillConfigError(f"{path}: metadata lacks required field {_ARCH}.{key}")

@@ -269,8 +269,13 @@ class PagedLlama:
         """A zeroed pool sized for this model."""
         spec = self.spec
         return PagedKVCache(
-            spec.num_layers, num_blocks, block_size, spec.num_kv_heads, spec.head_dim,
-            dtype=self.dtype, device=self.device if device is None else device,
+            spec.num_layers,
+            num_blocks,
+            block_size,
+            spec.num_kv_heads,
+            spec.head_dim,
+            dtype=self.dtype,
+            device=self.device if device is None else device,
         )
 
     @torch.inference_mode()

@@ -28,8 +28,13 @@ class InjectedFault(RuntimeError):
 class FaultPlan:
     """Counts calls of the selected kinds and raises at call number ``fail_at`` (1-based)."""
 
-    def __init__(self, fail_at: int | None = None, kinds: tuple[str, ...] = FAULT_KINDS, failing_releases: int = 0,
-                 raises: type[BaseException] = InjectedFault):
+    def __init__(
+        self,
+        fail_at: int | None = None,
+        kinds: tuple[str, ...] = FAULT_KINDS,
+        failing_releases: int = 0,
+        raises: type[BaseException] = InjectedFault,
+    ):
         unknown = set(kinds) - set(FAULT_KINDS)
         if unknown:
             raise ValueError(f"unknown fault kinds {sorted(unknown)}; known: {FAULT_KINDS}")

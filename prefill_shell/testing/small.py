@@ -11,5 +11,6 @@ from prefill_core import PrefillPolicy
 __all__ = ["SMALL_BLOCK", "SMALL_POLICY"]
 
 SMALL_BLOCK = 16
-SMALL_POLICY = PrefillPolicy(length_ladder=(32, 64), max_chunk_length=64, chunk_quantum=64, waves=(1, 2, 4), max_logprobs=3,
-                             lane_size=4)
+SMALL_POLICY = PrefillPolicy(
+    length_ladder=(32, 64), max_chunk_length=64, chunk_quantum=64, waves=(1, 2, 4), max_logprobs=3, lane_size=4
+)

@@ -48,8 +48,14 @@ BLOCK, POLICY, POOL = SMALL_BLOCK, SMALL_POLICY, 96
 _sampling = st.one_of(
     st.none(),
     st.builds(SamplingParams.greedy, num_logprobs=st.integers(0, 3)),
-    st.builds(SamplingParams, temperature=st.sampled_from([0.5, 1.0]), top_k=st.sampled_from([1, 3, 8, 40]),
-              top_p=st.sampled_from([0.5, 1.0]), seed=st.integers(0, 2**31), num_logprobs=st.integers(0, 3)),
+    st.builds(
+        SamplingParams,
+        temperature=st.sampled_from([0.5, 1.0]),
+        top_k=st.sampled_from([1, 3, 8, 40]),
+        top_p=st.sampled_from([0.5, 1.0]),
+        seed=st.integers(0, 2**31),
+        num_logprobs=st.integers(0, 3),
+    ),
 )
 
 
@@ -70,10 +76,14 @@ class PrefillLifecycleMachine(RuleBasedStateMachine):
         self.plan = FaultPlan()
         self.kv = model.new_kv_cache(POOL, BLOCK)
         self.backend = FaultInjectingBackend(self.make_backend(), self.plan)
-        config = PrefillRuntimeConfig.resolve(FaultInjectingModel(model, self.plan), self.backend, self.kv, policy=POLICY)
+        config = PrefillRuntimeConfig.resolve(
+            FaultInjectingModel(model, self.plan), self.backend, self.kv, policy=POLICY
+        )
         self.runtime = PrefillRuntime(config)
         self.executor = PrefillExecutor(self.runtime)
-        oracle_config = PrefillRuntimeConfig.resolve(model, self.make_backend(), model.new_kv_cache(POOL, BLOCK), policy=POLICY)
+        oracle_config = PrefillRuntimeConfig.resolve(
+            model, self.make_backend(), model.new_kv_cache(POOL, BLOCK), policy=POLICY
+        )
         self.oracle = PrefillRuntime(oracle_config)
         self.armed: tuple[int | None, type[BaseException]] = (None, InjectedFault)
 
@@ -122,7 +132,7 @@ class PrefillLifecycleMachine(RuleBasedStateMachine):
                 prepared = self.runtime.prepare(tokens, table, lengths, cached, sampling=sampling).prepared
                 self.executor.warm_up(WarmupManifest().observe(prepared))
             results = self.executor.prefill(tokens, table, lengths, cached, sampling=sampling, mode=mode)
-        except BaseException as error:  # noqa: BLE001 (only the injected fault is expected)
+        except BaseException as error:
             if self.plan.fired is None or error is not self.plan.fired:
                 raise
             results = None

@@ -52,15 +52,35 @@ class Scenario:
 SCENARIOS = (
     Scenario("eager wave", (20, 50, 64), (0, 0, 0), (None, None, None)),
     Scenario("eager chunked+cached", (150, 100), (0, 32), (None, None)),
-    Scenario("eager fully cached", (48, 70, 30), (48, 64, 0),
-             (SamplingParams.greedy(num_logprobs=1), None, SamplingParams(top_k=3, seed=5))),
-    Scenario("eager sampled", (40, 60, 33), (0, 0, 0),
-             (SamplingParams(top_k=5, seed=3, num_logprobs=2), SamplingParams.greedy(num_logprobs=3),
-              SamplingParams(temperature=0.7, top_k=0, seed=9, num_logprobs=1))),
-    Scenario("traced wave+chunked", (20, 50, 150), (0, 0, 0),
-             (SamplingParams(top_k=4, seed=1), SamplingParams(top_k=4, seed=2), SamplingParams.greedy()), traced=True),
-    Scenario("eager beyond one lane", (20, 40, 9, 33, 64, 17), (0, 16, 0, 0, 48, 0),
-             (None, SamplingParams.greedy(), None, SamplingParams(top_k=3, seed=2), None, None)),
+    Scenario(
+        "eager fully cached",
+        (48, 70, 30),
+        (48, 64, 0),
+        (SamplingParams.greedy(num_logprobs=1), None, SamplingParams(top_k=3, seed=5)),
+    ),
+    Scenario(
+        "eager sampled",
+        (40, 60, 33),
+        (0, 0, 0),
+        (
+            SamplingParams(top_k=5, seed=3, num_logprobs=2),
+            SamplingParams.greedy(num_logprobs=3),
+            SamplingParams(temperature=0.7, top_k=0, seed=9, num_logprobs=1),
+        ),
+    ),
+    Scenario(
+        "traced wave+chunked",
+        (20, 50, 150),
+        (0, 0, 0),
+        (SamplingParams(top_k=4, seed=1), SamplingParams(top_k=4, seed=2), SamplingParams.greedy()),
+        traced=True,
+    ),
+    Scenario(
+        "eager beyond one lane",
+        (20, 40, 9, 33, 64, 17),
+        (0, 16, 0, 0, 48, 0),
+        (None, SamplingParams.greedy(), None, SamplingParams(top_k=3, seed=2), None, None),
+    ),
     Scenario("traced cached", (100, 40), (64, 32), (None, SamplingParams.greedy()), traced=True),
 )
 FAULT_TYPES = (InjectedFault, KeyboardInterrupt)
@@ -92,8 +112,9 @@ class _Harness:
         for pool in (*self.kv.keys, *self.kv.values):
             pool.copy_(torch.randn(pool.shape, generator=gen))
         backend = FaultInjectingBackend(TorchBackend(), plan)
-        config = PrefillRuntimeConfig.resolve(FaultInjectingModel(model, plan), backend, self.kv,
-                                              PageTableLayout(BLOCK, 16, POOL), POLICY)
+        config = PrefillRuntimeConfig.resolve(
+            FaultInjectingModel(model, plan), backend, self.kv, PageTableLayout(BLOCK, 16, POOL), POLICY
+        )
         self.runtime = PrefillRuntime(config)
         self.executor = PrefillExecutor(self.runtime)
         need = [ceil_div(n, BLOCK) for n in scenario.lengths]
@@ -104,8 +125,11 @@ class _Harness:
             self.table[row, n] = (first + n + 7) % POOL  # stale tail
             first += n
         self.tokens = torch.randint(1, 256, (len(need), max(scenario.lengths)), generator=gen)
-        self.written = {int(b) for row, (n, cached) in enumerate(zip(need, scenario.cached))
-                        for b in self.table[row, cached // BLOCK : n].tolist()}
+        self.written = {
+            int(b)
+            for row, (n, cached) in enumerate(zip(need, scenario.cached))
+            for b in self.table[row, cached // BLOCK : n].tolist()
+        }
         self._fill_prefixes()
 
     def _fill_prefixes(self) -> None:
@@ -118,10 +142,14 @@ class _Harness:
         s = self.scenario
         cached = list(s.cached)
         if not s.traced:
-            return self.executor.prefill(self.tokens, self.table, list(s.lengths), cached, sampling=list(s.sampling), mode="eager")
+            return self.executor.prefill(
+                self.tokens, self.table, list(s.lengths), cached, sampling=list(s.sampling), mode="eager"
+            )
         batch = self.runtime.prepare(self.tokens, self.table, list(s.lengths), cached, sampling=list(s.sampling))
         self.executor.warm_up(WarmupManifest().observe(batch.prepared))
-        return self.executor.prefill(self.tokens, self.table, list(s.lengths), cached, sampling=list(s.sampling), mode="traced")
+        return self.executor.prefill(
+            self.tokens, self.table, list(s.lengths), cached, sampling=list(s.sampling), mode="traced"
+        )
 
     def blocks_bytes(self) -> torch.Tensor:
         return self.kv.snapshot().contiguous().view(torch.uint8)
@@ -129,7 +157,10 @@ class _Harness:
 
 def _same(a, b) -> bool:
     return all(
-        x.row == y.row and x.token == y.token and x.logprob == y.logprob and x.top_logprobs == y.top_logprobs
+        x.row == y.row
+        and x.token == y.token
+        and x.logprob == y.logprob
+        and x.top_logprobs == y.top_logprobs
         and ((x.logits is None and y.logits is None) or torch.equal(x.logits, y.logits))
         for x, y in zip(a, b)
     ) and len(a) == len(b)
@@ -171,7 +202,7 @@ def _fail_point(model, scenario: Scenario, n: int, raises: type[BaseException], 
     outcome = {}
     try:
         harness.call()
-    except BaseException as error:  # noqa: BLE001 (the injected fault, whatever its type)
+    except BaseException as error:
         if plan.fired is None or (error is not plan.fired and not isinstance(error, Exception)):
             raise  # a real interrupt or exit, not ours
         notes = getattr(error, "__notes__", ())
@@ -189,8 +220,14 @@ def _fail_point(model, scenario: Scenario, n: int, raises: type[BaseException], 
     return _Point(**outcome, leaked=len(harness.runtime.backend.ledger.live()), corrupted=corrupted, wrong=wrong)
 
 
-def sweep(model, scenario: Scenario, limit: int | None = None, on_point: Callable[[int], None] | None = None,
-          raises: type[BaseException] = InjectedFault, stride: int = 1) -> SweepReport:
+def sweep(
+    model,
+    scenario: Scenario,
+    limit: int | None = None,
+    on_point: Callable[[int], None] | None = None,
+    raises: type[BaseException] = InjectedFault,
+    stride: int = 1,
+) -> SweepReport:
     """Fails each fault point of ``scenario`` in turn with ``raises`` (the first ``limit``, every ``stride``-th)."""
     with single_threaded():
         counter = FaultPlan()
@@ -207,5 +244,16 @@ def sweep(model, scenario: Scenario, limit: int | None = None, on_point: Callabl
     def count(field: str) -> int:
         return sum(int(getattr(p, field)) for p in points)
 
-    return SweepReport(scenario.name, raises.__name__, total, len(points), count("raised"), count("unchanged"),
-                       count("absorbed"), count("noted"), count("leaked"), count("corrupted"), count("wrong"))
+    return SweepReport(
+        scenario.name,
+        raises.__name__,
+        total,
+        len(points),
+        count("raised"),
+        count("unchanged"),
+        count("absorbed"),
+        count("noted"),
+        count("leaked"),
+        count("corrupted"),
+        count("wrong"),
+    )

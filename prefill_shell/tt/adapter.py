@@ -70,14 +70,25 @@ class TtModel(Protocol):
     def prepare_prefill_rot_mats(self, position_indices: Any) -> tuple[Any, Any]:
         """uint32 ``[1, S]`` positions -> ``(cos, sin)`` rotary tables for them."""
 
-    def prefill_forward(self, x_embed: Any, rot_mats: Any, user_id: Any = 0, page_table: Any = None,
-                        chunk_page_table: Any = None, chunk_start_idx: int | None = None, get_last_token: int = -1,
-                        batch_size: int = 1, chunk_start_idx_tensor: Any = None, last_token_slice: Any = None,
-                        last_token_index: Any = None) -> Any:
+    def prefill_forward(
+        self,
+        x_embed: Any,
+        rot_mats: Any,
+        user_id: Any = 0,
+        page_table: Any = None,
+        chunk_page_table: Any = None,
+        chunk_start_idx: int | None = None,
+        get_last_token: int = -1,
+        batch_size: int = 1,
+        chunk_start_idx_tensor: Any = None,
+        last_token_slice: Any = None,
+        last_token_index: Any = None,
+    ) -> Any:
         """One prefill body; with ``get_last_token=-1`` the hidden states ``[1, 1, B*S, H]`` before the final norm."""
 
-    def post_process_prefill_output(self, hidden_states: Any, last_token_idx: int, last_token_slice: Any = None,
-                                    last_token_index: Any = None) -> Any:
+    def post_process_prefill_output(
+        self, hidden_states: Any, last_token_idx: int, last_token_slice: Any = None, last_token_index: Any = None
+    ) -> Any:
         """Final norm and LM head of the 32-row tile holding ``last_token_idx`` -> logits ``[1, 1, 32, V]``."""
 
 
@@ -98,10 +109,12 @@ class TtModelAdapter:
 
     def __init__(self, tt_model: TtModel, spec: ModelSpec, *, mesh_device: Any, ttnn_module: Any = None):
         if ttnn_module is None:
-            import ttnn as ttnn_module  # noqa: PLC0415 (only a ttnn model needs it)
+            import ttnn as ttnn_module
         if not isinstance(tt_model, TtModel):
-            raise TypeError(f"{type(tt_model).__name__} does not implement TtModel (embed_prefill, "
-                            "prepare_prefill_rot_mats, prefill_forward, post_process_prefill_output)")
+            raise TypeError(
+                f"{type(tt_model).__name__} does not implement TtModel (embed_prefill, "
+                "prepare_prefill_rot_mats, prefill_forward, post_process_prefill_output)"
+            )
         self.tt = ttnn_module
         self.model = tt_model
         self.spec = spec
@@ -125,11 +138,27 @@ class TtModelAdapter:
         cos, sin = model.prepare_prefill_rot_mats(self.positions(start, s, chunked=read_table is not None))
         if read_table is None:
             return model.prefill_forward(
-                x, [cos, sin], user_id=list(range(b)) if b > 1 else 0, page_table=fill_table,
-                chunk_page_table=None, get_last_token=-1, batch_size=b, chunk_start_idx_tensor=None)
+                x,
+                [cos, sin],
+                user_id=list(range(b)) if b > 1 else 0,
+                page_table=fill_table,
+                chunk_page_table=None,
+                get_last_token=-1,
+                batch_size=b,
+                chunk_start_idx_tensor=None,
+            )
         return model.prefill_forward(
-            x, [cos, sin], user_id=0, page_table=read_table, chunk_page_table=fill_table, chunk_start_idx=None,
-            get_last_token=-1, chunk_start_idx_tensor=start, last_token_slice=None, last_token_index=None)
+            x,
+            [cos, sin],
+            user_id=0,
+            page_table=read_table,
+            chunk_page_table=fill_table,
+            chunk_start_idx=None,
+            get_last_token=-1,
+            chunk_start_idx_tensor=start,
+            last_token_slice=None,
+            last_token_index=None,
+        )
 
     def lm_head(self, hidden_rows: Any) -> Any:
         """``[1, 1, B, H]`` gathered rows -> logits ``[1, 1, B, V]`` through ``post_process_prefill_output``."""

@@ -87,13 +87,15 @@ class TtnnBackend:
 
     def __init__(self, mesh_device: Any, *, dp_lane: int = 0, logits_composer: Any = None, ttnn_module: Any = None):
         if ttnn_module is None:
-            import ttnn as ttnn_module  # noqa: PLC0415 (imported only when a ttnn backend is built)
+            import ttnn as ttnn_module
         self.tt = ttnn_module
         self.device = mesh_device
         self.ledger = ResourceLedger()
         self.num_devices = int(mesh_device.get_num_devices())
         if not 0 <= dp_lane < self.num_devices:
-            raise PrefillConfigError(f"TtnnBackend.dp_lane={dp_lane!r} is invalid: the mesh has {self.num_devices} devices")
+            raise PrefillConfigError(
+                f"TtnnBackend.dp_lane={dp_lane!r} is invalid: the mesh has {self.num_devices} devices"
+            )
         self.dp_lane = dp_lane
         self.logits_composer = logits_composer
         self.captures = 0
@@ -277,5 +279,5 @@ def _abandon(tt: Any, device: Any, trace_id: Any, key: str, primary: BaseExcepti
     try:
         tt.end_trace_capture(device, trace_id, cq_id=0)
         tt.release_trace(device, trace_id)
-    except Exception as failure:  # noqa: BLE001 (the body's error is the one to raise)
+    except Exception as failure:
         add_note(primary, f"cleanup: abandoning the capture of trace {key} failed: {failure!r}")

@@ -42,10 +42,24 @@ from . import emulation_ops
 
 __all__ = ["EmulatedMesh", "EmulatedTensor", "EmulationError", "HostRead", "ReferenceEmulation"]
 
-_HOST_API = frozenset({
-    "uint32", "uint16", "int32", "bfloat16", "float32", "ROW_MAJOR_LAYOUT", "TILE_LAYOUT",
-    "DRAM_MEMORY_CONFIG", "L1_MEMORY_CONFIG", "DataType", "Layout", "Tensor", "from_torch", "MeshShape",
-})
+_HOST_API = frozenset(
+    {
+        "uint32",
+        "uint16",
+        "int32",
+        "bfloat16",
+        "float32",
+        "ROW_MAJOR_LAYOUT",
+        "TILE_LAYOUT",
+        "DRAM_MEMORY_CONFIG",
+        "L1_MEMORY_CONFIG",
+        "DataType",
+        "Layout",
+        "Tensor",
+        "from_torch",
+        "MeshShape",
+    }
+)
 
 
 class EmulationError(AssertionError):
@@ -167,8 +181,9 @@ class ReferenceEmulation:
             self._record(op, args, kwargs, outputs, reads=(*args, *kwargs.values()))
         return tuple(outputs) if isinstance(result, tuple) else outputs[0]
 
-    def host_call(self, name: str, fn: Callable[..., torch.Tensor], inputs: Sequence[Any],
-                  dtype: Any, layout: Any) -> EmulatedTensor:
+    def host_call(
+        self, name: str, fn: Callable[..., torch.Tensor], inputs: Sequence[Any], dtype: Any, layout: Any
+    ) -> EmulatedTensor:
         """A model computation on torch values, treated as one device op (recorded and replayed in traces).
 
         ``fn`` receives ``inputs`` as torch tensors (``None`` stays ``None``;
@@ -187,8 +202,9 @@ class ReferenceEmulation:
         self.live[tensor.tid] = tensor
         return tensor
 
-    def _record(self, op: Callable | None, args: tuple, kwargs: dict, outputs: list[EmulatedTensor],
-                reads: Sequence[Any]) -> None:
+    def _record(
+        self, op: Callable | None, args: tuple, kwargs: dict, outputs: list[EmulatedTensor], reads: Sequence[Any]
+    ) -> None:
         trace = self.capturing
         made = {t.tid for _, _, _, outs in trace.records for t in outs}
         for tensor in _tensors(reads):
@@ -233,7 +249,9 @@ class ReferenceEmulation:
             raise EmulationError(f"ttnn.to_torch of device tensor {tensor!r}: read it with from_device first")
         if isinstance(tensor, HostRead):
             if not tensor.synced:
-                raise EmulationError(f"{tensor.source!r} was read without blocking and converted before synchronize_device")
+                raise EmulationError(
+                    f"{tensor.source!r} was read without blocking and converted before synchronize_device"
+                )
             if tensor.source.version != tensor.version:
                 raise EmulationError(f"{tensor.source!r} was overwritten (a replay or copy) before its read completed")
             tensor = tensor.host
@@ -261,10 +279,10 @@ class ReferenceEmulation:
         """The emulated chip, so code written for ``ttnn.open_mesh_device`` runs unchanged."""
         return self.mesh
 
-    def ReplicateTensorToMesh(self, mesh_device: Any) -> None:  # noqa: N802 (ttnn's name)
+    def ReplicateTensorToMesh(self, mesh_device: Any) -> None:
         return None
 
-    def ShardTensorToMesh(self, mesh_device: Any, dim: int) -> None:  # noqa: N802
+    def ShardTensorToMesh(self, mesh_device: Any, dim: int) -> None:
         raise EmulationError("the emulation is one chip: vocab-sharded logits need a multi-device mesh")
 
     # -- traces ---------------------------------------------------------------
@@ -286,7 +304,9 @@ class ReferenceEmulation:
             if tensor.freed:
                 raise EmulationError(f"replay of trace {trace_id} reads {tensor!r}, which was deallocated")
             if tensor.host_writes <= writes_at_capture:
-                raise EmulationError(f"replay of trace {trace_id}: input {tensor!r} was never refreshed since the capture")
+                raise EmulationError(
+                    f"replay of trace {trace_id}: input {tensor!r} was never refreshed since the capture"
+                )
         for op, args, kwargs, outputs in trace.records:
             if op is None:  # a recorded copy: args are (source, destination)
                 args[1].overwrite(args[0].host)

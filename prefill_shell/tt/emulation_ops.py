@@ -48,7 +48,7 @@ _UINT16_LIMIT = 1 << 16
 
 def _require(condition: bool, rule: str) -> None:
     if not condition:
-        from .emulation import EmulationError  # noqa: PLC0415 (the error lives beside the device)
+        from .emulation import EmulationError
 
         raise EmulationError(f"ttnn contract broken: {rule}")
 
@@ -123,7 +123,7 @@ def _argmax(tt, x, dim=None, keepdim=False, **kw):
     return host_of(tt, out, tt.uint32, tt.ROW_MAJOR_LAYOUT)
 
 
-def _topk(tt, x, k=32, dim=-1, largest=True, sorted=True, **kw):  # noqa: A002 (ttnn's keyword)
+def _topk(tt, x, k=32, dim=-1, largest=True, sorted=True, **kw):
     _require(x.layout == tt.TILE_LAYOUT and k <= int(x.shape[dim]), "topk: TILE input, k <= its width")
     values, indices = _golden(tt, "topk")(torch_of(tt, x), k, dim, largest, sorted)
     index_dtype = tt.uint16 if int(x.shape[dim]) <= _UINT16_LIMIT else tt.uint32
@@ -137,7 +137,9 @@ def _moreh_logsoftmax(tt, x, dim, **kw):
 
 def _gather(tt, x, dim, index, **kw):
     _require(isinstance(dim, int), f"gather: dim must be an int, got {type(dim).__name__}")
-    _require(index.dtype in (tt.uint32, tt.uint16) and index.layout == tt.TILE_LAYOUT, "gather: index uint32/uint16 TILE")
+    _require(
+        index.dtype in (tt.uint32, tt.uint16) and index.layout == tt.TILE_LAYOUT, "gather: index uint32/uint16 TILE"
+    )
     _require(len(index.shape) == len(x.shape), "gather: index and input of equal rank")
     return host_of(tt, _golden(tt, "gather")(torch_of(tt, x), dim, torch_of(tt, index)), x.dtype, x.layout)
 
@@ -157,9 +159,13 @@ def _all_gather(tt, x, dim, **kw):
 def _sampling(tt, values, indices, k, p, temp, *, seed=None, **kw):
     users = int(values.shape[-2])
     _require(values.dtype == tt.bfloat16 and values.layout == tt.TILE_LAYOUT, "sampling: values bfloat16 TILE")
-    _require(tuple(indices.shape) == tuple(values.shape) and indices.layout == tt.ROW_MAJOR_LAYOUT,
-             "sampling: indices shaped like values, ROW_MAJOR")
-    _require(indices.dtype in (tt.uint32, tt.int32) and k.dtype in (tt.uint32, tt.int32), "sampling: uint32 indices and k")
+    _require(
+        tuple(indices.shape) == tuple(values.shape) and indices.layout == tt.ROW_MAJOR_LAYOUT,
+        "sampling: indices shaped like values, ROW_MAJOR",
+    )
+    _require(
+        indices.dtype in (tt.uint32, tt.int32) and k.dtype in (tt.uint32, tt.int32), "sampling: uint32 indices and k"
+    )
     for name, t in (("k", k), ("p", p), ("temp", temp)):
         _require(tuple(t.shape) == (users,) and t.layout == tt.ROW_MAJOR_LAYOUT, f"sampling: {name} ROW_MAJOR [users]")
     _require(p.dtype == tt.bfloat16 and temp.dtype == tt.bfloat16, "sampling: p and temp bfloat16")
@@ -167,14 +173,27 @@ def _sampling(tt, values, indices, k, p, temp, *, seed=None, **kw):
     top_k, top_p, inverse_t = torch_of(tt, k), torch_of(tt, p).float(), torch_of(tt, temp).float()
     tokens = torch.empty(1, 1, 1, users, dtype=torch.int64)
     for row in range(users):
-        pick = sample_row(scores[row], int(top_k[row]), float(top_p[row]), 1.0 / float(inverse_t[row]), (seed or 0) + row)
+        pick = sample_row(
+            scores[row], int(top_k[row]), float(top_p[row]), 1.0 / float(inverse_t[row]), (seed or 0) + row
+        )
         tokens[0, 0, 0, row] = ids[row, int(pick)]
     return host_of(tt, tokens, tt.uint32, tt.ROW_MAJOR_LAYOUT)
 
 
 OPS: dict[str, Callable] = {
-    "reshape": _reshape, "to_layout": _to_layout, "unsqueeze_to_4D": _unsqueeze_to_4d, "typecast": _typecast,
-    "arange": _arange, "add": _add, "embedding": _embedding, "argmax": _argmax, "topk": _topk,
-    "moreh_logsoftmax": _moreh_logsoftmax, "gather": _gather, "pad": _pad, "slice": _slice,
-    "all_gather": _all_gather, "sampling": _sampling,
+    "reshape": _reshape,
+    "to_layout": _to_layout,
+    "unsqueeze_to_4D": _unsqueeze_to_4d,
+    "typecast": _typecast,
+    "arange": _arange,
+    "add": _add,
+    "embedding": _embedding,
+    "argmax": _argmax,
+    "topk": _topk,
+    "moreh_logsoftmax": _moreh_logsoftmax,
+    "gather": _gather,
+    "pad": _pad,
+    "slice": _slice,
+    "all_gather": _all_gather,
+    "sampling": _sampling,
 }

@@ -58,9 +58,27 @@ import torch
 
 from prefill_core.errors import PrefillInputError
 
-from ..contract import (CHUNK_START, FILL_TABLE, HIDDEN, INPUT_TOKENS, LAST_HIDDEN, LAST_TOKEN_INDEX, LOGITS,
-                        READ_TABLE, SAMPLED_TOKENS, SLOTS, STEP_INPUTS, TEMPERATURE, TOKEN_LOGPROB, TOP_IDS, TOP_K,
-                        TOP_LOGPROBS, TOP_P, TensorSpec, sampling_values)
+from ..contract import (
+    CHUNK_START,
+    FILL_TABLE,
+    HIDDEN,
+    INPUT_TOKENS,
+    LAST_HIDDEN,
+    LAST_TOKEN_INDEX,
+    LOGITS,
+    READ_TABLE,
+    SAMPLED_TOKENS,
+    SLOTS,
+    STEP_INPUTS,
+    TEMPERATURE,
+    TOKEN_LOGPROB,
+    TOP_IDS,
+    TOP_K,
+    TOP_LOGPROBS,
+    TOP_P,
+    TensorSpec,
+    sampling_values,
+)
 
 __all__ = [
     "MAX_DEVICE_TOP_K",
@@ -88,7 +106,7 @@ _INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
 
 
 def _ttnn():
-    import ttnn  # noqa: PLC0415 (lazy: only the ttnn backend path pays for it)
+    import ttnn
 
     return ttnn
 
@@ -198,8 +216,10 @@ def _check_top_k(k: torch.Tensor) -> None:
     bad = (k < 1) | (k > MAX_DEVICE_TOP_K)
     if bool(bad.any()):
         row = int(bad.nonzero()[0])
-        msg = (f"physical row {row}: sampling.top_k={int(k[row])} is invalid for ttnn.sampling: "
-               f"must be in [1, {MAX_DEVICE_TOP_K}] (set the policy's device_top_k_cap <= {MAX_DEVICE_TOP_K})")
+        msg = (
+            f"physical row {row}: sampling.top_k={int(k[row])} is invalid for ttnn.sampling: "
+            f"must be in [1, {MAX_DEVICE_TOP_K}] (set the policy's device_top_k_cap <= {MAX_DEVICE_TOP_K})"
+        )
         raise PrefillInputError(msg, field="sampling.top_k")
 
 
@@ -280,8 +300,10 @@ def stage_temperature(t: torch.Tensor, mesh_mapper=None) -> Any:
     cold = inverse_t > _BF16.max
     if bool(cold.any()):
         row = int(cold.nonzero()[0])
-        msg = (f"physical row {row}: sampling.temperature={float(t.reshape(-1)[row])!r} is invalid for ttnn.sampling: "
-               f"its 1/T overflows bfloat16 (a row that cold is greedy and must hold T=1)")
+        msg = (
+            f"physical row {row}: sampling.temperature={float(t.reshape(-1)[row])!r} is invalid for ttnn.sampling: "
+            f"its 1/T overflows bfloat16 (a row that cold is greedy and must hold T=1)"
+        )
         raise PrefillInputError(msg, field="sampling.temperature")
     return _host(_bfloat16_inverse_t(inverse_t), "bfloat16", "ROW_MAJOR", mesh_mapper)
 

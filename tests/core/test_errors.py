@@ -18,12 +18,8 @@ from hypothesis import strategies as st
 
 from prefill_core import (
     BlockConflictError,
-    CapacityError,
     EmptyBatchError,
-    InvalidCachedLengthError,
     InvalidLayoutError,
-    InvalidLengthError,
-    InvalidPageTableError,
     InvalidPolicyError,
     InvalidSamplingError,
     InvalidSlotError,
@@ -135,7 +131,9 @@ def test_policy_not_aligned_to_the_block_size_is_rejected_at_planning(field, val
     check_message(caught.value, None, field, value)
 
 
-@pytest.mark.parametrize(("field", "value"), [("block_size", 48), ("block_size", 0), ("max_num_blocks_per_seq", -1), ("num_blocks", 1.5)])
+@pytest.mark.parametrize(
+    ("field", "value"), [("block_size", 48), ("block_size", 0), ("max_num_blocks_per_seq", -1), ("num_blocks", 1.5)]
+)
 def test_invalid_layout_raises_invalid_layout_error(field, value):
     """A non-power-of-two block size or a non-positive size raises InvalidLayoutError."""
     kwargs = {**dict(block_size=32, max_num_blocks_per_seq=64, num_blocks=100), field: value}

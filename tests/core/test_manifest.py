@@ -45,7 +45,9 @@ def test_manifest_covers_plans_at_the_layouts_full_capacity(case, data):
     cached = data.draw(st.integers(0, length // layout.block_size)) * layout.block_size
     blocks = tuple(range(layout.blocks_for(length)))
     layout = attrs.evolve(layout, num_blocks=max(layout.num_blocks, len(blocks)))
-    batch = PrefillBatch.from_rows((attrs.evolve(case.batch.rows[0], length=length, cached=cached, slot=0, blocks=blocks),))
+    batch = PrefillBatch.from_rows(
+        (attrs.evolve(case.batch.rows[0], length=length, cached=cached, slot=0, blocks=blocks),)
+    )
     manifest = manifest_for(case.policy, layout)
     assert all(manifest.covers(p) for p in prepare_prefill(batch, case.policy, layout))
 
@@ -76,8 +78,14 @@ def test_default_manifest_for_8192_tokens_lists_30_bodies_and_180_programs():
     manifest = manifest_for(PrefillPolicy(), PageTableLayout(32, 256, 1024))
     kinds = [t.variant for t in manifest.trace_signatures]
     assert (len(manifest.trace_signatures), len(manifest.program_signatures)) == (30, 180)
-    assert (kinds.count(RequestKind.REGULAR_SINGLE), kinds.count(RequestKind.REGULAR_BATCHED), kinds.count(RequestKind.CHUNKED)) == (3, 15, 12)
-    chunked = sorted((t.chunk_length, t.read_table_width) for t in manifest.trace_signatures if t.variant is RequestKind.CHUNKED)
+    assert (
+        kinds.count(RequestKind.REGULAR_SINGLE),
+        kinds.count(RequestKind.REGULAR_BATCHED),
+        kinds.count(RequestKind.CHUNKED),
+    ) == (3, 15, 12)
+    chunked = sorted(
+        (t.chunk_length, t.read_table_width) for t in manifest.trace_signatures if t.variant is RequestKind.CHUNKED
+    )
     assert sorted({c for c, _ in chunked}) == [128, 1024, 2048]
 
 

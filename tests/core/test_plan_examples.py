@@ -30,7 +30,9 @@ def batch_of(*specs: tuple[int, int], first_block: int = 0, slots=None) -> Prefi
     rows, next_block = [], first_block
     for i, (length, cached) in enumerate(specs):
         need = -(-length // BS)
-        rows.append(PrefillRow(length, cached, i if slots is None else slots[i], tuple(range(next_block, next_block + need))))
+        rows.append(
+            PrefillRow(length, cached, i if slots is None else slots[i], tuple(range(next_block, next_block + need)))
+        )
         next_block += need
     return PrefillBatch.from_rows(tuple(rows))
 
@@ -48,7 +50,17 @@ def starts(request) -> list[int]:
 
 @pytest.mark.parametrize(
     ("tokens", "padded"),
-    [(1, 128), (128, 128), (129, 1024), (1024, 1024), (1025, 2048), (2048, 2048), (2049, 4096), (4097, 8192), (131072, 131072)],
+    [
+        (1, 128),
+        (128, 128),
+        (129, 1024),
+        (1024, 1024),
+        (1025, 2048),
+        (2048, 2048),
+        (2049, 4096),
+        (4097, 8192),
+        (131072, 131072),
+    ],
 )
 def test_default_ladder_is_128_then_1024_then_powers_of_two(tokens, padded):
     """Prompts pad to 128, then 1024, then the next power of two."""
@@ -185,7 +197,11 @@ def test_15_and_16_rows_share_padded_geometry_and_signatures(sampling):
         (p,) = prepare_prefill(batch, POLICY, LAYOUT)
         prepared.append(p)
     a, b = prepared
-    assert (a.request.padded_batch, a.request.padded_length) == (b.request.padded_batch, b.request.padded_length) == (16, 128)
+    assert (
+        (a.request.padded_batch, a.request.padded_length)
+        == (b.request.padded_batch, b.request.padded_length)
+        == (16, 128)
+    )
     assert a.program_signature == b.program_signature and a.program_signature.key == b.program_signature.key
     assert a.trace_signature == b.trace_signature and a.trace_signature.key == b.trace_signature.key
 
@@ -246,7 +262,9 @@ def test_logits_rows_and_sampled_rows_run_in_separate_waves():
     """Rows with and without sampling params never share a wave."""
     rows = uncached(*[128] * 4).rows
     greedy = SamplingParams.greedy()
-    batch = PrefillBatch.from_rows(tuple(PrefillRow(r.length, 0, r.slot, r.blocks, greedy if i % 2 else None) for i, r in enumerate(rows)))
+    batch = PrefillBatch.from_rows(
+        tuple(PrefillRow(r.length, 0, r.slot, r.blocks, greedy if i % 2 else None) for i, r in enumerate(rows))
+    )
     prepared = prepare_prefill(batch, POLICY, LAYOUT)
     assert [(p.request.source_rows, p.sampling_path) for p in prepared] == [
         ((0, 2), SamplingPath.LOGITS),

@@ -7,8 +7,6 @@ test_signatures.py, invariant 12 (errors) in test_errors.py.
 
 from __future__ import annotations
 
-from collections import Counter
-
 import attrs
 from hypothesis import given
 

@@ -29,7 +29,9 @@ def test_importing_the_core_loads_no_device_or_array_library():
         "print(json.dumps(sorted(set(sys.modules) - before)))\n"
     )
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=REPO, check=True)
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=REPO, check=True
+    )
     gained = json.loads(result.stdout)
     assert "prefill_core" in gained
     offending = [m for m in gained if m.split(".")[0] in FORBIDDEN]

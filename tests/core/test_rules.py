@@ -50,7 +50,12 @@ def shared_prefix_rows(second_blocks):
 # rule name -> (call, row, field, value shown by repr or None)
 RULE_EXAMPLES = {
     "columns are tuples": (lambda: PrefillBatch([10], (0,), (0,), ((0,),), (None,)), None, "lengths", None),
-    "one entry per row": (lambda: PrefillBatch((10, 20), (0, 0), (0,), ((0,), (1,)), (None, None)), None, "slots", None),
+    "one entry per row": (
+        lambda: PrefillBatch((10, 20), (0, 0), (0,), ((0,), (1,)), (None, None)),
+        None,
+        "slots",
+        None,
+    ),
     "non-empty": (lambda: PrefillBatch.from_rows(()), None, "rows", ()),
     "length > 0": (lambda: plan_rows(changed(0, length=0)), 0, "length", 0),
     "0 <= cached <= length": (lambda: plan_rows(changed(1, cached=128)), 1, "cached", 128),
@@ -65,15 +70,30 @@ RULE_EXAMPLES = {
     "length <= max_position": (lambda: plan_rows(BASE, max_position=99), 0, "length", 100),
     "mapped prefix complete": (lambda: plan_rows(changed(0, blocks=(0, 1, 2))), 0, "blocks", None),
     "block ids in the pool": (lambda: plan_rows(changed(1, blocks=(20, 21, 100))), 1, "blocks[2]", 100),
-    "no repeated block in a row": (lambda: plan_rows(changed(1, length=100, cached=64, blocks=(20, 20, 21, 22))), 1, "blocks[1]", 20),
+    "no repeated block in a row": (
+        lambda: plan_rows(changed(1, length=100, cached=64, blocks=(20, 20, 21, 22))),
+        1,
+        "blocks[1]",
+        20,
+    ),
     "one writer per block": (lambda: plan_rows(changed(1, blocks=(20, 21, 3))), 1, "blocks[2]", 3),
     "cached blocks are not written": (lambda: plan_rows(changed(0, blocks=(0, 1, 20, 3))), 1, "blocks[0]", 20),
     "shared cached block at one column": (lambda: plan_rows(shared_prefix_rows((31, 30, 41))), 1, "blocks[0]", 31),
-    "temperature": (lambda: plan_rows(changed(1, sampling=SamplingParams(temperature=-1e-9))), 1, "sampling.temperature", -1e-9),
+    "temperature": (
+        lambda: plan_rows(changed(1, sampling=SamplingParams(temperature=-1e-9))),
+        1,
+        "sampling.temperature",
+        -1e-9,
+    ),
     "top_k": (lambda: plan_rows(changed(1, sampling=SamplingParams(top_k=-1))), 1, "sampling.top_k", -1),
     "top_p": (lambda: plan_rows(changed(1, sampling=SamplingParams(top_p=0.0))), 1, "sampling.top_p", 0.0),
     "seed": (lambda: plan_rows(changed(1, sampling=SamplingParams(seed=2**63))), 1, "sampling.seed", 2**63),
-    "num_logprobs": (lambda: plan_rows(changed(0, sampling=SamplingParams(num_logprobs=21))), 0, "sampling.num_logprobs", 21),
+    "num_logprobs": (
+        lambda: plan_rows(changed(0, sampling=SamplingParams(num_logprobs=21))),
+        0,
+        "sampling.num_logprobs",
+        21,
+    ),
 }
 
 
@@ -92,7 +112,9 @@ def test_each_rule_raises_its_error_naming_row_field_value_and_rule(rule):
         call()
     assert type(caught.value) is rule.error
     check_message(caught.value, row, field, value)
-    text = rule.text.format(block_size=32, num_blocks=100, capacity=2048, lane_size=32, max_logprobs=20, max_position=99)
+    text = rule.text.format(
+        block_size=32, num_blocks=100, capacity=2048, lane_size=32, max_logprobs=20, max_position=99
+    )
     assert text in str(caught.value)
 
 
@@ -136,7 +158,12 @@ def test_length_equal_to_max_position_plans():
 
 def test_the_first_rule_in_table_order_is_named_at_its_first_row():
     """Row 1's and row 3's bad lengths beat row 2's duplicate slot: rules run in table order, rows in caller order."""
-    rows = [PrefillRow(10, 0, 0, (0,)), PrefillRow(0, 0, 1, (1,)), PrefillRow(10, 0, 0, (2,)), PrefillRow(-3, 0, 3, (3,))]
+    rows = [
+        PrefillRow(10, 0, 0, (0,)),
+        PrefillRow(0, 0, 1, (1,)),
+        PrefillRow(10, 0, 0, (2,)),
+        PrefillRow(-3, 0, 3, (3,)),
+    ]
     with pytest.raises(InvalidLengthError) as caught:
         PrefillBatch.from_rows(rows)
     assert caught.value.row == 1

@@ -63,7 +63,9 @@ def test_signatures_ignore_slots_and_block_ids(case):
     """Renumbering every slot and every block id (bijectively) leaves every signature unchanged."""
     lane, pool = case.policy.lane_size, case.layout.num_blocks
     rows = [
-        attrs.evolve(row, slot=lane - 1 - row.slot, blocks=tuple(pool - 1 - b if 0 <= b < pool else b for b in row.blocks))
+        attrs.evolve(
+            row, slot=lane - 1 - row.slot, blocks=tuple(pool - 1 - b if 0 <= b < pool else b for b in row.blocks)
+        )
         for row in case.batch.rows
     ]
     assert _identities(_prepare(_with_rows(case, rows))) == _identities(_prepare(case))
@@ -104,9 +106,7 @@ def test_signatures_ignore_the_cached_offset_and_chunk_starts(data):
     lowest = 0 if policy.padded_length(length) > policy.max_chunk_length else 1
     offsets = data.draw(st.lists(st.integers(lowest, whole).map(lambda k: k * bs), min_size=2, max_size=3))
     layout = PageTableLayout(bs, -(-length // bs), -(-length // bs))
-    prepared = [
-        prepare_prefill(_lane_batch([(length, cached)], bs)[0], policy, layout)[0] for cached in offsets
-    ]
+    prepared = [prepare_prefill(_lane_batch([(length, cached)], bs)[0], policy, layout)[0] for cached in offsets]
     assert all(p.request.kind is RequestKind.CHUNKED for p in prepared)
     by_chunk: dict[int, list] = {}
     for p in prepared:
@@ -156,7 +156,10 @@ def test_program_signature_changes_exactly_with_sampling_path_or_logprobs(case):
             variants.append(p)
         for a in variants:
             for b in variants:
-                same_choice = (a.sampling_path, a.program_signature.logprobs) == (b.sampling_path, b.program_signature.logprobs)
+                same_choice = (a.sampling_path, a.program_signature.logprobs) == (
+                    b.sampling_path,
+                    b.program_signature.logprobs,
+                )
                 assert (a.program_signature == b.program_signature) == same_choice
                 assert a.trace_signature == b.trace_signature
 
@@ -220,7 +223,10 @@ def test_golden_chunked_signature_is_what_a_4097_token_row_plans():
 def test_signature_keys_survive_a_json_round_trip(case):
     """A signature read back from JSON is equal and has the same key."""
     for p in _prepare(case):
-        for signature, kind in ((p.program_signature, PrefillProgramSignature), (p.trace_signature, PrefillTraceSignature)):
+        for signature, kind in (
+            (p.program_signature, PrefillProgramSignature),
+            (p.trace_signature, PrefillTraceSignature),
+        ):
             if signature is None:
                 continue
             back = from_json(kind, to_json(signature))

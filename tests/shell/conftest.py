@@ -86,7 +86,9 @@ def token_matrix(rows: Sequence[torch.Tensor], width: int | None = None) -> torc
     return out
 
 
-def assign_blocks(lengths: Sequence[int], block_size: int, num_blocks: int, seed: int, reserved=(0,)) -> list[list[int]]:
+def assign_blocks(
+    lengths: Sequence[int], block_size: int, num_blocks: int, seed: int, reserved=(0,)
+) -> list[list[int]]:
     """Disjoint, shuffled block lists (one per row) covering each row's length; ``reserved`` ids are never used."""
     reserved = set(reserved)
     free = [b for b in range(num_blocks) if b not in reserved]
@@ -136,8 +138,9 @@ def max_abs_diff(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return (actual.float() - expected.float()).abs().max().item()
 
 
-def build_runtime(model, *, num_blocks: int, block_size: int, policy: PrefillPolicy | None = None,
-                  backend=None, seed: int = 0) -> PrefillRuntime:
+def build_runtime(
+    model, *, num_blocks: int, block_size: int, policy: PrefillPolicy | None = None, backend=None, seed: int = 0
+) -> PrefillRuntime:
     """A runtime over a fresh zeroed pool; its pool is ``runtime.config.kv``."""
     kv = model.new_kv_cache(num_blocks, block_size)
     config = PrefillRuntimeConfig.resolve(model, backend or TorchBackend(), kv, policy=policy)
@@ -148,7 +151,15 @@ def build_runtime(model, *, num_blocks: int, block_size: int, policy: PrefillPol
 def kit():
     """This module's helpers and constants as one namespace (conftest modules are not importable)."""
     return SimpleNamespace(
-        TOL=TOL, VOCAB=VOCAB, SMALL_POLICY=SMALL_POLICY, make_tokens=make_tokens, token_matrix=token_matrix,
-        assign_blocks=assign_blocks, page_table=page_table, randomize_pool=randomize_pool, row_kv=row_kv,
-        max_abs_diff=max_abs_diff, build_runtime=build_runtime,
+        TOL=TOL,
+        VOCAB=VOCAB,
+        SMALL_POLICY=SMALL_POLICY,
+        make_tokens=make_tokens,
+        token_matrix=token_matrix,
+        assign_blocks=assign_blocks,
+        page_table=page_table,
+        randomize_pool=randomize_pool,
+        row_kv=row_kv,
+        max_abs_diff=max_abs_diff,
+        build_runtime=build_runtime,
     )

@@ -23,8 +23,14 @@ BLOCKS, BS = 16, 16
 def _pool(model, **changes) -> PagedKVCache:
     """A pool shaped for ``model`` with the given fields changed."""
     spec = model.spec
-    fields = {"num_layers": spec.num_layers, "num_blocks": BLOCKS, "block_size": BS,
-              "num_kv_heads": spec.num_kv_heads, "head_dim": spec.head_dim, "dtype": model.dtype}
+    fields = {
+        "num_layers": spec.num_layers,
+        "num_blocks": BLOCKS,
+        "block_size": BS,
+        "num_kv_heads": spec.num_kv_heads,
+        "head_dim": spec.head_dim,
+        "dtype": model.dtype,
+    }
     fields.update(changes)
     return PagedKVCache(**fields)
 
@@ -90,7 +96,7 @@ def test_a_cuda_device_index_past_the_last_gpu_is_refused_at_construction():
 
 
 def test_a_cpu_torch_backend_is_accepted_in_every_spelling():
-    """"cpu", torch.device("cpu") and "cpu:0" all build a CPU backend."""
+    """ "cpu", torch.device("cpu") and "cpu:0" all build a CPU backend."""
     for device in ("cpu", torch.device("cpu"), "cpu:0"):
         assert TorchBackend(device).device.type == "cpu"
 

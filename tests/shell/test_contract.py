@@ -6,8 +6,17 @@ import torch
 from hypothesis import given
 
 from prefill_core import PrefillProgramSignature, prepare_prefill
-from prefill_shell.contract import (ALL_SPECS, BODY_INPUTS, READ_TABLE, STEP_INPUTS, Stage, body_geometry,
-                                    output_specs, program_geometry, workspace_specs)
+from prefill_shell.contract import (
+    ALL_SPECS,
+    BODY_INPUTS,
+    READ_TABLE,
+    STEP_INPUTS,
+    Stage,
+    body_geometry,
+    output_specs,
+    program_geometry,
+    workspace_specs,
+)
 from prefill_shell.inputs import build_host_steps
 from prefill_shell.trace import warmup_step
 from tests.strategies import cases
@@ -28,7 +37,9 @@ def test_every_host_step_matches_its_programs_contract_shapes_and_dtypes(case):
         geometry = body_geometry(signature.body, HIDDEN)
         for step in build_host_steps(_tokens(case), prepared.request):
             assert (READ_TABLE in step) == prepared.request.kind.is_chunked
-            forms = tuple((spec.name, tuple(step[spec].shape), step[spec].dtype) for spec in STEP_INPUTS if spec in step)
+            forms = tuple(
+                (spec.name, tuple(step[spec].shape), step[spec].dtype) for spec in STEP_INPUTS if spec in step
+            )
             for spec in step:
                 assert tuple(step[spec].shape) == spec.shape(geometry), spec
                 assert step[spec].dtype == spec.host_dtype, spec
@@ -45,7 +56,8 @@ def test_a_warmup_step_has_the_bodys_forms_and_writes_nothing(case):
         for spec in step:
             assert tuple(step[spec].shape) == spec.shape(geometry) and step[spec].dtype == spec.host_dtype
         assert {spec for spec in BODY_INPUTS if spec in step} == {s for s in BODY_INPUTS if s is not READ_TABLE} | (
-            {READ_TABLE} if body.read_table_width else set())
+            {READ_TABLE} if body.read_table_width else set()
+        )
         assert all(int(v) == -1 for spec in step if spec.name in ("fill_table", "slots") for v in step[spec].flatten())
 
 

@@ -80,8 +80,13 @@ def _call(lengths, *, cached=None, sampling=None, seed: int = 0, layout: PageTab
         tokens[row, :n] = torch.tensor([rng.randrange(1, VOCAB) for _ in range(n)])
         table[row, : need[row]] = torch.tensor(blocks[used : used + need[row]], dtype=torch.int32)
         used += need[row]
-    return {"tokens": tokens, "page_table": table, "prompt_lengths": list(lengths),
-            "cached_lengths": cached, "sampling": sampling}
+    return {
+        "tokens": tokens,
+        "page_table": table,
+        "prompt_lengths": list(lengths),
+        "cached_lengths": cached,
+        "sampling": sampling,
+    }
 
 
 def _random_sampling(rng: random.Random) -> SamplingParams:
@@ -90,8 +95,13 @@ def _random_sampling(rng: random.Random) -> SamplingParams:
     if kind.startswith("greedy"):
         return SamplingParams.greedy(num_logprobs=2 if kind.endswith("lp") else 0)
     if kind.startswith("topk"):
-        return SamplingParams(temperature=0.7, top_k=rng.randrange(2, 33), top_p=0.9, seed=seed,
-                              num_logprobs=3 if kind.endswith("lp") else 0)
+        return SamplingParams(
+            temperature=0.7,
+            top_k=rng.randrange(2, 33),
+            top_p=0.9,
+            seed=seed,
+            num_logprobs=3 if kind.endswith("lp") else 0,
+        )
     return SamplingParams(temperature=1.0, top_k=rng.choice([0, 64]), seed=seed)
 
 
@@ -129,12 +139,14 @@ def served(model):
     runtime = _runtime(model)
     executor = PrefillExecutor(runtime)
     executor.warm_up(manifest_for(POLICY, LAYOUT))
-    before = {"compiles": executor.compile_count, "ledger": _ledger_state(runtime),
-              "captures": runtime.backend.captures}
+    before = {
+        "compiles": executor.compile_count,
+        "ledger": _ledger_state(runtime),
+        "captures": runtime.backend.captures,
+    }
     workload = mixed_workload(600, seed=2024)
     results = [executor.prefill(**call, mode="traced") for call in workload]
-    after = {"compiles": executor.compile_count, "ledger": _ledger_state(runtime),
-             "captures": runtime.backend.captures}
+    after = {"compiles": executor.compile_count, "ledger": _ledger_state(runtime), "captures": runtime.backend.captures}
     yield {"before": before, "after": after, "workload": workload, "results": results, "runtime": runtime}
     executor.close()
 
@@ -225,8 +237,9 @@ def test_auto_mode_runs_uncovered_call_eagerly_with_one_late_compile(half_warmed
 @pytest.fixture
 def recorded_warm_up(model):
     """Events of a warm-up over a multi-trace manifest: ('compile', sig), ('capture', key), ('alloc', ownership)."""
-    policy = PrefillPolicy(max_chunk_length=128, chunk_quantum=128, length_ladder=(128,), waves=(1, 2, 4),
-                           max_batch_size=4)
+    policy = PrefillPolicy(
+        max_chunk_length=128, chunk_quantum=128, length_ladder=(128,), waves=(1, 2, 4), max_batch_size=4
+    )
     layout = PageTableLayout(16, 16, 64)
     runtime = _runtime(model, policy, layout)
     executor = PrefillExecutor(runtime)
@@ -285,8 +298,9 @@ def test_warm_up_allocates_only_trace_buffers_after_the_first_capture(recorded_w
 def test_stream_opened_before_close_refuses_to_replay_after_it(model):
     """A traced invocation stream that outlives ``close`` raises ``PrefillStateError`` on its next replay."""
     call = _call([20, 30], seed=3)
-    runtime = _runtime(model, PrefillPolicy(max_chunk_length=128, chunk_quantum=128, length_ladder=(128,),
-                                            batching_enabled=False))
+    runtime = _runtime(
+        model, PrefillPolicy(max_chunk_length=128, chunk_quantum=128, length_ladder=(128,), batching_enabled=False)
+    )
     executor = PrefillExecutor(runtime)
     batch = runtime.prepare(**call)
     executor.warm_up(WarmupManifest().observe(batch.prepared))

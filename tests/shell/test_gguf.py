@@ -24,10 +24,15 @@ Q = gguf.GGMLQuantizationType
 # Every matrix row is a multiple of 256 values, the K-quants' block.
 HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM, VOCAB = 256, 512, 4, 2, 64, 96
 LAYER_SHAPES = {
-    "attn_norm": (HIDDEN,), "ffn_norm": (HIDDEN,),
-    "attn_q": (HEADS * HEAD_DIM, HIDDEN), "attn_k": (KV_HEADS * HEAD_DIM, HIDDEN),
-    "attn_v": (KV_HEADS * HEAD_DIM, HIDDEN), "attn_output": (HIDDEN, HEADS * HEAD_DIM),
-    "ffn_gate": (INTER, HIDDEN), "ffn_up": (INTER, HIDDEN), "ffn_down": (HIDDEN, INTER),
+    "attn_norm": (HIDDEN,),
+    "ffn_norm": (HIDDEN,),
+    "attn_q": (HEADS * HEAD_DIM, HIDDEN),
+    "attn_k": (KV_HEADS * HEAD_DIM, HIDDEN),
+    "attn_v": (KV_HEADS * HEAD_DIM, HIDDEN),
+    "attn_output": (HIDDEN, HEADS * HEAD_DIM),
+    "ffn_gate": (INTER, HIDDEN),
+    "ffn_up": (INTER, HIDDEN),
+    "ffn_down": (HIDDEN, INTER),
 }
 MIXED_TYPES = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1)
 
@@ -102,7 +107,9 @@ def write_llama_gguf(path, *, layers=2, types=MIXED_TYPES, tied=True, arch="llam
 
 
 def _hf(path):
-    return transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        path.parent, gguf_file=path.name, dtype=torch.float32
+    ).eval()
 
 
 def test_weights_equal_transformers_gguf_loader(tmp_path):
@@ -195,10 +202,13 @@ def test_quant_type_gguf_cannot_dequantize_is_refused_by_name(tmp_path):
         load_gguf(path)
 
 
-@pytest.mark.parametrize(("tensor", "message"), [
-    ("rope_freqs.weight", "RoPE scaling"),
-    ("blk.0.attn_rot_embd.weight", "'blk.0.attn_rot_embd.weight' has no place in a Llama"),
-])
+@pytest.mark.parametrize(
+    ("tensor", "message"),
+    [
+        ("rope_freqs.weight", "RoPE scaling"),
+        ("blk.0.attn_rot_embd.weight", "'blk.0.attn_rot_embd.weight' has no place in a Llama"),
+    ],
+)
 def test_unknown_or_scaling_tensors_are_refused(tmp_path, tensor, message):
     """A RoPE-frequency tensor or a tensor with no Llama meaning raises PrefillConfigError naming it."""
     path = tmp_path / "extra.gguf"

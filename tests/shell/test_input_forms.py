@@ -12,10 +12,10 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from strategies import list_page_tables, token_lists
 
 from prefill_core.errors import PrefillInputError
 from prefill_shell.batch_builder import as_token_matrix, build_batch, host_page_table
-from strategies import list_page_tables, token_lists
 
 BS = 16
 NUM_BLOCKS = 32
@@ -81,8 +81,13 @@ def _vector_forms(values: list[int]) -> dict:
 
 
 def _call_args(prompts, kit) -> dict:
-    return {"tokens": kit.token_matrix(prompts), "page_table": kit.page_table(BLOCKS), "prompt_lengths": LENGTHS,
-            "cached_lengths": CACHED, "slots": SLOTS}
+    return {
+        "tokens": kit.token_matrix(prompts),
+        "page_table": kit.page_table(BLOCKS),
+        "prompt_lengths": LENGTHS,
+        "cached_lengths": CACHED,
+        "slots": SLOTS,
+    }
 
 
 def _forms_of(field: str, prompts, kit) -> dict:
@@ -238,8 +243,13 @@ HOSTILE = {
 }
 
 
-NAMES = {"tokens": ("tokens",), "page_table": ("page_table", "blocks"), "prompt_lengths": ("prompt_lengths", "length"),
-         "cached_lengths": ("cached_lengths", "cached"), "slots": ("slots", "slot")}
+NAMES = {
+    "tokens": ("tokens",),
+    "page_table": ("page_table", "blocks"),
+    "prompt_lengths": ("prompt_lengths", "length"),
+    "cached_lengths": ("cached_lengths", "cached"),
+    "slots": ("slots", "slot"),
+}
 """Field names an error may carry for each argument: the shell's argument name or the core's column name."""
 
 
@@ -247,8 +257,13 @@ NAMES = {"tokens": ("tokens",), "page_table": ("page_table", "blocks"), "prompt_
 def test_every_hostile_form_is_named_and_changes_nothing(rt, kit, case):
     """Bools, floats, numpy, nested, huge, negative, empty or wrongly shaped input: a named error, pool unchanged."""
     field, value, row = HOSTILE[case]
-    args = {"tokens": _TOKENS_OK, "page_table": _TABLE_OK, "prompt_lengths": LENGTHS, "cached_lengths": None,
-            "slots": None}
+    args = {
+        "tokens": _TOKENS_OK,
+        "page_table": _TABLE_OK,
+        "prompt_lengths": LENGTHS,
+        "cached_lengths": None,
+        "slots": None,
+    }
     args[field] = value
     before = _pool_bytes(rt)
     with pytest.raises(PrefillInputError) as caught:

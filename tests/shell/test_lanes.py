@@ -46,8 +46,18 @@ def test_mixed_rows_across_lanes_match_each_row_alone(tiny_model, kit):
     rt = kit.build_runtime(tiny_model, num_blocks=96, block_size=BS, policy=LANE_POLICY)
     lengths = [40, 300, 70, 33, 90, 64, 100, 20, 48, 130]
     cached = [0, 0, 0, 0, 32, 0, 64, 0, 48, 0]
-    sampling = [None, SamplingParams.greedy(num_logprobs=2), None, SamplingParams(top_k=5, seed=1),
-                None, SamplingParams(top_k=0, seed=4, num_logprobs=1), None, None, SamplingParams.greedy(), None]
+    sampling = [
+        None,
+        SamplingParams.greedy(num_logprobs=2),
+        None,
+        SamplingParams(top_k=5, seed=1),
+        None,
+        SamplingParams(top_k=0, seed=4, num_logprobs=1),
+        None,
+        None,
+        SamplingParams.greedy(),
+        None,
+    ]
     rows = _rows(kit, lengths, seed=700)
     blocks = kit.assign_blocks(lengths, BS, 96, seed=7)
     reference = [_alone(rt, kit, rows[i], blocks[i], n, 0, sampling[i]) for i, n in enumerate(lengths)]

@@ -235,10 +235,14 @@ def prefill_calls(draw) -> dict:
     table = torch.full((len(rows), max(len(b) for _, _, b in rows)), -1, dtype=torch.int32)
     for i, (_, _, blocks) in enumerate(rows):
         table[i, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
-    return {"tokens": tokens, "page_table": table, "prompt_lengths": lengths,
-            "cached_lengths": [c * MODEL_BS for _, c, _ in rows],
-            "cached_blocks": [b for _, c, blocks in rows for b in blocks[:c]],
-            "owned": [b for _, _, blocks in rows for b in blocks]}
+    return {
+        "tokens": tokens,
+        "page_table": table,
+        "prompt_lengths": lengths,
+        "cached_lengths": [c * MODEL_BS for _, c, _ in rows],
+        "cached_blocks": [b for _, c, blocks in rows for b in blocks[:c]],
+        "owned": [b for _, _, blocks in rows for b in blocks],
+    }
 
 
 @PROPERTY

@@ -38,8 +38,12 @@ def test_prefill_reports_each_body_step_in_order(tiny_model, kit, mode):
     assert _counts(events, "prefill") == [(i, 4) for i in range(5)]
     assert [e.stage for e in events] == ["prefill"] * 5
     details = [e.detail for e in events[1:]]
-    assert sorted(details) == ["rows (0,) chunk 1/3", "rows (0,) chunk 2/3", "rows (0,) chunk 3/3",
-                               "rows (1, 2) chunk 1/1"]
+    assert sorted(details) == [
+        "rows (0,) chunk 1/3",
+        "rows (0,) chunk 2/3",
+        "rows (0,) chunk 3/3",
+        "rows (1, 2) chunk 1/1",
+    ]
     assert [d for d in details if d.startswith("rows (0,)")] == sorted(d for d in details if d.startswith("rows (0,)"))
     assert results == rt.prefill(tokens, table, lengths)
     executor.close()

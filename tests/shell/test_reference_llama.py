@@ -140,8 +140,13 @@ def test_paged_llama_satisfies_model_protocol_with_preset_spec(tiny_llama):
     """The reference model is a PrefillModel whose spec reports the tiny preset's geometry."""
     assert isinstance(tiny_llama, PrefillModel)
     assert tiny_llama.spec == ModelSpec(
-        vocab_size=256, hidden_size=64, num_layers=2, num_heads=4,
-        num_kv_heads=2, head_dim=16, max_position=4096,
+        vocab_size=256,
+        hidden_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        max_position=4096,
     )
 
 
@@ -262,7 +267,8 @@ def _kv_after_fixed_shape_chunks(model):
 
 
 KV_SCENARIOS = pytest.mark.parametrize(
-    "scenario", [_kv_after_wave, _kv_after_chunks, _kv_after_fixed_shape_chunks],
+    "scenario",
+    [_kv_after_wave, _kv_after_chunks, _kv_after_fixed_shape_chunks],
     ids=["regular_wave", "chunked", "chunked_fixed_shape"],
 )
 
@@ -321,8 +327,16 @@ def test_chunk_gathers_only_its_prefix_unless_shapes_must_stay_fixed(tiny_llama,
         return gather(layer, table)
 
     monkeypatch.setattr(kv, "gather", spy)
-    _chunked_row(tiny_llama, kv, _tokens(200, seed=9), LONG_BLOCKS[:7], chunk=128, first=0, read_width=12,
-                 fixed_shape=fixed_shape)
+    _chunked_row(
+        tiny_llama,
+        kv,
+        _tokens(200, seed=9),
+        LONG_BLOCKS[:7],
+        chunk=128,
+        first=0,
+        read_width=12,
+        fixed_shape=fixed_shape,
+    )
     assert gathered == widths
 
 
@@ -341,7 +355,11 @@ def test_chunked_wave_with_different_starts_gives_each_row_its_own_result(tiny_l
     wave = tiny_llama.forward_hidden(tokens, torch.tensor([128, 0]), fill, read, pools[0], fixed_shape=fixed_shape)
     for row, start in enumerate((128, 0)):
         alone = tiny_llama.forward_hidden(
-            tokens[row : row + 1], torch.tensor([start]), fill[row : row + 1], read[row : row + 1], pools[row + 1],
+            tokens[row : row + 1],
+            torch.tensor([start]),
+            fill[row : row + 1],
+            read[row : row + 1],
+            pools[row + 1],
             fixed_shape=fixed_shape,
         )
         _assert_close(wave[row], alone[0])

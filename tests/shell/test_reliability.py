@@ -20,8 +20,9 @@ from prefill_shell.testing.stateful import run_lifecycle_machine
 from prefill_shell.testing.sweep import FAULT_TYPES, SCENARIOS, sweep
 
 BLOCK, POOL = 16, 64
-POLICY = PrefillPolicy(length_ladder=(32, 64), max_chunk_length=64, chunk_quantum=64, waves=(1, 2, 4), max_logprobs=3,
-                       lane_size=8)
+POLICY = PrefillPolicy(
+    length_ladder=(32, 64), max_chunk_length=64, chunk_quantum=64, waves=(1, 2, 4), max_logprobs=3, lane_size=8
+)
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +32,9 @@ def tiny_model():
 
 def _runtime(model) -> PrefillRuntime:
     kv = model.new_kv_cache(POOL, BLOCK)
-    return PrefillRuntime(PrefillRuntimeConfig.resolve(model, TorchBackend(), kv, PageTableLayout(BLOCK, 16, POOL), POLICY))
+    return PrefillRuntime(
+        PrefillRuntimeConfig.resolve(model, TorchBackend(), kv, PageTableLayout(BLOCK, 16, POOL), POLICY)
+    )
 
 
 @pytest.mark.parametrize("raises", FAULT_TYPES, ids=lambda t: t.__name__)
@@ -65,6 +68,7 @@ def test_lifecycle_state_machine_holds_its_invariants():
 
 # -- input fuzzing through PrefillRuntime.prepare ---------------------------------
 
+
 def _valid_call(draw) -> dict:
     rows = draw(st.integers(1, 4))
     lengths = draw(st.lists(st.integers(1, 64), min_size=rows, max_size=rows))
@@ -75,10 +79,23 @@ def _valid_call(draw) -> dict:
     for row, n in enumerate(need):
         table[row, :n] = torch.tensor(blocks[first : first + n])
         first += n
-    sampling = [draw(st.none() | st.builds(SamplingParams, top_k=st.integers(0, 50), seed=st.integers(0, 99),
-                                           num_logprobs=st.integers(0, 3))) for _ in range(rows)]
-    return {"tokens": torch.randint(1, 256, (rows, max(lengths))), "page_table": table, "prompt_lengths": lengths,
-            "cached_lengths": [0] * rows, "slots": list(range(rows)), "sampling": sampling}
+    sampling = [
+        draw(
+            st.none()
+            | st.builds(
+                SamplingParams, top_k=st.integers(0, 50), seed=st.integers(0, 99), num_logprobs=st.integers(0, 3)
+            )
+        )
+        for _ in range(rows)
+    ]
+    return {
+        "tokens": torch.randint(1, 256, (rows, max(lengths))),
+        "page_table": table,
+        "prompt_lengths": lengths,
+        "cached_lengths": [0] * rows,
+        "slots": list(range(rows)),
+        "sampling": sampling,
+    }
 
 
 def _mutations(call: dict):
@@ -115,8 +132,15 @@ def _mutations(call: dict):
     bad = table.clone()
     bad[last, 0] = POOL
     yield "block beyond pool", last, "blocks[0]", with_(page_table=bad)
-    for field, value in (("temperature", math.nan), ("temperature", math.inf), ("temperature", -1.0),
-                         ("top_k", -1), ("top_p", 0.0), ("top_p", 1.5), ("num_logprobs", POLICY.max_logprobs + 1)):
+    for field, value in (
+        ("temperature", math.nan),
+        ("temperature", math.inf),
+        ("temperature", -1.0),
+        ("top_k", -1),
+        ("top_p", 0.0),
+        ("top_p", 1.5),
+        ("num_logprobs", POLICY.max_logprobs + 1),
+    ):
         yield f"sampling {field}={value}", last, f"sampling.{field}", at("sampling", SamplingParams(**{field: value}))
     if rows > 1:
         yield "duplicate slot", last, "slot", at("slots", call["slots"][0])
@@ -166,6 +190,7 @@ def test_empty_batch_is_a_named_input_error(tiny_model):
 
 
 # -- boundary errors ----------------------------------------------------------------
+
 
 def _one_row(runtime):
     return runtime.prepare(torch.randint(1, 256, (1, 40)), torch.arange(3, dtype=torch.int32)[None], [40])

@@ -15,12 +15,15 @@ def test_results_with_equal_logits_in_other_tensors_are_equal_and_hash_alike():
     assert a == b and not a != b and hash(a) == hash(b)
 
 
-@pytest.mark.parametrize("other", [
-    PrefillResult(3, logits=torch.tensor([0.5, 0.0, -1.0])),
-    PrefillResult(4, logits=torch.tensor([0.5, float("nan"), -1.0])),
-    PrefillResult(3, logits=torch.tensor([0.5, float("nan"), -1.0], dtype=torch.float64)),
-    PrefillResult(3, token=1, logprob=-0.1),
-])
+@pytest.mark.parametrize(
+    "other",
+    [
+        PrefillResult(3, logits=torch.tensor([0.5, 0.0, -1.0])),
+        PrefillResult(4, logits=torch.tensor([0.5, float("nan"), -1.0])),
+        PrefillResult(3, logits=torch.tensor([0.5, float("nan"), -1.0], dtype=torch.float64)),
+        PrefillResult(3, token=1, logprob=-0.1),
+    ],
+)
 def test_a_different_value_row_or_dtype_is_unequal(other):
     """A result differs when its logits, row, dtype or sampled fields differ."""
     assert PrefillResult(3, logits=torch.tensor([0.5, float("nan"), -1.0])) != other

@@ -85,7 +85,9 @@ def test_5000_token_row_chunked_by_2048_matches_oracle(chunked_5000, oracle, kit
 def test_5000_token_row_chunked_matches_same_row_unchunked(chunked_5000, tiny_model, kit):
     """The chunked 5000-token row gives the logits of the same row run as one unchunked 8192 invocation."""
     tokens, _, _, chunked_logits, _ = chunked_5000
-    rt = kit.build_runtime(tiny_model, num_blocks=96, block_size=BS_DEFAULT, policy=PrefillPolicy(max_chunk_length=8192))
+    rt = kit.build_runtime(
+        tiny_model, num_blocks=96, block_size=BS_DEFAULT, policy=PrefillPolicy(max_chunk_length=8192)
+    )
     blocks = kit.assign_blocks([5000], BS_DEFAULT, 96, seed=6)
     batch = rt.prepare(tokens[None], kit.page_table(blocks), [5000])
     request = batch.prepared[0].request
@@ -126,8 +128,16 @@ def test_several_prefix_cached_rows_in_one_call_match_oracle(tiny_model, oracle,
 def test_mixed_batch_in_shuffled_order_returns_results_in_caller_order(tiny_model, oracle, kit):
     """Wave, chunked, cached and greedy rows given shuffled come back in caller order, each matching its oracle."""
     specs = [  # (length, cached, greedy)
-        (40, 0, False), (300, 0, False), (100, 0, False), (250, 0, False), (77, 0, True),
-        (200, 64, False), (128, 0, False), (240, 0, True), (17, 0, False), (33, 0, True),
+        (40, 0, False),
+        (300, 0, False),
+        (100, 0, False),
+        (250, 0, False),
+        (77, 0, True),
+        (200, 64, False),
+        (128, 0, False),
+        (240, 0, True),
+        (17, 0, False),
+        (33, 0, True),
     ]
     random.Random(9).shuffle(specs)
     lengths = [n for n, _, _ in specs]
@@ -138,7 +148,9 @@ def test_mixed_batch_in_shuffled_order_returns_results_in_caller_order(tiny_mode
     c = cached.index(64)
     rt.prefill(rows[c][None, :64], kit.page_table([blocks[c][:4]]), [64])
     sampling = [SamplingParams.greedy() if greedy else None for _, _, greedy in specs]
-    batch = rt.prepare(kit.token_matrix(rows), kit.page_table(blocks), lengths, cached_lengths=cached, sampling=sampling)
+    batch = rt.prepare(
+        kit.token_matrix(rows), kit.page_table(blocks), lengths, cached_lengths=cached, sampling=sampling
+    )
     assert _plan_rows(batch) != list(range(len(rows)))  # the plan reorders rows
     results = rt.assemble(rt.invocations(batch), batch.num_rows)
     assert [r.row for r in results] == list(range(len(rows)))
@@ -184,7 +196,9 @@ def _assert_pool_holds_oracle_kv(kv, oracle, kit, rows, blocks, first=0):
         for layer in range(len(keys)):
             got_k, got_v = kit.row_kv(kv, layer, row_blocks, len(tokens))
             assert kit.max_abs_diff(got_k[:, first:], keys[layer][:, first:]) <= kit.TOL, f"row {i} layer {layer} keys"
-            assert kit.max_abs_diff(got_v[:, first:], values[layer][:, first:]) <= kit.TOL, f"row {i} layer {layer} values"
+            assert kit.max_abs_diff(got_v[:, first:], values[layer][:, first:]) <= kit.TOL, (
+                f"row {i} layer {layer} values"
+            )
 
 
 def test_pool_holds_oracle_kv_after_regular_wave(tiny_model, oracle, kit):

@@ -100,8 +100,12 @@ def _mixed_request(kit):
     lengths = [60, 45, 300, 200, 90, 33]
     rows = [kit.make_tokens(n, seed=1100 + i) for i, n in enumerate(lengths)]
     sampling = [
-        None, None, SamplingParams.greedy(num_logprobs=3), SamplingParams(top_k=5, seed=1, num_logprobs=2),
-        SamplingParams(top_k=0, seed=2, num_logprobs=4), SamplingParams(temperature=0.5, top_k=40, seed=3),
+        None,
+        None,
+        SamplingParams.greedy(num_logprobs=3),
+        SamplingParams(top_k=5, seed=1, num_logprobs=2),
+        SamplingParams(top_k=0, seed=2, num_logprobs=4),
+        SamplingParams(temperature=0.5, top_k=40, seed=3),
     ]
     table = kit.page_table(kit.assign_blocks(lengths, BS, NUM_BLOCKS, seed=11))
     return kit.token_matrix(rows), table, lengths, sampling

@@ -99,7 +99,9 @@ def test_seeded_topk_token_does_not_depend_on_wave_mates(tiny_model, kit, prompt
     clones = [r.token for r in _Scenario(kit, rt, [prompts[0]] * 8, params).run()]
     assert clones == alone
     mates = [SamplingParams(temperature=1.4, top_k=3, seed=100 + i) for i in range(5)] + [SamplingParams.greedy()] * 2
-    rows = [(prompts[0], p, s) for s, p in enumerate(params)] + [(prompts[1 + i % 2], p, None) for i, p in enumerate(mates)]
+    rows = [(prompts[0], p, s) for s, p in enumerate(params)] + [
+        (prompts[1 + i % 2], p, None) for i, p in enumerate(mates)
+    ]
     random.Random(3).shuffle(rows)
     mixed = _Scenario(kit, rt, [r[0] for r in rows], [r[1] for r in rows])
     assert [p.sampling_path for p in mixed.prepare().prepared] == [SamplingPath.TOPK]

@@ -16,13 +16,13 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from strategies import adversarial_logits, extreme_sampling_params
 
 from prefill_core import PrefillPolicy, SamplingParams, SamplingPath
 from prefill_shell.model import ModelSpec
 from prefill_shell.reference import PagedKVCache
 from prefill_shell.torch_sampling import sample_row, top_logprobs
 from prefill_shell.tt import staging as tt_staging
-from strategies import adversarial_logits, extreme_sampling_params
 
 VOCAB = 256
 BS = 16
@@ -80,8 +80,9 @@ def issue_logits():
 class FixedLogitsModel:
     """A body that computes nothing and an LM head that returns ``self.logits`` for every row."""
 
-    spec = ModelSpec(vocab_size=VOCAB, hidden_size=8, num_layers=1, num_heads=1, num_kv_heads=1, head_dim=8,
-                     max_position=4096)
+    spec = ModelSpec(
+        vocab_size=VOCAB, hidden_size=8, num_layers=1, num_heads=1, num_kv_heads=1, head_dim=8, max_position=4096
+    )
     dtype = torch.float32
 
     def __init__(self):
@@ -138,8 +139,10 @@ def test_a_tiny_temperature_row_in_a_sampled_wave_returns_its_argmax(fixed, kit,
     """A T=1e-39 row sharing a device top-k wave with a T=1 row is sampled as greedy, not as token 0."""
     params = [SamplingParams(temperature=1e-39, top_k=20, seed=1), SamplingParams(temperature=1.0, top_k=20, seed=2)]
     rt, _ = fixed
-    assert rt.prepare(torch.ones(2, 8, dtype=torch.int64), [[0], [1]], [8, 8], sampling=params).prepared[0].sampling_path \
+    assert (
+        rt.prepare(torch.ones(2, 8, dtype=torch.int64), [[0], [1]], [8, 8], sampling=params).prepared[0].sampling_path
         is SamplingPath.TOPK
+    )
     first, second = _run(fixed, kit, issue_logits, params)
     assert first.token == int(issue_logits.argmax())
     assert second.token in allowed_tokens(issue_logits, params[1])
@@ -202,7 +205,9 @@ def test_stage_sampling_stages_an_overflowing_inverse_temperature_as_greedy(monk
 @given(params=st.lists(extreme_sampling_params(), min_size=1, max_size=4))
 def test_stage_sampling_of_any_accepted_params_is_finite_and_positive_in_bfloat16(params):
     """For generated extreme params within the device cap, staged P and 1/T are finite and positive in bfloat16."""
-    params = [p if p.is_greedy or 1 <= p.top_k <= tt_staging.MAX_DEVICE_TOP_K else SamplingParams.greedy() for p in params]
+    params = [
+        p if p.is_greedy or 1 <= p.top_k <= tt_staging.MAX_DEVICE_TOP_K else SamplingParams.greedy() for p in params
+    ]
     with pytest.MonkeyPatch.context() as monkeypatch:
         _, p_out, t_out = _stage(monkeypatch, params=tuple(params))
     for staged in (p_out, t_out):

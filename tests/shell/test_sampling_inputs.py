@@ -8,8 +8,15 @@ import torch
 from prefill_core import PrefillPolicy, SamplingParams, SamplingPath, WarmupManifest
 from prefill_shell.backends import TorchBackend
 from prefill_shell.config import PrefillRuntimeConfig
-from prefill_shell.contract import (LAST_TOKEN_INDEX, SAMPLING_INPUTS, TEMPERATURE, TOP_K, TOP_P, sampling_values,
-                                    workspace_specs)
+from prefill_shell.contract import (
+    LAST_TOKEN_INDEX,
+    SAMPLING_INPUTS,
+    TEMPERATURE,
+    TOP_K,
+    TOP_P,
+    sampling_values,
+    workspace_specs,
+)
 from prefill_shell.executor import PrefillExecutor
 from prefill_shell.ledger import Ownership
 from prefill_shell.reference import random_llama
@@ -33,8 +40,12 @@ def executor():
 def _args(sampling, rows: int = 3, seed: int = 1) -> dict:
     tokens = torch.randint(1, 256, (rows, 100), generator=torch.Generator().manual_seed(seed))
     table = torch.arange(rows * 4, dtype=torch.int32).reshape(rows, 4)
-    return dict(tokens=tokens, page_table=table, prompt_lengths=[100] * rows,
-                sampling=sampling if isinstance(sampling, list) else [sampling] * rows)
+    return dict(
+        tokens=tokens,
+        page_table=table,
+        prompt_lengths=[100] * rows,
+        sampling=sampling if isinstance(sampling, list) else [sampling] * rows,
+    )
 
 
 @pytest.mark.parametrize("temperature", [0.9, 0.45, 0.95, 1e-5, 1e308])
@@ -49,8 +60,11 @@ def test_host_values_hold_each_rows_parameters_bit_for_bit(temperature):
 
 def test_greedy_rows_hold_the_greedy_triple():
     """A greedy row (T below the threshold, or top_k 1) holds K=1, P=1, T=1 beside a sampled row's values."""
-    rows = (SamplingParams(temperature=1e-39, top_k=20, top_p=0.5), SamplingParams(temperature=2.0, top_k=1),
-            SamplingParams(temperature=0.7, top_k=4, top_p=0.8))
+    rows = (
+        SamplingParams(temperature=1e-39, top_k=20, top_p=0.5),
+        SamplingParams(temperature=2.0, top_k=1),
+        SamplingParams(temperature=0.7, top_k=4, top_p=0.8),
+    )
     values = sampling_values(rows)
     assert [values[spec].tolist() for spec in SAMPLING_INPUTS] == [[1, 1, 4], [1.0, 1.0, 0.8], [1.0, 1.0, 0.7]]
 
@@ -58,8 +72,10 @@ def test_greedy_rows_hold_the_greedy_triple():
 def test_torch_backend_samples_what_host_sampling_samples_from_the_tensors():
     """TorchBackend.sample on the K/P/T tensors gives every row sample_row's token for the row's own params."""
     logits = torch.randn(4, 256, generator=torch.Generator().manual_seed(0)) * 3
-    params = [SamplingParams(temperature=t, top_k=k, top_p=p) for t, k, p in
-              ((0.9, 20, 0.9), (0.45, 5, 1.0), (0.95, 100, 0.5), (1e308, 3, 1.0))]
+    params = [
+        SamplingParams(temperature=t, top_k=k, top_p=p)
+        for t, k, p in ((0.9, 20, 0.9), (0.45, 5, 1.0), (0.95, 100, 0.5), (1e308, 3, 1.0))
+    ]
     seeds = (11, 12, 13, 14)
     values = sampling_values(params)
     tokens = TorchBackend().sample(logits, *(values[spec] for spec in SAMPLING_INPUTS), seeds)
@@ -69,8 +85,11 @@ def test_torch_backend_samples_what_host_sampling_samples_from_the_tensors():
 
 def test_workspaces_hold_k_p_t_only_for_top_k_programs(executor):
     """A top-k alias's workspace holds SAMPLING_INPUTS after the last-token index; logits and argmax ones do not."""
-    for sampling, path in ((None, SamplingPath.LOGITS), (SamplingParams.greedy(), SamplingPath.ARGMAX),
-                           (FIRST, SamplingPath.TOPK)):
+    for sampling, path in (
+        (None, SamplingPath.LOGITS),
+        (SamplingParams.greedy(), SamplingPath.ARGMAX),
+        (FIRST, SamplingPath.TOPK),
+    ):
         (prepared,) = executor.runtime.prepare(**_args(sampling)).prepared
         specs = workspace_specs(prepared.program_signature)
         assert prepared.sampling_path is path and specs[0] is LAST_TOKEN_INDEX

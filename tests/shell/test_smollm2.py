@@ -38,9 +38,11 @@ SHORT = (1, 127, 128, 129, 300)
 LONG = (2047, 2048, 2049, 4133)
 # Cached prefix per prompt length: a whole number of blocks below the length,
 # or all of it for a block-aligned prompt (a fully cached row re-runs its last block).
-SHORT_CACHED = {16: {127: 112, 128: 128, 129: 128, 300: 288},
-                32: {127: 96, 128: 128, 129: 128, 300: 288},
-                64: {127: 64, 128: 128, 129: 128, 300: 256}}
+SHORT_CACHED = {
+    16: {127: 112, 128: 128, 129: 128, 300: 288},
+    32: {127: 96, 128: 128, 129: 128, 300: 288},
+    64: {127: 64, 128: 128, 129: 128, 300: 256},
+}
 LONG_CACHED = {2047: 1024, 2048: 2048, 2049: 2048, 4133: 2048}
 
 
@@ -71,7 +73,8 @@ def smollm2_tokenizer(smollm2_file):
 def smollm2_hf(smollm2_file):
     """transformers' Llama loaded from the same file (its own dequantization), float32."""
     return transformers.AutoModelForCausalLM.from_pretrained(
-        smollm2_file.parent, gguf_file=smollm2_file.name, dtype=torch.float32).eval()
+        smollm2_file.parent, gguf_file=smollm2_file.name, dtype=torch.float32
+    ).eval()
 
 
 @pytest.fixture(scope="session")
@@ -123,12 +126,21 @@ def _check_row(kv, blocks: list[int], length: int, cached: int, logits: torch.Te
             kv_scale = max(kv_scale, expected[:, :length].abs().max().item())
     hf = oracle.logits[length]
     top2 = hf.topk(2).values
-    return RowCheck(length, cached, (logits - hf).abs().max().item(), hf.abs().max().item(),
-                    (top2[0] - top2[1]).item(), logits.argmax().item() == hf.argmax().item(), kv_err, kv_scale)
+    return RowCheck(
+        length,
+        cached,
+        (logits - hf).abs().max().item(),
+        hf.abs().max().item(),
+        (top2[0] - top2[1]).item(),
+        logits.argmax().item() == hf.argmax().item(),
+        kv_err,
+        kv_scale,
+    )
 
 
-def run_case(model, doc: torch.Tensor, oracle: Oracle, bs: int, lengths, cached_of: dict[int, int],
-             prefix_from: int) -> tuple[list[RowCheck], list[RowCheck]]:
+def run_case(
+    model, doc: torch.Tensor, oracle: Oracle, bs: int, lengths, cached_of: dict[int, int], prefix_from: int
+) -> tuple[list[RowCheck], list[RowCheck]]:
     """Runs ``lengths`` uncached, then each ``cached_of`` variant reading ``prefix_from``'s blocks as its cache."""
     need = [-(-n // bs) for n in lengths]
     own = [-(-n // bs) - c // bs for n, c in cached_of.items()]
@@ -164,8 +176,10 @@ def assert_matches(checks: list[RowCheck]) -> None:
     for c in checks:
         where = f"length {c.length}, cached {c.cached}"
         # Shown with -s: the figures the tolerances are judged against.
-        print(f"{where}: logits {c.logits_err:.2e} of {c.logits_scale:.1f}, K/V {c.kv_err:.2e} of {c.kv_scale:.1f}, "
-              f"top-2 margin {c.margin:.3f}, argmax equal {c.argmax_equal}")
+        print(
+            f"{where}: logits {c.logits_err:.2e} of {c.logits_scale:.1f}, K/V {c.kv_err:.2e} of {c.kv_scale:.1f}, "
+            f"top-2 margin {c.margin:.3f}, argmax equal {c.argmax_equal}"
+        )
         assert c.logits_err <= REL_TOL * c.logits_scale, f"{where}: logits differ by {c.logits_err:.2e}"
         if c.margin > 2 * REL_TOL * c.logits_scale:
             assert c.argmax_equal, f"{where}: argmax differs with top-2 margin {c.margin:.3f}"
@@ -210,7 +224,11 @@ def test_capital_of_france_is_paris(smollm2, smollm2_tokenizer):
     ids = smollm2_tokenizer("The capital of France is")["input_ids"]
     kv = smollm2.new_kv_cache(1, 32)
     runtime = PrefillRuntime(PrefillRuntimeConfig.resolve(smollm2, TorchBackend(), kv))
-    (result,) = runtime.prefill(torch.tensor([ids]), torch.tensor([[0]], dtype=torch.int32), [len(ids)],
-                                sampling=[SamplingParams.greedy(num_logprobs=3)])
+    (result,) = runtime.prefill(
+        torch.tensor([ids]),
+        torch.tensor([[0]], dtype=torch.int32),
+        [len(ids)],
+        sampling=[SamplingParams.greedy(num_logprobs=3)],
+    )
     assert smollm2_tokenizer.decode([result.token]) == " Paris"
     assert [smollm2_tokenizer.decode([t]) for t, _ in result.top_logprobs] == [" Paris", " the", " London"]

@@ -46,8 +46,9 @@ class _ParkingModel:
 
 def _runtime(model):
     parking = _ParkingModel(model)
-    config = PrefillRuntimeConfig.resolve(parking, TorchBackend(), model.new_kv_cache(POOL, BS),
-                                          PageTableLayout(BS, 16, POOL), POLICY)
+    config = PrefillRuntimeConfig.resolve(
+        parking, TorchBackend(), model.new_kv_cache(POOL, BS), PageTableLayout(BS, 16, POOL), POLICY
+    )
     return PrefillRuntime(config), parking
 
 
@@ -69,7 +70,7 @@ class _Parked(threading.Thread):
         self.parking.parked_thread = threading.get_ident()
         try:
             self.result = self.work()
-        except BaseException as error:  # noqa: BLE001 (re-checked by the test)
+        except BaseException as error:
             self.error = error
 
     def __enter__(self):
@@ -87,9 +88,15 @@ def test_an_overlapping_prefill_from_another_thread_raises_at_once_and_changes_n
     """While thread A is inside a prefill, the main thread's prefill raises PrefillStateError, allocating and writing nothing."""
     rt, parking = _runtime(tiny_model)
     tokens, table, lengths = _call(kit, seed=3000)
-    expected = PrefillRuntime(PrefillRuntimeConfig.resolve(
-        tiny_model, TorchBackend(), tiny_model.new_kv_cache(POOL, BS), PageTableLayout(BS, 16, POOL), POLICY,
-    )).prefill(tokens, table, lengths)
+    expected = PrefillRuntime(
+        PrefillRuntimeConfig.resolve(
+            tiny_model,
+            TorchBackend(),
+            tiny_model.new_kv_cache(POOL, BS),
+            PageTableLayout(BS, 16, POOL),
+            POLICY,
+        )
+    ).prefill(tokens, table, lengths)
     other_tokens, other_table, other_lengths = _call(kit, seed=3100)
     with _Parked(parking, lambda: rt.prefill(tokens, table, lengths)) as a:
         allocations, pool = rt.backend.ledger.allocations, rt.config.kv.snapshot().clone()

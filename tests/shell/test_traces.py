@@ -15,8 +15,8 @@ import torch
 from prefill_core import PageTableLayout, PrefillPolicy, SamplingParams, WarmupManifest
 from prefill_core.errors import PrefillStateError
 from prefill_shell.backends import TorchBackend
-from prefill_shell.contract import LOGITS, SAMPLED_TOKENS
 from prefill_shell.config import PrefillRuntimeConfig
+from prefill_shell.contract import LOGITS, SAMPLED_TOKENS
 from prefill_shell.executor import PrefillExecutor
 from prefill_shell.ledger import Ownership
 from prefill_shell.reference import random_llama
@@ -69,8 +69,13 @@ def _call(lengths, *, block_size: int, cached=None, sampling=None, seed: int = 0
         tokens[row, :n] = torch.randint(1, VOCAB, (n,), generator=gen)
         table[row, : need[row]] = torch.tensor(order[used : used + need[row]], dtype=torch.int32)
         used += need[row]
-    return {"tokens": tokens, "page_table": table, "prompt_lengths": list(lengths),
-            "cached_lengths": cached, "sampling": sampling}
+    return {
+        "tokens": tokens,
+        "page_table": table,
+        "prompt_lengths": list(lengths),
+        "cached_lengths": cached,
+        "sampling": sampling,
+    }
 
 
 def _warmed(runtime: PrefillRuntime, call: dict) -> PrefillExecutor:
@@ -135,16 +140,20 @@ LONG_ROWS = ((5000, 0), (6000, 0), (6000, 2048), (6000, 4096))
 @pytest.fixture(scope="module")
 def long_runs(model):
     """One call over ``LONG_ROWS`` run traced (warmed for it) and eagerly on twin pools."""
-    call = _call([n for n, _ in LONG_ROWS], block_size=LONG_LAYOUT.block_size,
-                 cached=[c for _, c in LONG_ROWS], seed=3)
+    call = _call([n for n, _ in LONG_ROWS], block_size=LONG_LAYOUT.block_size, cached=[c for _, c in LONG_ROWS], seed=3)
     traced_rt = _runtime(model, LONG_POLICY, LONG_LAYOUT)
     executor = _warmed(traced_rt, call)
     captures_after_warm_up = traced_rt.backend.captures
     traced = executor.prefill(**call, mode="traced")
     eager = _runtime(model, LONG_POLICY, LONG_LAYOUT).prefill(**call)
     chunks = sum(len(p.request.chunks) for p in traced_rt.prepare(**call).prepared)
-    yield {"traced": traced, "eager": eager, "executor": executor, "chunks": chunks,
-           "captures_after_warm_up": captures_after_warm_up}
+    yield {
+        "traced": traced,
+        "eager": eager,
+        "executor": executor,
+        "chunks": chunks,
+        "captures_after_warm_up": captures_after_warm_up,
+    }
     executor.close()
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 
 import torch
+from reference_standin import ReferenceLlamaStandIn
 
 from prefill_core import PrefillPolicy
 from prefill_shell.backends import TorchBackend
@@ -13,7 +14,6 @@ from prefill_shell.config import PrefillRuntimeConfig
 from prefill_shell.executor import PrefillExecutor
 from prefill_shell.reference import random_llama
 from prefill_shell.runtime import PrefillRuntime
-from reference_standin import ReferenceLlamaStandIn
 
 POLICY = PrefillPolicy(length_ladder=(128,), max_chunk_length=128, chunk_quantum=128)
 """128-token chunks: a 300-token row runs 3 chunks."""
@@ -62,5 +62,10 @@ def call_args(lengths, cached=None, sampling=None, seed=1) -> dict:
         need = -(-length // BLOCK)
         table[row, :need] = torch.arange(block, block + need, dtype=torch.int32)
         block += need
-    return dict(tokens=tokens, page_table=table, prompt_lengths=list(lengths), cached_lengths=cached,
-                sampling=None if sampling is None else [sampling] * len(lengths))
+    return dict(
+        tokens=tokens,
+        page_table=table,
+        prompt_lengths=list(lengths),
+        cached_lengths=cached,
+        sampling=None if sampling is None else [sampling] * len(lengths),
+    )

@@ -53,19 +53,46 @@ class ReferenceLlamaStandIn:
 
     def prepare_prefill_rot_mats(self, position_indices):
         last = self.cos.shape[0] - 1
-        cos = self._call("rotary_cos", lambda pos: self.cos[pos.reshape(-1).clamp(max=last)][None, None],
-                         [position_indices], self.tt.bfloat16)
-        sin = self._call("rotary_sin", lambda pos: self.sin[pos.reshape(-1).clamp(max=last)][None, None],
-                         [position_indices], self.tt.bfloat16)
+        cos = self._call(
+            "rotary_cos",
+            lambda pos: self.cos[pos.reshape(-1).clamp(max=last)][None, None],
+            [position_indices],
+            self.tt.bfloat16,
+        )
+        sin = self._call(
+            "rotary_sin",
+            lambda pos: self.sin[pos.reshape(-1).clamp(max=last)][None, None],
+            [position_indices],
+            self.tt.bfloat16,
+        )
         return cos, sin
 
-    def prefill_forward(self, x_embed, rot_mats, user_id=0, page_table=None, chunk_page_table=None,
-                        chunk_start_idx=None, get_last_token=-1, batch_size=1, chunk_start_idx_tensor=None,
-                        last_token_slice=None, last_token_index=None):
-        self.calls.append(dict(user_id=user_id, batch_size=batch_size, chunk_start_idx=chunk_start_idx,
-                               chunked=chunk_start_idx_tensor is not None))
+    def prefill_forward(
+        self,
+        x_embed,
+        rot_mats,
+        user_id=0,
+        page_table=None,
+        chunk_page_table=None,
+        chunk_start_idx=None,
+        get_last_token=-1,
+        batch_size=1,
+        chunk_start_idx_tensor=None,
+        last_token_slice=None,
+        last_token_index=None,
+    ):
+        self.calls.append(
+            dict(
+                user_id=user_id,
+                batch_size=batch_size,
+                chunk_start_idx=chunk_start_idx,
+                chunked=chunk_start_idx_tensor is not None,
+            )
+        )
         if get_last_token != -1 or last_token_slice is not None or last_token_index is not None:
-            raise NotImplementedError("the stand-in returns hidden states only (get_last_token=-1, no last-token slice)")
+            raise NotImplementedError(
+                "the stand-in returns hidden states only (get_last_token=-1, no last-token slice)"
+            )
         chunked = chunk_start_idx_tensor is not None
         expected_users = 0 if chunked or batch_size == 1 else list(range(batch_size))
         if user_id != expected_users:
@@ -97,13 +124,15 @@ class ReferenceLlamaStandIn:
     def _check_rotary(self, cos: torch.Tensor, sin: torch.Tensor, start: int, seq: int) -> None:
         last = self.cos.shape[0] - 1
         want = torch.arange(start, start + seq).clamp(max=last)
-        if not (torch.equal(cos.reshape(seq, -1), self.cos[want]) and torch.equal(sin.reshape(seq, -1), self.sin[want])):
+        if not (
+            torch.equal(cos.reshape(seq, -1), self.cos[want]) and torch.equal(sin.reshape(seq, -1), self.sin[want])
+        ):
             raise ValueError(f"rotary tables are not those of positions {start}..{start + seq - 1}")
 
     def post_process_prefill_output(self, hidden_states, last_token_idx, last_token_slice=None, last_token_index=None):
         first = last_token_idx // TILE * TILE
 
         def head(hidden):
-            return self.llama.lm_head(hidden[0, 0, first:first + TILE].to(self.llama.dtype))[None, None]
+            return self.llama.lm_head(hidden[0, 0, first : first + TILE].to(self.llama.dtype))[None, None]
 
         return self._call("post_process_prefill_output", head, [hidden_states], self.tt.float32)

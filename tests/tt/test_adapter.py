@@ -9,16 +9,30 @@ from __future__ import annotations
 import inspect
 
 import pytest
-
 from emulated_lanes import EmulatedLane, call_args
-from prefill_shell.tt.adapter import TtModel, TtModelAdapter
 from reference_standin import ReferenceLlamaStandIn
 
-REGULAR_KEYWORDS = {"user_id", "page_table", "chunk_page_table", "get_last_token", "batch_size",
-                    "chunk_start_idx_tensor"}
+from prefill_shell.tt.adapter import TtModel, TtModelAdapter
+
+REGULAR_KEYWORDS = {
+    "user_id",
+    "page_table",
+    "chunk_page_table",
+    "get_last_token",
+    "batch_size",
+    "chunk_start_idx_tensor",
+}
 """``runtime.py`` (0277e5a6) ``_run_hidden_body``'s keywords."""
-CHUNK_KEYWORDS = {"user_id", "page_table", "chunk_page_table", "chunk_start_idx", "get_last_token",
-                  "chunk_start_idx_tensor", "last_token_slice", "last_token_index"}
+CHUNK_KEYWORDS = {
+    "user_id",
+    "page_table",
+    "chunk_page_table",
+    "chunk_start_idx",
+    "get_last_token",
+    "chunk_start_idx_tensor",
+    "last_token_slice",
+    "last_token_index",
+}
 """``runtime.py`` (0277e5a6) ``_run_chunk_hidden_body``'s keywords."""
 
 
@@ -26,8 +40,9 @@ def _shape(function) -> list[tuple]:
     return [(p.name, p.kind, p.default) for p in inspect.signature(function).parameters.values()]
 
 
-@pytest.mark.parametrize("method", ["embed_prefill", "prepare_prefill_rot_mats", "prefill_forward",
-                                    "post_process_prefill_output"])
+@pytest.mark.parametrize(
+    "method", ["embed_prefill", "prepare_prefill_rot_mats", "prefill_forward", "post_process_prefill_output"]
+)
 def test_the_stand_in_has_exactly_the_protocol_signatures(method):
     """Every TtModel method of the stand-in has the protocol's parameter names, kinds and defaults, and no **kwargs."""
     ours = _shape(getattr(ReferenceLlamaStandIn, method))

@@ -11,21 +11,22 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tt_recording import RecordingKV, RecordingModel
 
 from prefill_core import PrefillPolicy, SamplingParams, WarmupManifest
 from prefill_core.errors import PrefillStateError
 from prefill_shell.backends.base import Backend
-from prefill_shell.tt.backend import TtnnBackend
-from prefill_shell.contract import INPUT_TOKENS, SLOTS
 from prefill_shell.config import PrefillRuntimeConfig
+from prefill_shell.contract import INPUT_TOKENS, SLOTS
 from prefill_shell.executor import PrefillExecutor
 from prefill_shell.ledger import Ownership
 from prefill_shell.model import ModelSpec
 from prefill_shell.runtime import PrefillRuntime
-from tt_recording import RecordingKV, RecordingModel
+from prefill_shell.tt.backend import TtnnBackend
 
-SPEC = ModelSpec(vocab_size=64, hidden_size=32, num_layers=1, num_heads=1, num_kv_heads=1, head_dim=32,
-                 max_position=1024)
+SPEC = ModelSpec(
+    vocab_size=64, hidden_size=32, num_layers=1, num_heads=1, num_kv_heads=1, head_dim=32, max_position=1024
+)
 POLICY = PrefillPolicy(length_ladder=(128,), max_chunk_length=128, chunk_quantum=128)
 """128-token chunks: a 300-token row runs 3 chunks (its padded 512 stops after the chunk holding token 299)."""
 
@@ -56,8 +57,12 @@ class Lane:
             need = -(-length // BLOCK)
             table[row, :need] = torch.arange(block, block + need, dtype=torch.int32)
             block += need
-        return dict(tokens=tokens, page_table=table, prompt_lengths=list(lengths),
-                    sampling=None if sampling is None else [sampling] * len(lengths))
+        return dict(
+            tokens=tokens,
+            page_table=table,
+            prompt_lengths=list(lengths),
+            sampling=None if sampling is None else [sampling] * len(lengths),
+        )
 
     def eager(self, lengths, sampling=None):
         return self.runtime.prefill(**self.inputs(lengths, sampling))
@@ -132,7 +137,7 @@ def test_a_non_final_chunk_output_is_released_before_the_next_chunk_is_staged(la
     lane.eager([300])
     names = lane.sequence({"to_device", "deallocate"})
     first_uploads = names.index("to_device", CHUNKED_INPUTS)  # a later chunk's first upload
-    assert "deallocate" in names[CHUNKED_INPUTS:first_uploads + 1]
+    assert "deallocate" in names[CHUNKED_INPUTS : first_uploads + 1]
 
 
 def test_readback_starts_every_transfer_then_synchronizes_once_per_invocation(lane):
@@ -142,7 +147,7 @@ def test_readback_starts_every_transfer_then_synchronizes_once_per_invocation(la
     assert seq.count("synchronize_device") == 2
     first = seq.index("synchronize_device")
     assert first >= 1 and set(seq[:first]) == {"from_device"}
-    assert seq[-1] == "synchronize_device" and set(seq[first + 1:-1]) == {"from_device"}
+    assert seq[-1] == "synchronize_device" and set(seq[first + 1 : -1]) == {"from_device"}
     assert all(c.kwargs["blocking"] is False for c in lane.recording.calls if c.name == "from_device")
 
 
@@ -164,7 +169,11 @@ def test_a_replay_runs_no_python_body_only_the_postprocessing(lane):
     """A ttnn trace replays device commands: while serving, only the eager LM head runs in Python."""
     lane.traced([300])
     compile_run, warm_run, capture_run, serving = (
-        ["forward_hidden", "lm_head"], ["forward_hidden"], ["forward_hidden"], ["lm_head"])
+        ["forward_hidden", "lm_head"],
+        ["forward_hidden"],
+        ["forward_hidden"],
+        ["lm_head"],
+    )
     assert [name for name, _ in lane.model.calls] == compile_run + warm_run + capture_run + serving
 
 
@@ -225,9 +234,15 @@ def test_traced_sampling_assigns_every_output_into_the_alias_workspace(lane):
     assert rec.count("to_device", since=mark) == 0
     # 4 body inputs before the replay, then the last-token index and K, P, 1/T
     assert lane.sequence({"copy_host_to_device_tensor", "execute_trace"}, since=mark) == [
-        *["copy_host_to_device_tensor"] * 4, "execute_trace", *["copy_host_to_device_tensor"] * 4]
+        *["copy_host_to_device_tensor"] * 4,
+        "execute_trace",
+        *["copy_host_to_device_tensor"] * 4,
+    ]
     sampling = next(c for c in rec.calls[mark:] if c.name == "sampling")
-    assert (sampling.kwargs["k"], sampling.kwargs["temp"]) == (((1,), "UINT32", "ROW_MAJOR"), ((1,), "BFLOAT16", "ROW_MAJOR"))
+    assert (sampling.kwargs["k"], sampling.kwargs["temp"]) == (
+        ((1,), "UINT32", "ROW_MAJOR"),
+        ((1,), "BFLOAT16", "ROW_MAJOR"),
+    )
     copies = [c for c in rec.calls[mark:] if c.name == "copy"]
     assert len(copies) == 6  # last_hidden, logits, tokens, token_logprob, top_ids, top_logprobs
     assert results[0].token == 0 and len(results[0].top_logprobs) == 3
@@ -284,5 +299,8 @@ def test_a_body_failure_during_capture_closes_and_frees_the_capture(lane):
     with pytest.raises(ValueError, match="inside the capture"):
         lane.backend.capture("k", body)
     assert lane.sequence({"begin_trace_capture", "end_trace_capture", "release_trace"}) == [
-        "begin_trace_capture", "end_trace_capture", "release_trace"]
+        "begin_trace_capture",
+        "end_trace_capture",
+        "release_trace",
+    ]
     assert lane.recording.capturing is None

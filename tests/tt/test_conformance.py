@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from tt_report import note
 from ttnn_signatures import call_sites, nonconforming, package_call_sites
 
@@ -36,8 +35,11 @@ def pinned_ttnn(ttnn):
             pytest.skip(f"no ttnn wheel for Python {sys.version_info[:2]} on {sys.platform}/{platform.machine()}")
         raise
     if installed != CHECKED_TTNN:
-        pytest.fail(f"installed ttnn {installed} != the checked {CHECKED_TTNN}: re-run this check against it and "
-                    "update CHECKED_TTNN", pytrace=False)
+        pytest.fail(
+            f"installed ttnn {installed} != the checked {CHECKED_TTNN}: re-run this check against it and "
+            "update CHECKED_TTNN",
+            pytrace=False,
+        )
     return ttnn
 
 
@@ -46,19 +48,24 @@ def test_every_ttnn_call_site_in_the_tt_package_conforms(pinned_ttnn):
     sites = package_call_sites(PACKAGE, ROOT)
     assert len(sites) > 50, f"only {len(sites)} ttnn call sites found: the AST scan lost its receivers"
     problems = nonconforming(pinned_ttnn, sites)
-    note(f"ttnn {CHECKED_TTNN} signature conformance: {len(sites)} call sites in prefill_shell/tt checked, "
-         f"{len(problems)} non-conforming")
+    note(
+        f"ttnn {CHECKED_TTNN} signature conformance: {len(sites)} call sites in prefill_shell/tt checked, "
+        f"{len(problems)} non-conforming"
+    )
     assert problems == [], "\n".join(problems)
 
 
-@pytest.mark.parametrize("call, fragment", [
-    ("tt.gather(x, 3, index, sparse=True)", "ttnn.gather"),
-    ("self.tt.execute_trace(mesh, trace_id, 0, False, True)", "ttnn.execute_trace"),
-    ("ttnn.release_trace(mesh)", "ttnn.release_trace"),
-    ("tt.deallocate(t, force=False, now=True)", "ttnn.deallocate"),
-    ("ttnn.Tensor(array, dtype, None, layout, mapper=None)", "ttnn.Tensor"),
-    ("tt.copy_to_device(t)", "does not exist"),
-])
+@pytest.mark.parametrize(
+    "call, fragment",
+    [
+        ("tt.gather(x, 3, index, sparse=True)", "ttnn.gather"),
+        ("self.tt.execute_trace(mesh, trace_id, 0, False, True)", "ttnn.execute_trace"),
+        ("ttnn.release_trace(mesh)", "ttnn.release_trace"),
+        ("tt.deallocate(t, force=False, now=True)", "ttnn.deallocate"),
+        ("ttnn.Tensor(array, dtype, None, layout, mapper=None)", "ttnn.Tensor"),
+        ("tt.copy_to_device(t)", "does not exist"),
+    ],
+)
 def test_a_nonconforming_call_is_reported_with_its_site(pinned_ttnn, call, fragment):
     """A wrong keyword, arity or name fails the check and names file:line."""
     source = "def f(tt, ttnn, self, x, index, mesh, trace_id, t, array, dtype, layout):\n    " + call + "\n"
@@ -68,9 +75,11 @@ def test_a_nonconforming_call_is_reported_with_its_site(pinned_ttnn, call, fragm
 
 def test_conforming_calls_of_each_binding_kind_pass(pinned_ttnn):
     """A FastOperation overload, a nanobind trace call, ttnn.Tensor and a mesh mapper, each called right."""
-    source = ("def f(tt, x, index, mesh, trace_id, array, dtype, layout):\n"
-              "    tt.gather(x, 3, index)\n    tt.execute_trace(mesh, trace_id, cq_id=0, blocking=False)\n"
-              "    tt.Tensor(array, dtype, None, layout, mesh_mapper=None)\n    tt.ShardTensorToMesh(mesh, dim=3)\n"
-              "    tt.from_torch(x, dtype=dtype, layout=layout)\n    tt.deallocate(x, force=False)\n")
+    source = (
+        "def f(tt, x, index, mesh, trace_id, array, dtype, layout):\n"
+        "    tt.gather(x, 3, index)\n    tt.execute_trace(mesh, trace_id, cq_id=0, blocking=False)\n"
+        "    tt.Tensor(array, dtype, None, layout, mesh_mapper=None)\n    tt.ShardTensorToMesh(mesh, dim=3)\n"
+        "    tt.from_torch(x, dtype=dtype, layout=layout)\n    tt.deallocate(x, force=False)\n"
+    )
     sites = call_sites(source, "example.py")
     assert len(sites) == 6 and nonconforming(pinned_ttnn, sites) == []

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_twins import BLOCK, VOCAB, TorchTwin, TtnnTwin, twin_weights
+from tt_env import hardware_present
+from tt_report import note
 
 from prefill_core import PrefillPolicy, SamplingParams, WarmupManifest
 from prefill_shell.backends import TorchBackend
 from prefill_shell.config import PrefillRuntimeConfig
 from prefill_shell.executor import PrefillExecutor
 from prefill_shell.runtime import PrefillRuntime
-from tiny_twins import BLOCK, VOCAB, TorchTwin, TtnnTwin, twin_weights
-from tt_env import hardware_present
-from tt_report import note
 
 pytestmark = pytest.mark.tt_device
 
@@ -29,7 +29,9 @@ NUM_BLOCKS = 64
 @pytest.fixture(scope="module")
 def mesh(ttnn):
     if not hardware_present():
-        pytest.skip("no Tenstorrent device attached (/dev/tenstorrent is empty; PREFILL_TT_DEVICE=1 forces these tests)")
+        pytest.skip(
+            "no Tenstorrent device attached (/dev/tenstorrent is empty; PREFILL_TT_DEVICE=1 forces these tests)"
+        )
     device = ttnn.open_mesh_device(ttnn.MeshShape(1, 1), trace_region_size=32 << 20)
     yield device
     ttnn.close_mesh_device(device)
@@ -61,8 +63,13 @@ def call_args(lengths, cached=None, sampling=None, seed=1):
         need = -(-length // BLOCK)
         table[row, :need] = torch.arange(block, block + need, dtype=torch.int32)
         block += need
-    return dict(tokens=tokens, page_table=table, prompt_lengths=list(lengths), cached_lengths=cached,
-                sampling=None if sampling is None else [sampling] * len(lengths))
+    return dict(
+        tokens=tokens,
+        page_table=table,
+        prompt_lengths=list(lengths),
+        cached_lengths=cached,
+        sampling=None if sampling is None else [sampling] * len(lengths),
+    )
 
 
 def assert_logits_close(device_results, torch_results, case="logits"):
@@ -87,7 +94,9 @@ def test_eager_regular_and_batched_logits_match_the_torch_backend(ttnn, mesh, we
     device, reference = lanes(ttnn, mesh, weights)
     for lengths in ([100], [100, 70, 128]):
         args = call_args(lengths)
-        assert_logits_close(device.prefill(**args, mode="eager"), reference.prefill(**args, mode="eager"), f"eager {lengths}")
+        assert_logits_close(
+            device.prefill(**args, mode="eager"), reference.prefill(**args, mode="eager"), f"eager {lengths}"
+        )
     report_close(device)
 
 
@@ -119,14 +128,17 @@ def test_device_sampling_picks_the_greedy_token_and_stays_inside_top_k(ttnn, mes
     device, reference = lanes(ttnn, mesh, weights)
     args = call_args([100, 90, 60])
     logits = [r.logits for r in reference.prefill(**args, mode="eager")]
-    for got, row_logits in zip(device.prefill(**call_args([100, 90, 60], sampling=SamplingParams.greedy()),
-                                              mode="eager"), logits):
+    for got, row_logits in zip(
+        device.prefill(**call_args([100, 90, 60], sampling=SamplingParams.greedy()), mode="eager"), logits
+    ):
         top2 = row_logits.topk(2).values
         if (top2[0] - top2[1]).item() > 0.1:
             assert got.token == int(row_logits.argmax())
     k = 5
-    sampled = device.prefill(**call_args([100, 90, 60], sampling=SamplingParams(temperature=1.0, top_k=k, seed=7,
-                                                                               num_logprobs=2)), mode="eager")
+    sampled = device.prefill(
+        **call_args([100, 90, 60], sampling=SamplingParams(temperature=1.0, top_k=k, seed=7, num_logprobs=2)),
+        mode="eager",
+    )
     for got, row_logits in zip(sampled, logits):
         allowed = set(row_logits.topk(k + 1).indices.tolist())  # +1: a bfloat16 tie at the k-th place
         assert got.token in allowed

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from emulated_lanes import EmulatedLane, call_args, torch_executor
-from prefill_core import SamplingParams, WarmupManifest
 from tt_report import note
+
+from prefill_core import SamplingParams, WarmupManifest
 
 TOLERANCE = 0.02
 """Relative to the largest logit: a few bfloat16 ulps (8 bits of mantissa)."""
@@ -40,10 +40,15 @@ def assert_logits_close(case, got, want):
     note(f"{case}: max |logit difference| {worst:.3g} over {len(got)} rows")
 
 
-@pytest.mark.parametrize("case, lengths, cached", [
-    ("eager single", [100], None), ("eager wave of 3", [100, 70, 128], None),
-    ("eager chunked 3x128", [300], None), ("eager prefix-cached 256", [300], [256]),
-])
+@pytest.mark.parametrize(
+    "case, lengths, cached",
+    [
+        ("eager single", [100], None),
+        ("eager wave of 3", [100, 70, 128], None),
+        ("eager chunked 3x128", [300], None),
+        ("eager prefix-cached 256", [300], [256]),
+    ],
+)
 def test_eager_logits_match_the_torch_backend(lanes, case, lengths, cached):
     """Regular, batched, chunked and prefix-cached requests: logits within bfloat16 tolerance of torch's."""
     lane, reference = lanes
@@ -63,8 +68,9 @@ def test_traced_replays_match_eager_and_the_torch_backend(lanes):
     assert_logits_close("traced 100 + 3x128", lane.executor.prefill(**args, mode="traced"), want)
     replays = lane.emu.replays()
     other = call_args([100, 300], seed=2)  # new tokens through the same persistent inputs
-    assert_logits_close("traced, refreshed", lane.executor.prefill(**other, mode="traced"),
-                        reference.prefill(**other, mode="eager"))
+    assert_logits_close(
+        "traced, refreshed", lane.executor.prefill(**other, mode="traced"), reference.prefill(**other, mode="eager")
+    )
     assert lane.emu.replays() == replays + 4
 
 

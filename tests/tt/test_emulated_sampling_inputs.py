@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from emulated_lanes import EmulatedLane, call_args, torch_executor
+
 from prefill_core import SamplingParams, WarmupManifest
 from prefill_shell.contract import SAMPLING_INPUTS, TEMPERATURE, TOP_K, TOP_P
 from prefill_shell.ledger import Ownership
@@ -48,9 +48,11 @@ def _device_values(lane, handle) -> torch.Tensor:
 
 def _staged(params: SamplingParams, rows: int) -> dict:
     """The bfloat16-rounded K, P and 1/T a wave of ``rows`` rows sharing ``params`` should hold."""
-    return {TOP_K: torch.full((rows,), float(params.top_k)),
-            TOP_P: torch.full((rows,), params.top_p).bfloat16().float(),
-            TEMPERATURE: torch.full((rows,), 1 / params.temperature).bfloat16().float()}
+    return {
+        TOP_K: torch.full((rows,), float(params.top_k)),
+        TOP_P: torch.full((rows,), params.top_p).bfloat16().float(),
+        TEMPERATURE: torch.full((rows,), 1 / params.temperature).bfloat16().float(),
+    }
 
 
 def _assert_allowed(results, logits, params: SamplingParams) -> None:
@@ -87,9 +89,11 @@ def test_traced_top_k_serving_after_warm_up_allocates_nothing(lane):
     ledger = lane.backend.ledger
     before = (ledger.allocations, sorted(h.id for h in ledger.live()), lane.emu.counts.get("to_device", 0))
     sampled = lane.emu.counts.get("sampling", 0)
-    waves = [[SamplingParams(temperature=1.3, top_k=2, seed=1, num_logprobs=1)] * 3,
-             [SamplingParams(temperature=0.7, top_k=32, top_p=0.5, seed=2, num_logprobs=2)] * 3,
-             [SamplingParams.greedy(num_logprobs=2), FIRST, SECOND]]  # a greedy row stages as K=1, P=1, T=1
+    waves = [
+        [SamplingParams(temperature=1.3, top_k=2, seed=1, num_logprobs=1)] * 3,
+        [SamplingParams(temperature=0.7, top_k=32, top_p=0.5, seed=2, num_logprobs=2)] * 3,
+        [SamplingParams.greedy(num_logprobs=2), FIRST, SECOND],
+    ]  # a greedy row stages as K=1, P=1, T=1
     for seed, sampling in enumerate(waves):
         lane.executor.prefill(**{**call_args([100, 90, 60], seed=seed), "sampling": sampling}, mode="traced")
     assert lane.emu.counts.get("sampling", 0) == sampled + len(waves)
@@ -122,7 +126,8 @@ def test_eager_top_k_uploads_k_p_t_once_per_invocation_and_releases_them(lane, m
     results = lane.executor.prefill(**args, mode="eager")
     uploaded = [(spec, own, value) for spec, own, value in events if spec in SAMPLING_INPUTS]
     assert sorted((spec.name, own) for spec, own, _ in uploaded) == sorted(
-        (spec.name, Ownership.INVOCATION) for spec in SAMPLING_INPUTS for _ in range(2))
+        (spec.name, Ownership.INVOCATION) for spec in SAMPLING_INPUTS for _ in range(2)
+    )
     assert all(value.freed for _, _, value in uploaded)
     assert lane.backend.ledger.live() == []
     _assert_allowed(results, [w.logits for w in want], FIRST)

@@ -15,14 +15,16 @@ def emu(ttnn):
 
 def _upload(emu, values):
     tt = emu.ttnn
-    return emu.to_device(tt.from_torch(torch.tensor(values, dtype=torch.int32), dtype=tt.int32,
-                                       layout=tt.ROW_MAJOR_LAYOUT), emu.mesh)
+    return emu.to_device(
+        tt.from_torch(torch.tensor(values, dtype=torch.int32), dtype=tt.int32, layout=tt.ROW_MAJOR_LAYOUT), emu.mesh
+    )
 
 
 def _refresh(emu, target, values):
     tt = emu.ttnn
-    emu.copy_host_to_device_tensor(tt.from_torch(torch.tensor(values, dtype=torch.int32), dtype=tt.int32,
-                                                 layout=tt.ROW_MAJOR_LAYOUT), target)
+    emu.copy_host_to_device_tensor(
+        tt.from_torch(torch.tensor(values, dtype=torch.int32), dtype=tt.int32, layout=tt.ROW_MAJOR_LAYOUT), target
+    )
 
 
 def _captured_double(emu):
@@ -80,8 +82,9 @@ def test_a_swapped_gather_argument_is_refused(emu):
     """gather(logp, index, 3), the dim and index swapped, fails the op's input contract."""
     tt = emu.ttnn
     logp = emu.to_device(tt.from_torch(torch.zeros(1, 1, 32, 64), dtype=tt.float32, layout=tt.TILE_LAYOUT), emu.mesh)
-    index = emu.to_device(tt.from_torch(torch.zeros(1, 1, 32, 1, dtype=torch.int32), dtype=tt.uint32,
-                                        layout=tt.TILE_LAYOUT), emu.mesh)
+    index = emu.to_device(
+        tt.from_torch(torch.zeros(1, 1, 32, 1, dtype=torch.int32), dtype=tt.uint32, layout=tt.TILE_LAYOUT), emu.mesh
+    )
     assert tuple(emu.gather(logp, 3, index).shape) == (1, 1, 32, 1)
     with pytest.raises(EmulationError, match="dim must be an int"):
         emu.gather(logp, index, 3)

@@ -18,14 +18,14 @@ def _modules_after(code: str) -> set[str]:
 def test_the_torch_runtime_never_imports_ttnn(ttnn):
     """prefill_core and the whole torch shell load without ttnn."""
     loaded = _modules_after(
-        "import prefill_core, prefill_shell.runtime, prefill_shell.executor, prefill_shell.backends")
+        "import prefill_core, prefill_shell.runtime, prefill_shell.executor, prefill_shell.backends"
+    )
     assert loaded == set()
 
 
 def test_the_ttnn_modules_import_ttnn_only_when_used(ttnn):
     """Importing the ttnn backend, its staging and the adapter loads no ttnn; staging a value does."""
-    modules = ("import prefill_shell.tt.backend, prefill_shell.tt.staging, "
-               "prefill_shell.tt.adapter")
+    modules = "import prefill_shell.tt.backend, prefill_shell.tt.staging, prefill_shell.tt.adapter"
     assert _modules_after(modules) == set()
     staged = modules + "\nimport torch\nprefill_shell.tt.staging.stage_tokens(torch.ones(1, 4, dtype=torch.int64))"
     assert "ttnn" in _modules_after(staged)

@@ -6,11 +6,10 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from emulated_lanes import BLOCK, NUM_BLOCKS, call_args, reference_llama, torch_executor
 from reference_standin import ReferenceLlamaStandIn
 
-SNIPPET = '''\
+SNIPPET = """\
 import ttnn
 from prefill_core import PrefillPolicy
 from prefill_shell.config import PrefillRuntimeConfig
@@ -24,7 +23,7 @@ model = TtModelAdapter(tt_model, spec, mesh_device=mesh)  # tt_model: a TTTv2 mo
 kv = TtKVCache(block_size=32, num_blocks=num_blocks)  # the geometry of the paged KV pool bound in tt_model
 runtime = PrefillRuntime(PrefillRuntimeConfig.resolve(model, backend, kv, policy=PrefillPolicy()))
 results = runtime.prefill(tokens, page_table, prompt_lengths=lengths)
-'''
+"""
 """The text README.md's "Running on Tenstorrent hardware" section shows (the lead pastes it there)."""
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -37,10 +36,15 @@ def test_the_snippet_runs_on_the_emulation_and_matches_the_torch_backend(ttnn, m
     llama = reference_llama()
     monkeypatch.setitem(sys.modules, "ttnn", emulation)
     args = call_args([100, 300])
-    namespace = dict(tt_model=ReferenceLlamaStandIn(emulation, llama, llama.new_kv_cache(NUM_BLOCKS, BLOCK)),
-                     spec=llama.spec, num_blocks=NUM_BLOCKS, tokens=args["tokens"], page_table=args["page_table"],
-                     lengths=args["prompt_lengths"])
-    exec(compile(SNIPPET, "README snippet", "exec"), namespace)  # noqa: S102 (the snippet is this file's constant)
+    namespace = dict(
+        tt_model=ReferenceLlamaStandIn(emulation, llama, llama.new_kv_cache(NUM_BLOCKS, BLOCK)),
+        spec=llama.spec,
+        num_blocks=NUM_BLOCKS,
+        tokens=args["tokens"],
+        page_table=args["page_table"],
+        lengths=args["prompt_lengths"],
+    )
+    exec(compile(SNIPPET, "README snippet", "exec"), namespace)
     want = torch_executor().runtime.prefill(args["tokens"], args["page_table"], args["prompt_lengths"])
     for got, expected in zip(namespace["results"], want):
         assert (got.logits - expected.logits).abs().max().item() <= 0.02 * expected.logits.abs().max().item()

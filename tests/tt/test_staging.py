@@ -13,14 +13,32 @@ from hypothesis import strategies as st
 
 from prefill_core import PageTableLayout, PrefillBatch, PrefillPolicy, PrefillRow, SamplingParams, plan_prefill
 from prefill_core.errors import PrefillInputError
-from prefill_shell.contract import (ALL_SPECS, CHUNK_START, FILL_TABLE, INPUT_TOKENS, LAST_HIDDEN, LAST_TOKEN_INDEX,
-                                    LOGITS, READ_TABLE, SAMPLED_TOKENS, SAMPLING_INPUTS, SLOTS, TEMPERATURE,
-                                    TOKEN_LOGPROB, TOP_IDS, TOP_LOGPROBS, Stage, TensorSpec, sampling_values)
-from prefill_shell.tt import staging as ttnn_staging
+from prefill_shell.contract import (
+    ALL_SPECS,
+    CHUNK_START,
+    FILL_TABLE,
+    INPUT_TOKENS,
+    LAST_HIDDEN,
+    LAST_TOKEN_INDEX,
+    LOGITS,
+    READ_TABLE,
+    SAMPLED_TOKENS,
+    SAMPLING_INPUTS,
+    SLOTS,
+    TEMPERATURE,
+    TOKEN_LOGPROB,
+    TOP_IDS,
+    TOP_LOGPROBS,
+    Stage,
+    TensorSpec,
+    sampling_values,
+)
 from prefill_shell.inputs import build_host_steps
+from prefill_shell.tt import staging as ttnn_staging
 
-POLICY = PrefillPolicy(waves=(1, 2, 4, 8), length_ladder=(64, 128), max_chunk_length=128, chunk_quantum=128,
-                       max_batch_size=8, lane_size=16)
+POLICY = PrefillPolicy(
+    waves=(1, 2, 4, 8), length_ladder=(64, 128), max_chunk_length=128, chunk_quantum=128, max_batch_size=8, lane_size=16
+)
 """Rows above 128 tokens, and every cached row, are chunked at 128: every request kind occurs at small sizes."""
 
 VOCAB = 50_000
@@ -79,8 +97,11 @@ def test_every_step_of_every_planned_request_is_staged_in_the_ttnn_contract(ttnn
             b, s = step[INPUT_TOKENS].shape
             staged = ttnn_staging.stage_step(step)
             assert set(staged) == {INPUT_TOKENS, CHUNK_START, SLOTS, FILL_TABLE, LAST_TOKEN_INDEX} | (
-                {READ_TABLE} if request.kind.is_chunked else set())
-            assert_staged(ttnn, staged[INPUT_TOKENS], ttnn.uint32, rm, (1, 1, b, s), step[INPUT_TOKENS].reshape(1, 1, b, s))
+                {READ_TABLE} if request.kind.is_chunked else set()
+            )
+            assert_staged(
+                ttnn, staged[INPUT_TOKENS], ttnn.uint32, rm, (1, 1, b, s), step[INPUT_TOKENS].reshape(1, 1, b, s)
+            )
             for table in (FILL_TABLE, READ_TABLE):
                 if table in step:
                     assert_staged(ttnn, staged[table], ttnn.int32, rm, tuple(step[table].shape), step[table])
@@ -109,10 +130,17 @@ def test_sampling_params_of_every_wave_stage_as_k_uint32_p_and_inverse_t_bfloat1
         assert_staged(ttnn, inverse_t, ttnn.bfloat16, rm, (b,), want_t)
 
 
-@pytest.mark.parametrize("params", [
-    (SamplingParams(temperature=0.9, top_k=5, top_p=0.9), SamplingParams.greedy()),
-    (SamplingParams(temperature=1e308, top_k=32, top_p=1e-46), SamplingParams(temperature=1e-5, top_k=2, top_p=0.5)),
-], ids=["ordinary", "extreme"])
+@pytest.mark.parametrize(
+    "params",
+    [
+        (SamplingParams(temperature=0.9, top_k=5, top_p=0.9), SamplingParams.greedy()),
+        (
+            SamplingParams(temperature=1e308, top_k=32, top_p=1e-46),
+            SamplingParams(temperature=1e-5, top_k=2, top_p=0.5),
+        ),
+    ],
+    ids=["ordinary", "extreme"],
+)
 def test_runtime_per_spec_staging_of_k_p_t_equals_stage_sampling(ttnn, params):
     """The K/P/T the runtime uploads or refreshes one spec at a time equal stage_sampling's triple, clamps included."""
     values = sampling_values(params)

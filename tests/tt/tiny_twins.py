@@ -17,8 +17,9 @@ import torch
 from prefill_shell.model import ModelSpec
 
 VOCAB, HIDDEN, BLOCK = 256, 64, 32
-SPEC = ModelSpec(vocab_size=VOCAB, hidden_size=HIDDEN, num_layers=1, num_heads=1, num_kv_heads=1,
-                 head_dim=HIDDEN, max_position=1024)
+SPEC = ModelSpec(
+    vocab_size=VOCAB, hidden_size=HIDDEN, num_layers=1, num_heads=1, num_kv_heads=1, head_dim=HIDDEN, max_position=1024
+)
 
 
 def twin_weights(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -57,7 +58,7 @@ class TorchTwin:
             for j in range(min(fill_table.shape[1], s // BLOCK)):
                 block = int(fill_table[row, j])
                 if block >= 0:
-                    kv.pool[block] = x[row, j * BLOCK:(j + 1) * BLOCK]
+                    kv.pool[block] = x[row, j * BLOCK : (j + 1) * BLOCK]
         out = torch.empty_like(x)
         for row in range(b):
             if read_table is None:
@@ -85,8 +86,9 @@ class TtnnTwin:
         self.embedding = ttnn.from_torch(embedding.bfloat16(), layout=ttnn.ROW_MAJOR_LAYOUT, device=mesh)
         self.head = ttnn.from_torch(head.reshape(1, 1, HIDDEN, VOCAB).bfloat16(), layout=ttnn.TILE_LAYOUT, device=mesh)
         grid = mesh.compute_with_storage_grid_size()
-        self.sdpa = ttnn.SDPAProgramConfig(compute_with_storage_grid_size=grid, q_chunk_size=32, k_chunk_size=32,
-                                           exp_approx_mode=False)
+        self.sdpa = ttnn.SDPAProgramConfig(
+            compute_with_storage_grid_size=grid, q_chunk_size=32, k_chunk_size=32, exp_approx_mode=False
+        )
         self._row_ids: dict[int, object] = {}
 
     def new_kv(self, num_blocks: int) -> TwinKV:
@@ -99,8 +101,9 @@ class TtnnTwin:
         before any capture, so a trace never allocates it)."""
         if b not in self._row_ids:
             ids = torch.arange(b, dtype=torch.int32)
-            self._row_ids[b] = self.tt.from_torch(ids, dtype=self.tt.int32, layout=self.tt.ROW_MAJOR_LAYOUT,
-                                                  device=self.mesh)
+            self._row_ids[b] = self.tt.from_torch(
+                ids, dtype=self.tt.int32, layout=self.tt.ROW_MAJOR_LAYOUT, device=self.mesh
+            )
         return self._row_ids[b]
 
     def forward_hidden(self, tokens, start, fill_table, read_table, kv):
@@ -113,7 +116,8 @@ class TtnnTwin:
             attn = tt.transformer.scaled_dot_product_attention(x, x, x, is_causal=True, program_config=self.sdpa)
         else:
             attn = tt.transformer.chunked_scaled_dot_product_attention(
-                x, kv.pool, kv.pool, read_table, chunk_start_idx_tensor=start, program_config=self.sdpa)
+                x, kv.pool, kv.pool, read_table, chunk_start_idx_tensor=start, program_config=self.sdpa
+            )
         return tt.add(x, attn)
 
     def lm_head(self, rows):

@@ -29,16 +29,48 @@ import torch
 
 __all__ = ["Call", "RecordingMesh", "RecordingTtnnDevice", "RecordingModel", "RecordingKV"]
 
-HOST_API = frozenset({
-    "from_torch", "to_torch", "uint32", "uint16", "int32", "bfloat16", "float32",
-    "ROW_MAJOR_LAYOUT", "TILE_LAYOUT", "DRAM_MEMORY_CONFIG", "L1_MEMORY_CONFIG", "Tensor", "DataType", "Layout",
-})
+HOST_API = frozenset(
+    {
+        "from_torch",
+        "to_torch",
+        "uint32",
+        "uint16",
+        "int32",
+        "bfloat16",
+        "float32",
+        "ROW_MAJOR_LAYOUT",
+        "TILE_LAYOUT",
+        "DRAM_MEMORY_CONFIG",
+        "L1_MEMORY_CONFIG",
+        "Tensor",
+        "DataType",
+        "Layout",
+    }
+)
 HOST_OPS = ("reshape", "typecast", "to_layout", "unsqueeze_to_4D")
 RECORDED = (
-    "to_device", "from_device", "copy_host_to_device_tensor", "deallocate", "synchronize_device",
-    "begin_trace_capture", "end_trace_capture", "execute_trace", "release_trace",
-    "ReplicateTensorToMesh", "ShardTensorToMesh", "ConcatMeshToTensor", "get_device_tensors",
-    "arange", "embedding", "add", "argmax", "topk", "sampling", "moreh_logsoftmax", "gather", "copy",
+    "to_device",
+    "from_device",
+    "copy_host_to_device_tensor",
+    "deallocate",
+    "synchronize_device",
+    "begin_trace_capture",
+    "end_trace_capture",
+    "execute_trace",
+    "release_trace",
+    "ReplicateTensorToMesh",
+    "ShardTensorToMesh",
+    "ConcatMeshToTensor",
+    "get_device_tensors",
+    "arange",
+    "embedding",
+    "add",
+    "argmax",
+    "topk",
+    "sampling",
+    "moreh_logsoftmax",
+    "gather",
+    "copy",
     *HOST_OPS,
 )
 HOST_WRITES = frozenset({"to_device", "copy_host_to_device_tensor"})
@@ -85,7 +117,9 @@ class RecordingTtnnDevice:
     def __init__(self, ttnn: Any):
         missing = [name for name in (*RECORDED, *HOST_API) if not hasattr(ttnn, name)]
         if missing:
-            raise AssertionError(f"the real ttnn lacks {missing}: the recording would stand in for calls that do not exist")
+            raise AssertionError(
+                f"the real ttnn lacks {missing}: the recording would stand in for calls that do not exist"
+            )
         self._tt = ttnn
         self.mesh = RecordingMesh()
         self.calls: list[Call] = []
@@ -107,7 +141,9 @@ class RecordingTtnnDevice:
             if any(tensor is freed for freed in self._freed):
                 raise AssertionError(f"ttnn.{name} was called with a deallocated tensor {_describe(tensor)}")
         if name in HOST_WRITES and self.capturing is not None:
-            raise AssertionError(f"ttnn.{name} during the capture of trace {self.capturing}: host writes are not traced")
+            raise AssertionError(
+                f"ttnn.{name} during the capture of trace {self.capturing}: host writes are not traced"
+            )
         call = Call(name, args, kwargs)
         self.calls.append(call)
         return call
@@ -136,7 +172,9 @@ class RecordingTtnnDevice:
     def copy_host_to_device_tensor(self, host, device_tensor, cq_id=None):
         self._record("copy_host_to_device_tensor", host, device_tensor)
         if _describe(host) != _describe(device_tensor):
-            raise AssertionError(f"copy_host_to_device_tensor needs equal specs: {_describe(host)} vs {_describe(device_tensor)}")
+            raise AssertionError(
+                f"copy_host_to_device_tensor needs equal specs: {_describe(host)} vs {_describe(device_tensor)}"
+            )
 
     def deallocate(self, tensor, force=True):
         self._record("deallocate", tensor, force=force)
@@ -177,13 +215,13 @@ class RecordingTtnnDevice:
         self.released.add(trace_id)
 
     # -- mesh mappers (need a MeshDevice: none here, so host tensors stay plain) --
-    def ReplicateTensorToMesh(self, mesh):  # noqa: N802 (ttnn's name)
+    def ReplicateTensorToMesh(self, mesh):
         self._record("ReplicateTensorToMesh")
 
-    def ShardTensorToMesh(self, mesh, dim):  # noqa: N802
+    def ShardTensorToMesh(self, mesh, dim):
         self._record("ShardTensorToMesh", dim)
 
-    def ConcatMeshToTensor(self, mesh, dim):  # noqa: N802
+    def ConcatMeshToTensor(self, mesh, dim):
         self._record("ConcatMeshToTensor", dim)
 
     def get_device_tensors(self, tensor):
@@ -203,7 +241,7 @@ class RecordingTtnnDevice:
         self._record("to_layout", tensor, str(layout))
         return self._tt.to_layout(tensor, layout)
 
-    def unsqueeze_to_4D(self, tensor):  # noqa: N802
+    def unsqueeze_to_4D(self, tensor):
         self._record("unsqueeze_to_4D", tensor)
         shape = tuple(tensor.shape)
         return self._tt.reshape(tensor, (1,) * (4 - len(shape)) + shape)
@@ -215,7 +253,9 @@ class RecordingTtnnDevice:
     # -- device ops: contract checks and zero placeholders --------------------
     def embedding(self, ids, table, layout=None):
         self._record("embedding", ids, table, layout=str(layout))
-        _expect(ids.dtype == self._tt.uint32 and ids.layout == self._tt.ROW_MAJOR_LAYOUT, "embedding ids: uint32 ROW_MAJOR")
+        _expect(
+            ids.dtype == self._tt.uint32 and ids.layout == self._tt.ROW_MAJOR_LAYOUT, "embedding ids: uint32 ROW_MAJOR"
+        )
         return self._zeros((*tuple(ids.shape), table.shape[-1]), table.dtype, layout or self._tt.ROW_MAJOR_LAYOUT)
 
     def add(self, a, b):
@@ -228,11 +268,13 @@ class RecordingTtnnDevice:
         _expect(dim in (3, -1) and tensor.layout == self._tt.ROW_MAJOR_LAYOUT, "argmax: last dim of ROW_MAJOR logits")
         return self._zeros(tuple(tensor.shape)[:-1], self._tt.uint32, self._tt.ROW_MAJOR_LAYOUT)
 
-    def topk(self, tensor, k, dim=-1, largest=True, sorted=True):  # noqa: A002 (ttnn's keyword)
+    def topk(self, tensor, k, dim=-1, largest=True, sorted=True):
         self._record("topk", tensor, k, dim=dim)
         _expect(tensor.layout == self._tt.TILE_LAYOUT and k <= tensor.shape[-1], "topk: TILE input, k <= width")
         shape = (*tuple(tensor.shape)[:-1], k)
-        return self._zeros(shape, tensor.dtype, self._tt.TILE_LAYOUT), self._zeros(shape, self._tt.uint32, self._tt.TILE_LAYOUT)
+        return self._zeros(shape, tensor.dtype, self._tt.TILE_LAYOUT), self._zeros(
+            shape, self._tt.uint32, self._tt.TILE_LAYOUT
+        )
 
     def sampling(self, values, indices, *, k, p, temp, seed=0):
         self._record("sampling", values, indices, k=k, p=p, temp=temp, seed=seed)
@@ -241,7 +283,10 @@ class RecordingTtnnDevice:
         _expect(len(shape) == 4 and shape[:2] == (1, 1) and 1 <= users <= 32, "sampling: values [1, 1, users<=32, W]")
         _expect(values.dtype == tt.bfloat16 and values.layout == tt.TILE_LAYOUT, "sampling: values bfloat16 TILE")
         _expect(width % 32 == 0 and (width // 32) & (width // 32 - 1) == 0, "sampling: W a power-of-2 multiple of 32")
-        _expect(tuple(indices.shape) == shape and indices.layout == tt.ROW_MAJOR_LAYOUT, "sampling: indices like values, ROW_MAJOR")
+        _expect(
+            tuple(indices.shape) == shape and indices.layout == tt.ROW_MAJOR_LAYOUT,
+            "sampling: indices like values, ROW_MAJOR",
+        )
         _expect(indices.dtype in (tt.uint32, tt.int32), "sampling: indices uint32/int32")
         _expect(k.dtype in (tt.uint32, tt.int32) and tuple(k.shape) == (users,), "sampling: k [users] uint32/int32")
         for name, t in (("p", p), ("temp", temp)):
@@ -257,13 +302,17 @@ class RecordingTtnnDevice:
     def gather(self, tensor, dim, index):
         self._record("gather", tensor, dim, index)
         tt = self._tt
-        _expect(index.dtype in (tt.uint32, tt.uint16) and index.layout == tt.TILE_LAYOUT, "gather: index uint32/uint16 TILE")
+        _expect(
+            index.dtype in (tt.uint32, tt.uint16) and index.layout == tt.TILE_LAYOUT, "gather: index uint32/uint16 TILE"
+        )
         _expect(len(index.shape) == len(tensor.shape), "gather: index and input of equal rank")
         return self._zeros(index.shape, tensor.dtype, tt.TILE_LAYOUT)
 
     def copy(self, source, dest):
         self._record("copy", source, dest)
-        _expect(_describe(source) == _describe(dest), f"copy: {_describe(source)} into {_describe(dest)} needs equal specs")
+        _expect(
+            _describe(source) == _describe(dest), f"copy: {_describe(source)} into {_describe(dest)} needs equal specs"
+        )
 
 
 def _expect(condition: bool, rule: str) -> None:
@@ -296,10 +345,18 @@ class RecordingModel:
 
     def forward_hidden(self, tokens, start, fill_table, read_table, kv):
         b, s = int(tokens.shape[-2]), int(tokens.shape[-1])
-        self.calls.append(("forward_hidden", {
-            "tokens": _describe(tokens), "start": _describe(start), "fill_table": _describe(fill_table),
-            "read_table": None if read_table is None else _describe(read_table), "kv": kv,
-        }))
+        self.calls.append(
+            (
+                "forward_hidden",
+                {
+                    "tokens": _describe(tokens),
+                    "start": _describe(start),
+                    "fill_table": _describe(fill_table),
+                    "read_table": None if read_table is None else _describe(read_table),
+                    "kv": kv,
+                },
+            )
+        )
         zeros = torch.zeros(b, 1, s, self.spec.hidden_size, dtype=torch.bfloat16)
         return self._tt.from_torch(zeros, layout=self._tt.TILE_LAYOUT)
 

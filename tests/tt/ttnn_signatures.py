@@ -47,8 +47,12 @@ class Param(NamedTuple):
 def _is_receiver(node: ast.expr) -> bool:
     if isinstance(node, ast.Name):
         return node.id in RECEIVERS
-    return (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"
-            and node.attr in SELF_RECEIVERS)
+    return (
+        isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "self"
+        and node.attr in SELF_RECEIVERS
+    )
 
 
 def call_sites(source: str, filename: str) -> list[CallSite]:
@@ -58,14 +62,23 @@ def call_sites(source: str, filename: str) -> list[CallSite]:
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and _is_receiver(node.func.value):
             starred = any(isinstance(a, ast.Starred) for a in node.args)
             double = any(k.arg is None for k in node.keywords)
-            sites.append(CallSite(f"{filename}:{node.lineno}", node.func.attr, None if starred else len(node.args),
-                                  None if double else tuple(k.arg for k in node.keywords)))
+            sites.append(
+                CallSite(
+                    f"{filename}:{node.lineno}",
+                    node.func.attr,
+                    None if starred else len(node.args),
+                    None if double else tuple(k.arg for k in node.keywords),
+                )
+            )
     return sites
 
 
 def package_call_sites(package: Path, root: Path) -> list[CallSite]:
-    return [site for path in sorted(package.rglob("*.py"))
-            for site in call_sites(path.read_text(), str(path.relative_to(root)))]
+    return [
+        site
+        for path in sorted(package.rglob("*.py"))
+        for site in call_sites(path.read_text(), str(path.relative_to(root)))
+    ]
 
 
 def _split_top(text: str) -> list[str]:
@@ -116,10 +129,15 @@ def parse_signature(line: str, drop_self: bool) -> list[Param]:
 
 
 def _from_inspect(function: Any) -> list[Param]:
-    kinds = {inspect.Parameter.VAR_POSITIONAL: "*", inspect.Parameter.VAR_KEYWORD: "**",
-             inspect.Parameter.KEYWORD_ONLY: "kw"}
-    return [Param(p.name, kinds.get(p.kind, "pos"), p.default is inspect.Parameter.empty)
-            for p in inspect.signature(function).parameters.values()]
+    kinds = {
+        inspect.Parameter.VAR_POSITIONAL: "*",
+        inspect.Parameter.VAR_KEYWORD: "**",
+        inspect.Parameter.KEYWORD_ONLY: "kw",
+    }
+    return [
+        Param(p.name, kinds.get(p.kind, "pos"), p.default is inspect.Parameter.empty)
+        for p in inspect.signature(function).parameters.values()
+    ]
 
 
 def _doc_lines(doc: str | None, prefix: str) -> list[str]:
@@ -174,6 +192,8 @@ def nonconforming(ttnn: Any, sites: list[CallSite]) -> list[str]:
             continue
         if not any(accepts(params, site.positional, site.keywords) for params in signatures):
             shown = [", ".join(p.name for p in params) for params in signatures]
-            problems.append(f"{site.where}: ttnn.{site.name}({site.positional} positional, keywords "
-                            f"{list(site.keywords or ())}) fits none of {shown}")
+            problems.append(
+                f"{site.where}: ttnn.{site.name}({site.positional} positional, keywords "
+                f"{list(site.keywords or ())}) fits none of {shown}"
+            )
     return problems
