@@ -131,7 +131,7 @@ class Ours:
         return self.runtime.prefill(tokens, self.table, self.lengths)
 
     def padding_efficiency(self, tokens: torch.Tensor) -> float:
-        prepared = self.runtime.prepare(tokens, self.table, self.lengths).prepared
+        prepared = self.runtime.prepare(tokens, self.table, self.lengths).requests
         return sum(p.request.real_tokens for p in prepared) / sum(p.request.computed_tokens for p in prepared)
 
 

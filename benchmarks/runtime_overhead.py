@@ -93,7 +93,7 @@ def run(repeats: int) -> dict:
 
     for label, sampling in (("logits", None), ("argmax", greedy)):
         batch = runtime.prepare(tokens, table, lengths, sampling=sampling)
-        assert len(batch.prepared) == 1 and batch.prepared[0].request.padded_batch == ROWS
+        assert len(batch.requests) == 1 and batch.requests[0].request.padded_batch == ROWS
 
         def prepare(sampling=sampling):
             runtime.prepare(tokens, table, lengths, sampling=sampling)

@@ -97,7 +97,7 @@ def run(device: str, quick: bool, repeats: int | None) -> dict[str, dict[str, fl
     batches = {
         name: runtime.prepare(**_call(lengths, cached, seed=i)) for i, (name, lengths, cached, _, _) in enumerate(CASES)
     }
-    manifest = WarmupManifest().observe(p for b in batches.values() for p in b.prepared)
+    manifest = WarmupManifest().observe(p for b in batches.values() for p in b.requests)
     executor.warm_up(manifest)
     out: dict[str, dict[str, float]] = {}
     try:

@@ -5,6 +5,12 @@ host-side sampling for ``host``-path rows, then release of that invocation's
 transients, and only then is the next invocation pulled from the stream.
 Streaming is what makes trace replay safe: a replay may overwrite a shared
 output buffer, so a result must be a host copy before the generator advances.
+
+The assembler also keeps every invocation the runtime produced and nobody
+has read yet (``pending``): ``release_pending`` releases them for the
+runtime's ``cleanup()`` / ``close()``, so an invocation dropped unread (a
+stream abandoned after one step) leaks nothing, and reading it afterwards is
+a named ``PrefillStateError``.
 """
 
 from __future__ import annotations
@@ -15,11 +21,11 @@ from collections.abc import Callable, Iterable, Iterator
 import torch
 
 from prefill_core import SamplingPath
-from prefill_core.errors import PrefillStateError
+from prefill_core.errors import PrefillInputError, PrefillStateError
 
 from .backends.base import Backend
 from .contract import LOGITS, SAMPLED_TOKENS, TOKEN_LOGPROB, TOP_IDS, TOP_LOGPROBS, TensorSpec
-from .result import InvocationResult, PrefillResult
+from .result import InvocationResult, InvocationState, PrefillResult
 from .torch_sampling import sample_row, top_logprobs
 
 __all__ = ["PrefillResultAssembler", "result_record"]
@@ -39,26 +45,71 @@ class PrefillResultAssembler:
     def __init__(self, backend: Backend, release: Callable[..., None]):
         self.backend = backend
         self._release = release
+        self.pending: dict[InvocationResult, None] = {}  # insertion-ordered: releases run in production order
 
-    def stream(self, invocations: Iterable[InvocationResult]) -> Iterator[PrefillResult]:
-        """Yields each source row's result as its invocation is read (plan order)."""
+    def produced(self, invocation: InvocationResult) -> InvocationResult:
+        """Records a new invocation as unread until it is assembled or released; returns it."""
+        self.pending[invocation] = None
+        return invocation
+
+    def release_pending(self) -> None:
+        """Releases every unread invocation's tensors; reading one afterwards raises ``PrefillStateError``."""
+        pending, self.pending = list(self.pending), {}
+        for invocation in pending:
+            invocation.state = InvocationState.RELEASED
+        # One release call: an interrupt in it orphans every handle not yet released.
+        self._release([handle for invocation in pending for handle in invocation.owned])
+
+    def stream(self, invocations: Iterable[InvocationResult], num_rows: int | None = None) -> Iterator[PrefillResult]:
+        """Yields each source row's result as its invocation is read (plan order).
+
+        With ``num_rows``, an invocation holding a row outside ``[0, num_rows)``
+        raises ``PrefillInputError`` before it is read (it stays unread).
+        """
         for invocation in invocations:
+            self._check_collectable(invocation, num_rows)
             yield from self._collect_one(invocation)
 
     def assemble(self, invocations: Iterable[InvocationResult], num_rows: int) -> list[PrefillResult]:
         """Every row's result, in the caller's row order."""
+        if isinstance(num_rows, bool) or not isinstance(num_rows, int) or num_rows < 1:
+            raise PrefillInputError(
+                f"assemble: num_rows={num_rows!r} is invalid: must be the call's row count, an int >= 1 "
+                "(PreparedBatch.num_rows)",
+                field="num_rows",
+            )
         results: list[PrefillResult | None] = [None] * num_rows
-        for result in self.stream(invocations):
+        for result in self.stream(invocations, num_rows):
             results[result.row] = result
         missing = [row for row, result in enumerate(results) if result is None]
         if missing:
             raise PrefillStateError(f"no result was produced for rows {missing}")
         return results  # type: ignore[return-value]
 
+    def _check_collectable(self, invocation: InvocationResult, num_rows: int | None) -> None:
+        """Refuses, before anything is read, what is not an unread invocation of this runtime for this call."""
+        if not isinstance(invocation, InvocationResult):
+            raise PrefillInputError(
+                f"invocations: {invocation!r} is not an InvocationResult (what invoke() and invocations() produce)",
+                field="invocations",
+            )
+        invocation.check_readable()
+        if invocation not in self.pending:
+            raise PrefillStateError(
+                f"the invocation of rows {invocation.prepared.request.source_rows} was produced by another "
+                "PrefillRuntime; assemble it on that one"
+            )
+        rows = invocation.prepared.request.source_rows
+        if num_rows is not None and max(rows) >= num_rows:
+            raise PrefillInputError(
+                f"assemble: num_rows={num_rows} is invalid: the invocation holds caller rows {rows}; pass the "
+                "PreparedBatch's num_rows (the invocation was not read)",
+                field="num_rows",
+            )
+
     def _collect_one(self, invocation: InvocationResult) -> list[PrefillResult]:
-        if invocation.consumed:
-            raise PrefillStateError("this invocation result was already assembled")
-        invocation.consumed = True
+        self.pending.pop(invocation, None)
+        invocation.state = InvocationState.ASSEMBLED
         specs = list(invocation.outputs)
         try:
             host = dict(zip(specs, self.backend.read([invocation.outputs[s] for s in specs])))

@@ -159,7 +159,7 @@ BODY_INPUTS = (INPUT_TOKENS, CHUNK_START, SLOTS, FILL_TABLE, READ_TABLE)
 STEP_INPUTS = (*BODY_INPUTS, LAST_TOKEN_INDEX)
 """Everything one host step holds."""
 SAMPLING_INPUTS = (TOP_K, TOP_P, TEMPERATURE)
-"""What device top-k sampling reads beside the logits, in the order of ``Backend.sample``'s arguments."""
+"""What device top-k sampling reads beside the logits: ``Backend.sample`` takes them as a mapping keyed by spec."""
 ALL_SPECS = (
     *STEP_INPUTS,
     *SAMPLING_INPUTS,

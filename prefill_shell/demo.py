@@ -123,7 +123,7 @@ def run_demo(args: argparse.Namespace) -> None:
     call = (batch.tokens, batch.page_table, batch.lengths, batch.cached)
     with stage(f"prefill the shared prefix ({len(batch.prefix_tokens)} tokens)"):
         executor.prefill(*batch.prefix_call(), mode="eager", on_progress=show_progress)
-    prepared = runtime.prepare(*call, sampling=sampling).prepared
+    prepared = runtime.prepare(*call, sampling=sampling).requests
     print(f"model: {args.model or 'SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized to float32)'}\n")
     print(plan_table(prepared), "\n")
     with stage(f"eager prefill ({sum(batch.lengths) - sum(batch.cached)} uncached tokens)"):

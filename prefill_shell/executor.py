@@ -23,11 +23,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from prefill_core import PrefillProgramSignature, WarmupManifest
-from prefill_core.errors import PrefillInputError, PrefillStateError, TraceCoverageError
+from prefill_core.errors import PrefillInputError, PrefillStateError
 
 from .progress import ProgressCallback, ProgressCounter
 from .result import InvocationResult, PrefillResult
 from .runtime import PrefillRuntime, PreparedBatch
+from .trace import require_coverage
 
 __all__ = ["PrefillExecutor", "MODES"]
 
@@ -85,22 +86,16 @@ class PrefillExecutor:
         self._check_open()
         if mode not in MODES:
             raise PrefillInputError(f"mode={mode!r} is invalid: must be one of {MODES}", field="mode")
-        gaps = [(p, self.runtime.trace_gap(p)) for p in batch.prepared]
-        gaps = [(p, why) for p, why in gaps if why is not None]
-        if mode == "traced" and gaps:
-            prepared, why = gaps[0]
-            msg = (
-                f"traced prefill of rows {prepared.request.source_rows} is not covered: {why}; "
-                f"program {prepared.program_signature.key}; warm up a manifest that holds it or run mode='eager'"
-            )
-            raise TraceCoverageError(msg)
+        gaps = self.runtime.trace_gaps(batch)
+        if mode == "traced":
+            require_coverage(gaps)
         return self._run(batch, mode == "traced" or (mode == "auto" and not gaps), on_progress)
 
     def _run(self, batch: PreparedBatch, traced: bool, on_progress) -> Iterator[InvocationResult]:
         # Held until the stream ends: a replay's outputs stay unread between steps.
         with self.runtime.hold():
             progress = ProgressCounter(on_progress, "prefill", batch.num_steps).start()
-            for index, prepared in enumerate(batch.prepared):
+            for index, prepared in enumerate(batch.requests):
                 self._check_open()  # a stream opened before close() must not outlive it
                 if not traced and prepared.program_signature not in self.compiled:
                     self.compiled.add(prepared.program_signature)

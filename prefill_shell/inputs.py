@@ -26,7 +26,6 @@ from .contract import (
     LAST_TOKEN_INDEX,
     READ_TABLE,
     SLOTS,
-    STEP_INPUTS,
     TensorSpec,
 )
 from .ledger import DeviceTensor, Ownership
@@ -173,13 +172,14 @@ class PrefillInputStager:
         self.backend = backend
 
     def stage(self, step: HostStep, acquired: list[DeviceTensor]) -> DeviceStep:
-        """Allocates invocation-owned device inputs for ``step``.
+        """Allocates invocation-owned device inputs for ``step``'s body (``contract.BODY_INPUTS``).
 
         Each handle is appended to ``acquired`` as soon as it exists, so the
-        caller's failure path releases exactly what was allocated.
+        caller's failure path releases exactly what was allocated. The
+        last-token index is the postprocessor's, staged once for the final step.
         """
         handles = DeviceStep()
-        for spec in STEP_INPUTS:
+        for spec in BODY_INPUTS:
             host = step.get(spec)
             if host is not None:
                 handles[spec] = self.backend.upload(host, spec, Ownership.INVOCATION)

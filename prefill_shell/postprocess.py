@@ -11,7 +11,8 @@ persistent workspace (allocated at warm-up, before any capture), so serving
 allocates nothing and the next replay overwrites the same buffers.
 
 Device top-k sampling reads K, P and T as device tensors
-(``contract.SAMPLING_INPUTS``, values from ``contract.sampling_values``):
+(``contract.SAMPLING_INPUTS``, values from ``contract.sampling_values``),
+handed to ``Backend.sample`` as a mapping keyed by spec:
 eager, they are uploaded once per invocation as invocation-owned tensors,
 released with the invocation's other transients; traced, they are refreshed
 in place into the workspace's persistent copies.
@@ -42,7 +43,10 @@ __all__ = ["PrefillPostprocessor", "wave_params"]
 
 
 def wave_params(prepared: PreparedPrefill) -> tuple:
-    """Per physical row sampling params; padding rows repeat row 0 (broadcast)."""
+    """Per physical row sampling params; padding rows repeat row 0 (broadcast).
+
+    Computed once per invocation, by the runtime, for either mode.
+    """
     request = prepared.request
     params = request.sampling
     return params + (params[0],) * (request.padded_batch - request.active_batch_size)
@@ -93,8 +97,9 @@ class PrefillPostprocessor:
         if path is SamplingPath.ARGMAX:
             tokens = emit(SAMPLED_TOKENS, backend.argmax(logits.value))
         else:
-            k, p, t = self._sampling_inputs(params, acquired, workspace)
-            tokens = emit(SAMPLED_TOKENS, backend.sample(logits.value, k.value, p.value, t.value, seeds))
+            inputs = self._sampling_inputs(params, acquired, workspace)
+            values = {spec: handle.value for spec, handle in inputs.items()}
+            tokens = emit(SAMPLED_TOKENS, backend.sample(logits.value, values, seeds))
         top_n = self.max_logprobs if signature.logprobs else 0
         token_lp, top_ids, top_values = backend.logprobs(logits.value, tokens.value, top_n)
         outputs = {SAMPLED_TOKENS: tokens, TOKEN_LOGPROB: emit(TOKEN_LOGPROB, token_lp)}
@@ -105,15 +110,15 @@ class PrefillPostprocessor:
 
     def _sampling_inputs(
         self, params: tuple, acquired: list[DeviceTensor], workspace: dict[TensorSpec, DeviceTensor] | None
-    ) -> list[DeviceTensor]:
-        """K, P and T on the device: refreshed into the workspace (traced) or uploaded for this invocation."""
+    ) -> dict[TensorSpec, DeviceTensor]:
+        """``SAMPLING_INPUTS`` on the device: refreshed into the workspace (traced) or uploaded for this invocation."""
         host = sampling_values(params)
-        if workspace is not None:
-            for spec in SAMPLING_INPUTS:
-                self.backend.refresh(host[spec], workspace[spec])
-            return [workspace[spec] for spec in SAMPLING_INPUTS]
-        handles = []
+        handles = {}
         for spec in SAMPLING_INPUTS:
-            handles.append(self.backend.upload(host[spec], spec, Ownership.INVOCATION))
-            acquired.append(handles[-1])  # owned by the invocation from the moment it exists
+            if workspace is not None:
+                self.backend.refresh(host[spec], workspace[spec])
+                handles[spec] = workspace[spec]
+            else:
+                handles[spec] = self.backend.upload(host[spec], spec, Ownership.INVOCATION)
+                acquired.append(handles[spec])  # owned by the invocation from the moment it exists
         return handles

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import enum
 from typing import Any, NamedTuple
 
 import torch
 
 from prefill_core import PreparedPrefill
+from prefill_core.errors import PrefillStateError
 
 from .ledger import DeviceTensor
 
-__all__ = ["PrefillResult", "InvocationResult"]
+__all__ = ["InvocationResult", "InvocationState", "PrefillResult"]
 
 
 def _same_logits(a: Any, b: Any) -> bool:
@@ -51,14 +53,59 @@ class PrefillResult(NamedTuple):
         return hash((self[0], *self[2:]))
 
 
+class InvocationState(enum.Enum):
+    """Where an invocation is in its life: produced, read by the assembler, or released unread."""
+
+    PENDING = "pending"
+    ASSEMBLED = "assembled"
+    RELEASED = "released"
+
+
 class InvocationResult:
-    """One request's device outputs plus the transients that stay owned until collection."""
+    """One request's device outputs plus the transients that stay owned until collection.
 
-    __slots__ = ("prepared", "outputs", "owned", "seeds", "consumed")
+    Lifetime: an invocation is read once, by ``assemble`` or ``stream``.
+    ``owned`` are the eager outputs and transients, released by that read or,
+    when it is never read, by the runtime's ``cleanup()`` / ``close()``
+    (state ``RELEASED``). A traced invocation owns nothing: its outputs sit
+    in its program alias's workspace (``workspace``), which the next traced
+    invocation of that alias overwrites, so it is readable only while the
+    workspace's generation is still the one it claimed.
+    """
 
-    def __init__(self, prepared: PreparedPrefill, outputs: dict, owned: list[DeviceTensor], seeds: tuple[int, ...]):
+    __slots__ = ("prepared", "outputs", "owned", "seeds", "state", "workspace", "generation")
+
+    def __init__(
+        self,
+        prepared: PreparedPrefill,
+        outputs: dict,
+        owned: list[DeviceTensor],
+        seeds: tuple[int, ...],
+        workspace: Any = None,
+        generation: int = 0,
+    ):
         self.prepared = prepared
         self.outputs = outputs
         self.owned = owned
         self.seeds = seeds
-        self.consumed = False
+        self.state = InvocationState.PENDING
+        self.workspace = workspace  # a trace.AliasWorkspace for a traced invocation, else None
+        self.generation = generation
+
+    def check_readable(self) -> None:
+        """Raises ``PrefillStateError`` unless this invocation's outputs are still its own and unread."""
+        rows = self.prepared.request.source_rows
+        if self.state is InvocationState.ASSEMBLED:
+            raise PrefillStateError(f"the invocation of rows {rows} was already assembled")
+        if self.state is InvocationState.RELEASED:
+            raise PrefillStateError(
+                f"the invocation of rows {rows} was released unread by cleanup() or close(); its outputs are "
+                "gone: invoke the request again"
+            )
+        workspace = self.workspace
+        if workspace is not None and (workspace.released or workspace.generation != self.generation):
+            why = "were released with the traces" if workspace.released else "were overwritten by a later replay"
+            raise PrefillStateError(
+                f"the traced invocation of rows {rows} cannot be read: its outputs in the program alias's workspace "
+                f"{why}; read each traced invocation before the next traced invoke"
+            )

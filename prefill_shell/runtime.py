@@ -1,11 +1,11 @@
 """``PrefillRuntime``: the facade that composes the collaborators around one config.
 
 prepare (caller tensors -> prepared requests + host step values, once)
-  -> invoke each prepared request (eager sequence runner, or trace replay)
+  -> invoke each prepared request (the one step loop: eager, or trace replay)
   -> assemble (stream: read, restore source rows, release)
   -> cleanup (retry failed releases) / close (release traces and workspaces too)
 
-The collaborators (input stager, postprocessor, sequence runner, trace
+The collaborators (input stager, postprocessor, step loop, trace
 lifecycle, result assembler) are private and share this runtime's identities:
 the same stager, the same model-body boundary, the same postprocessor and
 the same release callback on the eager and the traced path. What sits above
@@ -20,7 +20,6 @@ import random
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-import attrs
 import torch
 
 from prefill_core import (
@@ -40,40 +39,20 @@ from .batch_builder import as_token_matrix, build_batch, check_token_ids, host_p
 from .call_guard import CallGuard, exclusive, exclusive_stream
 from .config import PrefillRuntimeConfig
 from .contract import CHUNK_START, FILL_TABLE, INPUT_TOKENS, READ_TABLE
-from .inputs import DeviceStep, HostStep, PrefillInputStager, build_host_steps
+from .inputs import DeviceStep, PrefillInputStager, build_host_steps
 from .ledger import DeviceTensor
 from .notes import add_note
+from .partial_writes import StepLog, note_partial_writes
 from .postprocess import PrefillPostprocessor, wave_params
-from .progress import ProgressCallback, ProgressCounter, StepLog, note_partial_writes
+from .prepared_batch import PreparedBatch, check_runnable, checked_request
+from .progress import ProgressCallback, ProgressCounter
 from .result import InvocationResult, PrefillResult
-from .sequence_runner import PrefillSequenceRunner
-from .trace import CapturedTrace, PrefillTraceLifecycle, warmup_step
+from .step_loop import EagerSteps, PrefillStepLoop
+from .trace import CapturedTrace, PrefillTraceLifecycle, require_coverage, warmup_step
 
-__all__ = ["PrefillRuntime", "PreparedBatch"]
+__all__ = ["PrefillRuntime", "PreparedBatch"]  # PreparedBatch re-exported: prepare returns it
 
 _SEEDED_PATHS = (SamplingPath.TOPK, SamplingPath.HOST)
-
-
-@attrs.frozen(eq=False)
-class PreparedBatch:
-    """One prepared call: its requests in plan order and their host step values.
-
-    ``runtime`` and ``layout`` record what it was planned for: ``invoke``
-    refuses it on another runtime (another KV pool) or after
-    ``configure_page_table_layout`` changed the layout (its blocks may lie
-    outside the new pool), before anything is written.
-    """
-
-    prepared: tuple[PreparedPrefill, ...]
-    steps: tuple[tuple[HostStep, ...], ...]
-    num_rows: int
-    runtime: object = attrs.field(repr=False)
-    layout: PageTableLayout
-
-    @property
-    def num_steps(self) -> int:
-        """Model-body steps of the whole call (the ``"prefill"`` progress total)."""
-        return sum(map(len, self.steps))
 
 
 def _warmup_params(signature: PrefillProgramSignature) -> tuple:
@@ -113,9 +92,8 @@ class PrefillRuntime:
         self._guard = CallGuard()
         self._stager = PrefillInputStager(self.backend)
         self._postprocessor = PrefillPostprocessor(self.backend, self._run_lm_head, config.policy.max_logprobs)
-        self._runner = PrefillSequenceRunner(
-            self.backend, self._stager, self._postprocessor, self._run_body, self._release_handles
-        )
+        self._eager = EagerSteps(self.backend, self._stager, self._run_body)
+        self._loop = PrefillStepLoop(self._postprocessor, self._release_handles)
         self._traces = PrefillTraceLifecycle(
             self.backend,
             self._stager,
@@ -177,11 +155,11 @@ class PrefillRuntime:
         check_token_ids(matrix, batch, config.model.spec.vocab_size)
         max_position = config.model.spec.max_position
         if slots is None and len(batch) > config.policy.lane_size:
-            prepared = prepare_in_lanes(batch, config.policy, config.layout, max_position=max_position)
+            requests = prepare_in_lanes(batch, config.policy, config.layout, max_position=max_position)
         else:
-            prepared = prepare_prefill(batch, config.policy, config.layout, max_position=max_position)
-        steps = tuple(tuple(build_host_steps(matrix, p.request, table)) for p in prepared)
-        return PreparedBatch(prepared, steps, len(batch), self, config.layout)
+            requests = prepare_prefill(batch, config.policy, config.layout, max_position=max_position)
+        steps = tuple(tuple(build_host_steps(matrix, p.request, table)) for p in requests)
+        return PreparedBatch(requests, steps, len(batch), self, config.layout)
 
     @exclusive
     def invoke(
@@ -193,11 +171,17 @@ class PrefillRuntime:
         or workspace raises ``TraceCoverageError`` before anything runs.
         ``progress`` counts each body step as it finishes. An error raised
         once a step has started carries ``partial_writes`` (see
-        ``progress.note_partial_writes``).
+        ``partial_writes.note_partial_writes``).
+
+        Lifetime: read each invocation once (``assemble`` / ``stream``), and a
+        traced one before the next traced ``invoke``: its outputs live in its
+        program alias's workspace, which the next replay overwrites, so
+        reading an overwritten one raises ``PrefillStateError``. An
+        invocation never read is released by ``cleanup()`` / ``close()``;
+        reading it afterwards raises ``PrefillStateError``.
         """
         self._check_open()
-        self._check_planned_here(batch)
-        prepared = batch.prepared[index]
+        prepared = checked_request(batch, index, self, self.config.layout)
         rows = prepared.request.source_rows
         finished = None
         if progress is not None:
@@ -207,17 +191,17 @@ class PrefillRuntime:
                 progress.advance(f"rows {rows} chunk {step + 1}/{num_steps}")
 
         steps = StepLog(batch.steps[index], finished)
+        mode, generation = self._traces.mode_for(prepared) if traced else (self._eager, 0)
         seeds = self._resolve_seeds(prepared)
         try:
             with torch.inference_mode():
-                if traced:
-                    return self._traces.replay(prepared, steps, seeds)
-                outputs, owned = self._runner.run(prepared.program_signature, wave_params(prepared), steps, seeds)
+                outputs, owned = self._loop.run(mode, prepared.program_signature, wave_params(prepared), steps, seeds)
         except BaseException as error:
             if steps.started:
                 note_partial_writes(error, steps.written_blocks(rows))
             raise
-        return InvocationResult(prepared, outputs, owned, seeds)
+        invocation = InvocationResult(prepared, outputs, owned, seeds, mode.workspace, generation)
+        return self._assembler.produced(invocation)
 
     @exclusive_stream
     def invocations(
@@ -225,11 +209,15 @@ class PrefillRuntime:
     ) -> Iterator[InvocationResult]:
         """Invocations in plan order, produced lazily (one in flight at a time).
 
-        ``on_progress`` gets stage ``"prefill"``: done 0..``batch.num_steps``
-        body steps (``prefill_shell.progress``).
+        ``traced=True`` preflights the whole call as ``PrefillExecutor`` does:
+        a request without a trace raises ``TraceCoverageError`` before any
+        request runs. ``on_progress`` gets stage ``"prefill"``: done
+        0..``batch.num_steps`` body steps (``prefill_shell.progress``).
         """
+        if traced:
+            require_coverage(self.trace_gaps(batch))
         progress = ProgressCounter(on_progress, "prefill", batch.num_steps).start()
-        for index in range(len(batch.prepared)):
+        for index in range(len(batch.requests)):
             yield self.invoke(batch, index, traced=traced, progress=progress)
 
     @exclusive_stream
@@ -286,7 +274,7 @@ class PrefillRuntime:
         step = warmup_step(signature.body, self.config.model.spec.hidden_size)
         params = _warmup_params(signature)
         with torch.inference_mode():
-            _, owned = self._runner.run(signature, params, [step], (0,) * len(params))
+            _, owned = self._loop.run(self._eager, signature, params, [step], (0,) * len(params))
         self._release_handles(owned)
 
     @exclusive
@@ -306,6 +294,13 @@ class PrefillRuntime:
     def trace_gap(self, prepared: PreparedPrefill) -> str | None:
         """Why ``prepared`` cannot run traced (no trace, no workspace, not eligible), or None."""
         return self._traces.gap(prepared)
+
+    @exclusive
+    def trace_gaps(self, batch: PreparedBatch) -> list[tuple[PreparedPrefill, str]]:
+        """Each request of ``batch`` that cannot run traced, with ``trace_gap``'s reason, in plan order."""
+        check_runnable(batch, self, self.config.layout)
+        gaps = [(prepared, self._traces.gap(prepared)) for prepared in batch.requests]
+        return [(prepared, why) for prepared, why in gaps if why is not None]
 
     @exclusive
     def captured_traces(self) -> tuple[CapturedTrace, ...]:
@@ -352,7 +347,11 @@ class PrefillRuntime:
 
     @exclusive
     def cleanup(self) -> None:
-        """Retries every orphan; raises ``CleanupError`` with what is still alive."""
+        """Releases every invocation nobody read, then retries every orphan.
+
+        Raises ``CleanupError`` with what is still alive.
+        """
+        self._assembler.release_pending()
         pending, self.orphans = self.orphans, []
         failures = []
         for position, handle in enumerate(pending):
@@ -377,19 +376,6 @@ class PrefillRuntime:
             self.release_traces()
         finally:
             self.cleanup()
-
-    def _check_planned_here(self, batch: PreparedBatch) -> None:
-        if batch.runtime is not self:
-            raise PrefillStateError(
-                "this PreparedBatch was prepared by another PrefillRuntime (another KV pool and "
-                "layout); prepare it on this one: nothing was run"
-            )
-        if batch.layout is not self.config.layout and batch.layout != self.config.layout:
-            msg = (
-                f"this PreparedBatch was planned for {batch.layout}, but the runtime's layout is now "
-                f"{self.config.layout} (configure_page_table_layout); prepare it again: nothing was run"
-            )
-            raise PrefillStateError(msg)
 
     def _check_open(self) -> None:
         if self._closed:

@@ -1,4 +1,4 @@
-"""``PrefillTraceLifecycle``: capture, persistent inputs, alias workspaces and replay.
+"""``PrefillTraceLifecycle``: capture, persistent inputs, alias workspaces, and the traced step mode.
 
 A trace captures the sampling-free hidden body of one ``PrefillTraceSignature``
 over persistent inputs, one per ``contract.BODY_INPUTS`` entry the body reads.
@@ -11,17 +11,24 @@ program alias (``contract.workspace_specs``: for a top-k program also its
 K, P and T, which the postprocessor refreshes in place), so serving
 allocates nothing after capture.
 
+Replay runs in the one step loop (``step_loop.PrefillStepLoop``) with a
+``TracedSteps`` mode from ``mode_for``: refresh the trace's inputs, replay,
+finish into the workspace.
+
 Ownership: a trace owns its persistent inputs and its hidden output; a
 workspace owns its alias's postprocessing tensors; a replay allocates
-nothing, so its ``InvocationResult`` owns nothing. The next replay overwrites
-every device output: results must be read before it (the assembler streams).
+nothing, so its ``InvocationResult`` owns nothing. The next traced
+invocation of the same alias overwrites the workspace: an invocation must be
+read before it. Each workspace counts the invocations finished into it
+(``AliasWorkspace.generation``), and reading an invocation whose workspace
+moved on raises ``PrefillStateError`` (``InvocationResult.check_readable``).
 
 The runtime composes this collaborator; only the runtime calls it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -44,10 +51,16 @@ from .contract import (
 )
 from .inputs import DeviceStep, HostStep, PrefillInputStager
 from .ledger import DeviceTensor, Ownership
-from .postprocess import PrefillPostprocessor, wave_params
-from .result import InvocationResult
+from .postprocess import PrefillPostprocessor
 
-__all__ = ["CapturedTrace", "PrefillTraceLifecycle", "warmup_step"]
+__all__ = [
+    "AliasWorkspace",
+    "CapturedTrace",
+    "PrefillTraceLifecycle",
+    "TracedSteps",
+    "require_coverage",
+    "warmup_step",
+]
 
 # Entries that make a step write nothing: no KV block, no slot.
 _NO_WRITE = {FILL_TABLE: -1, SLOTS: -1}
@@ -68,6 +81,63 @@ class CapturedTrace:
         self.hidden = hidden
         self.handle = handle
         self.replays = 0
+
+
+class AliasWorkspace(dict):
+    """One program alias's persistent postprocessing tensors, keyed by spec, and whose outputs they hold.
+
+    ``generation`` counts the traced invocations finished into it; an
+    invocation keeps the generation it claimed and is readable only while
+    that is still the workspace's (``InvocationResult.check_readable``).
+    ``released``: its tensors went back (``release_all``).
+    """
+
+    __slots__ = ("generation", "released")
+
+    def __init__(self) -> None:
+        dict.__init__(self)
+        self.generation = 0
+        self.released = False
+
+    def claim(self) -> int:
+        """A new invocation is about to write every output: earlier ones are no longer readable."""
+        self.generation += 1
+        return self.generation
+
+
+class TracedSteps:
+    """The traced ``StepMode``: refresh the trace's persistent inputs, replay it, finish into the alias workspace."""
+
+    def __init__(self, backend: Backend, stager: PrefillInputStager, trace: CapturedTrace, workspace: AliasWorkspace):
+        self._backend = backend
+        self._stager = stager
+        self._trace = trace
+        self.workspace = workspace
+
+    def run_step(self, step: HostStep, owned: list[DeviceTensor]) -> DeviceTensor:
+        self._stager.refresh(step, self._trace.inputs)
+        self._backend.replay(self._trace.handle)
+        self._trace.replays += 1
+        return self._trace.hidden
+
+    def last_token_index(self, step: HostStep, owned: list[DeviceTensor]) -> DeviceTensor:
+        target = self.workspace[LAST_TOKEN_INDEX]
+        self._backend.refresh(step[LAST_TOKEN_INDEX], target)
+        return target
+
+
+def require_coverage(gaps: Sequence[tuple[PreparedPrefill, str]]) -> None:
+    """Raises ``TraceCoverageError`` naming the first request of a traced call that cannot be replayed.
+
+    ``gaps``: each uncovered request with ``PrefillTraceLifecycle.gap``'s
+    reason, for the whole call, so the call is refused before any request runs.
+    """
+    if gaps:
+        prepared, why = gaps[0]
+        raise TraceCoverageError(
+            f"traced prefill of rows {prepared.request.source_rows} is not covered: {why}; program "
+            f"{prepared.program_signature.key}; warm up a manifest that holds it or run it eagerly: nothing was run"
+        )
 
 
 def warmup_step(body: PrefillTraceSignature, hidden_size: int) -> HostStep:
@@ -107,7 +177,7 @@ class PrefillTraceLifecycle:
         self._dtype = model_dtype
         self._release = release
         self.traces: dict[PrefillTraceSignature, CapturedTrace] = {}
-        self.workspaces: dict[tuple, dict] = {}
+        self.workspaces: dict[tuple, AliasWorkspace] = {}
 
     def allocate_workspace(self, signature: PrefillProgramSignature) -> None:
         """Persistent postprocessing tensors of one program alias (warm-up only)."""
@@ -117,7 +187,7 @@ class PrefillTraceLifecycle:
         geometry = program_geometry(
             signature, self._spec.hidden_size, self._spec.vocab_size, self._postprocessor.max_logprobs
         )
-        workspace: dict = {}
+        workspace = AliasWorkspace()
         try:
             for spec in workspace_specs(signature):
                 start = torch.full(spec.shape(geometry), _WORKSPACE_START.get(spec, 0), dtype=spec.dtype(self._dtype))
@@ -164,28 +234,19 @@ class PrefillTraceLifecycle:
             return f"no workspace was allocated for program {prepared.program_signature.key}"
         return None
 
-    def replay(self, prepared: PreparedPrefill, steps: list[HostStep], seeds: tuple[int, ...]) -> InvocationResult:
-        """Refreshes and replays every chunk; finishes the last into the alias workspace."""
-        reason = self.gap(prepared)
-        if reason is not None:
-            raise TraceCoverageError(f"cannot replay request {prepared.request.source_rows}: {reason}")
+    def mode_for(self, prepared: PreparedPrefill) -> tuple[TracedSteps, int]:
+        """The traced step mode of ``prepared`` and the workspace generation it claimed.
+
+        Raises ``TraceCoverageError`` when ``prepared`` cannot be replayed,
+        before anything runs. The claim makes every earlier invocation of
+        the same alias unreadable: this one is about to overwrite its outputs.
+        """
+        why = self.gap(prepared)
+        if why is not None:
+            require_coverage([(prepared, why)])
         trace = self.traces[prepared.trace_signature]
         workspace = self.workspaces[workspace_key(prepared.program_signature)]
-        for step in steps:
-            self._stager.refresh(step, trace.inputs)
-            self._backend.replay(trace.handle)
-            trace.replays += 1
-        self._backend.refresh(steps[-1][LAST_TOKEN_INDEX], workspace[LAST_TOKEN_INDEX])
-        outputs = self._postprocessor.finish(
-            prepared.program_signature,
-            wave_params(prepared),
-            trace.hidden,
-            workspace[LAST_TOKEN_INDEX],
-            seeds,
-            [],
-            workspace=workspace,
-        )
-        return InvocationResult(prepared, outputs, [], seeds)
+        return TracedSteps(self._backend, self._stager, trace, workspace), workspace.claim()
 
     def release_all(self) -> None:
         """Releases every trace, its persistent tensors, and every workspace.
@@ -205,6 +266,7 @@ class PrefillTraceLifecycle:
             self._release(trace.inputs.handles() + [trace.hidden])
             del self.traces[signature]
         for key, workspace in list(self.workspaces.items()):
+            workspace.released = True
             self._release(list(workspace.values()))
             del self.workspaces[key]
         if failures:

@@ -22,6 +22,7 @@ padded position gone.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -86,14 +87,15 @@ class Backend(Protocol):
     def argmax(self, logits: Any) -> Any:
         """Greedy tokens ``[B]`` from logits ``[B, V]``."""
 
-    def sample(self, logits: Any, top_k: Any, top_p: Any, temperature: Any, seeds: tuple[int, ...]) -> Any:
-        """Per-row top-k/top-p/temperature sampling with per-row seeds: ``[B]`` tokens.
+    def sample(self, logits: Any, inputs: Mapping[TensorSpec, Any], seeds: tuple[int, ...]) -> Any:
+        """Per-row sampling with per-row seeds: ``[B]`` tokens.
 
-        ``top_k``, ``top_p`` and ``temperature`` are the device values of the
-        ``contract.SAMPLING_INPUTS`` tensors this backend uploaded or refreshed
-        from ``contract.sampling_values`` (one entry per physical row; padding
-        rows repeat row 0, so a single row's K/P/T is broadcast to the wave;
-        greedy rows hold K=1, P=1, T=1). They stay owned by the caller.
+        ``inputs`` maps every ``contract.SAMPLING_INPUTS`` spec (``TOP_K``,
+        ``TOP_P``, ``TEMPERATURE``) to the device value of the tensor this
+        backend uploaded or refreshed from ``contract.sampling_values`` (one
+        entry per physical row; padding rows repeat row 0, so a single row's
+        values are broadcast to the wave; greedy rows hold K=1, P=1, T=1).
+        Read them by key, never by position. They stay owned by the caller.
         """
 
     def logprobs(self, logits: Any, tokens: Any, top_n: int) -> tuple[Any, Any, Any]:

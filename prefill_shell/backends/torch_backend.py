@@ -8,7 +8,7 @@ ownership and overwrite behaviour are those of a device trace.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -16,7 +16,7 @@ import torch
 from prefill_core import PrefillPolicy
 from prefill_core.errors import PrefillConfigError, PrefillStateError
 
-from ..contract import TensorSpec
+from ..contract import SAMPLING_INPUTS, TensorSpec
 from ..ledger import DeviceTensor, Ownership, ResourceLedger
 from ..torch_sampling import sample_row, top_logprobs
 from .base import TraceHandle
@@ -110,14 +110,19 @@ class TorchBackend:
     def argmax(self, logits: Any) -> Any:
         return torch.argmax(logits, dim=-1)
 
-    def sample(self, logits: Any, top_k: Any, top_p: Any, temperature: Any, seeds: tuple[int, ...]) -> Any:
-        # The contract keeps P and T in float64, so these are each row's own
-        # Python values, bit for bit: a row samples exactly as host sampling
-        # (and as it would in any other wave) would sample it. The per-row
-        # sampler takes Python numbers, so on CUDA this read waits for the
-        # device once per sampled wave.
-        rows = zip(top_k.tolist(), top_p.tolist(), temperature.tolist(), seeds)
-        return torch.stack([sample_row(logits[b], k, p, t, seed) for b, (k, p, t, seed) in enumerate(rows)])
+    def sample(self, logits: Any, inputs: Mapping[TensorSpec, Any], seeds: tuple[int, ...]) -> Any:
+        # The contract keeps P and T in float64, so ``.tolist()`` gives each
+        # row's own Python values, bit for bit: a row samples exactly as host
+        # sampling (and as it would in any other wave) would sample it. The
+        # per-row sampler takes Python numbers, so on CUDA this read waits for
+        # the device once per sampled wave. Each input reaches ``sample_row``
+        # as the keyword its spec names.
+        columns = {spec.name: inputs[spec].tolist() for spec in SAMPLING_INPUTS}
+        tokens = []
+        for b, seed in enumerate(seeds):
+            row = {name: column[b] for name, column in columns.items()}
+            tokens.append(sample_row(logits[b], **row, seed=seed))
+        return torch.stack(tokens)
 
     def logprobs(self, logits: Any, tokens: Any, top_n: int) -> tuple[Any, Any, Any]:
         return top_logprobs(logits, tokens, top_n)

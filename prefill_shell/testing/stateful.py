@@ -129,7 +129,7 @@ class PrefillLifecycleMachine(RuleBasedStateMachine):
         self.armed = (None, InjectedFault)
         try:
             if mode == "traced":
-                prepared = self.runtime.prepare(tokens, table, lengths, cached, sampling=sampling).prepared
+                prepared = self.runtime.prepare(tokens, table, lengths, cached, sampling=sampling).requests
                 self.executor.warm_up(WarmupManifest().observe(prepared))
             results = self.executor.prefill(tokens, table, lengths, cached, sampling=sampling, mode=mode)
         except BaseException as error:

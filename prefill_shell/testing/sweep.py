@@ -146,7 +146,7 @@ class _Harness:
                 self.tokens, self.table, list(s.lengths), cached, sampling=list(s.sampling), mode="eager"
             )
         batch = self.runtime.prepare(self.tokens, self.table, list(s.lengths), cached, sampling=list(s.sampling))
-        self.executor.warm_up(WarmupManifest().observe(batch.prepared))
+        self.executor.warm_up(WarmupManifest().observe(batch.requests))
         return self.executor.prefill(
             self.tokens, self.table, list(s.lengths), cached, sampling=list(s.sampling), mode="traced"
         )

@@ -47,7 +47,7 @@ nothing on the torch path imports this module.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -56,7 +56,7 @@ from prefill_core import PrefillPolicy
 from prefill_core.errors import PrefillConfigError, PrefillStateError
 
 from ..backends.base import TraceHandle
-from ..contract import LOGITS, TensorSpec
+from ..contract import LOGITS, TEMPERATURE, TOP_K, TOP_P, TensorSpec
 from ..ledger import DeviceTensor, Ownership, ResourceLedger
 from ..notes import add_note
 from . import staging as ttnn_staging
@@ -203,8 +203,8 @@ class TtnnBackend:
         self._free(rows, *made)
         return tokens
 
-    def sample(self, logits: Any, top_k: Any, top_p: Any, temperature: Any, seeds: tuple[int, ...]) -> Any:
-        """``temperature`` is the ``TEMPERATURE`` tensor, which staging holds as the 1/T ``ttnn.sampling`` reads."""
+    def sample(self, logits: Any, inputs: Mapping[TensorSpec, Any], seeds: tuple[int, ...]) -> Any:
+        """``inputs[TEMPERATURE]`` is staged as the 1/T ``ttnn.sampling`` reads (``staging.stage_temperature``)."""
         tt = self.tt
         users = logits.shape[-2]
         if users > SAMPLING_CANDIDATES:
@@ -215,7 +215,8 @@ class TtnnBackend:
             made.append(full)
         values, candidates = tt.topk(full, SAMPLING_CANDIDATES, dim=3)  # [1, 1, B, 32]
         indices = tt.typecast(tt.to_layout(candidates, tt.ROW_MAJOR_LAYOUT), tt.uint32)
-        tokens = tt.sampling(values, indices, k=top_k, p=top_p, temp=temperature, seed=int(seeds[0]) & 0xFFFFFFFF)
+        k, p, temp = inputs[TOP_K], inputs[TOP_P], inputs[TEMPERATURE]
+        tokens = tt.sampling(values, indices, k=k, p=p, temp=temp, seed=int(seeds[0]) & 0xFFFFFFFF)
         self._free(indices, candidates, values, *made)
         return tokens
 

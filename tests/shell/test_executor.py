@@ -154,7 +154,7 @@ def served(model):
 def test_workload_mixes_waves_chunks_cached_rows_and_sampling_paths(served):
     """The generated workload really exercises waves, chunked and cached rows and all four sampling paths."""
     runtime = served["runtime"]
-    prepared = [p for call in served["workload"] for p in runtime.prepare(**call).prepared]
+    prepared = [p for call in served["workload"] for p in runtime.prepare(**call).requests]
     assert sum(len(r) for r in served["results"]) == 600
     assert len(prepared) >= 200
     assert {p.request.padded_batch for p in prepared} >= {1, 2, 4, 8}
@@ -183,7 +183,7 @@ def half_warmed(model):
     counting = CountingModel(model)
     runtime = _runtime(counting)
     executor = PrefillExecutor(runtime)
-    executor.warm_up(WarmupManifest().observe(runtime.prepare(**_call([100], seed=1)).prepared))
+    executor.warm_up(WarmupManifest().observe(runtime.prepare(**_call([100], seed=1)).requests))
     call = _call([100, 200], seed=2)
     yield counting, runtime, executor, call
     executor.close()
@@ -192,7 +192,7 @@ def half_warmed(model):
 def test_uncovered_request_raises_coverage_error_naming_key_and_rows(half_warmed):
     """A traced call with an uncovered request raises ``TraceCoverageError`` naming its trace key and rows."""
     _, runtime, executor, call = half_warmed
-    uncovered = runtime.prepare(**call).prepared[1]
+    uncovered = runtime.prepare(**call).requests[1]
     assert uncovered.request.source_rows == (1,)
     with pytest.raises(TraceCoverageError) as error:
         executor.prefill(**call, mode="traced")
@@ -221,7 +221,7 @@ def test_uncovered_request_leaves_ledger_unchanged(half_warmed):
 def test_auto_mode_runs_uncovered_call_eagerly_with_one_late_compile(half_warmed):
     """mode='auto' runs an uncovered call eagerly and counts one late compile for its unseen program."""
     counting, runtime, executor, call = half_warmed
-    unseen = runtime.prepare(**call).prepared[1].program_signature
+    unseen = runtime.prepare(**call).requests[1].program_signature
     compiles, calls = executor.compile_count, counting.body_calls
     replays = sum(t.replays for t in executor.runtime.captured_traces())
     results = executor.prefill(**call, mode="auto")
@@ -303,7 +303,7 @@ def test_stream_opened_before_close_refuses_to_replay_after_it(model):
     )
     executor = PrefillExecutor(runtime)
     batch = runtime.prepare(**call)
-    executor.warm_up(WarmupManifest().observe(batch.prepared))
+    executor.warm_up(WarmupManifest().observe(batch.requests))
     stream = runtime.stream(executor.invocations(batch, "traced"))
     next(stream)
     executor.close()

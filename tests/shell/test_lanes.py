@@ -62,7 +62,7 @@ def test_mixed_rows_across_lanes_match_each_row_alone(tiny_model, kit):
     blocks = kit.assign_blocks(lengths, BS, 96, seed=7)
     reference = [_alone(rt, kit, rows[i], blocks[i], n, 0, sampling[i]) for i, n in enumerate(lengths)]
     results = rt.prefill(kit.token_matrix(rows), kit.page_table(blocks), lengths, cached, sampling=sampling)
-    assert len(rt.prepare(kit.token_matrix(rows), kit.page_table(blocks), lengths, cached).prepared) >= 3
+    assert len(rt.prepare(kit.token_matrix(rows), kit.page_table(blocks), lengths, cached).requests) >= 3
     for row, (got, want) in enumerate(zip(results, reference)):
         assert got.row == row and got.token == want.token, f"row {row}"
         if want.logits is not None:

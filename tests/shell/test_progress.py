@@ -32,7 +32,7 @@ def test_prefill_reports_each_body_step_in_order(tiny_model, kit, mode):
     rt = kit.build_runtime(tiny_model, num_blocks=NUM_BLOCKS, block_size=BS, policy=kit.SMALL_POLICY)
     executor = PrefillExecutor(rt)
     tokens, table, lengths = _call(kit)
-    executor.warm_up(WarmupManifest().observe(rt.prepare(tokens, table, lengths).prepared))
+    executor.warm_up(WarmupManifest().observe(rt.prepare(tokens, table, lengths).requests))
     events: list[Progress] = []
     results = executor.prefill(tokens, table, lengths, mode=mode, on_progress=events.append)
     assert _counts(events, "prefill") == [(i, 4) for i in range(5)]
@@ -61,7 +61,7 @@ def test_warm_up_reports_compile_allocate_and_capture_stages(tiny_model, kit):
     """Warm-up reports each stage 0..total over the manifest's programs, workspaces and traces, stage by stage."""
     rt = kit.build_runtime(tiny_model, num_blocks=NUM_BLOCKS, block_size=BS, policy=kit.SMALL_POLICY)
     tokens, table, lengths = _call(kit)
-    manifest = WarmupManifest().observe(rt.prepare(tokens, table, lengths).prepared)
+    manifest = WarmupManifest().observe(rt.prepare(tokens, table, lengths).requests)
     events: list[Progress] = []
     PrefillExecutor(rt).warm_up(manifest, on_progress=events.append)
     programs, traces = len(manifest.program_signatures), len(manifest.trace_signatures)
@@ -96,7 +96,7 @@ def test_an_error_in_a_warm_up_callback_leaks_nothing_after_close(tiny_model, ki
     """A callback raising during capture propagates; closing the executor releases every trace and workspace."""
     rt = kit.build_runtime(tiny_model, num_blocks=NUM_BLOCKS, block_size=BS, policy=kit.SMALL_POLICY)
     executor = PrefillExecutor(rt)
-    manifest = WarmupManifest().observe(rt.prepare(*_call(kit)).prepared)
+    manifest = WarmupManifest().observe(rt.prepare(*_call(kit)).requests)
 
     def on_progress(event: Progress) -> None:
         if event.stage == "capture" and event.done == 1:

@@ -179,7 +179,7 @@ def valid_calls(draw):
 @given(call=valid_calls())
 def test_valid_caller_input_is_never_rejected(tiny_model, call):
     """Inputs that follow every rule always prepare."""
-    prepared = _runtime(tiny_model).prepare(**call).prepared
+    prepared = _runtime(tiny_model).prepare(**call).requests
     assert sorted(r for p in prepared for r in p.request.source_rows) == list(range(len(call["prompt_lengths"])))
 
 
@@ -209,7 +209,7 @@ def test_replaying_a_released_trace_raises_a_state_error(tiny_model):
     runtime = _runtime(tiny_model)
     executor = PrefillExecutor(runtime)
     batch = _one_row(runtime)
-    executor.warm_up(WarmupManifest().observe(batch.prepared))
+    executor.warm_up(WarmupManifest().observe(batch.requests))
     trace = next(iter(executor.runtime.captured_traces()))
     runtime.backend.release_trace(trace.handle)
     with pytest.raises(PrefillStateError, match="released"):

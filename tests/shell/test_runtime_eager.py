@@ -21,7 +21,7 @@ BS_DEFAULT = 64  # block size with the default policy (2048-token chunks)
 
 
 def _plan_rows(batch) -> list[int]:
-    return [row for prepared in batch.prepared for row in prepared.request.source_rows]
+    return [row for prepared in batch.requests for row in prepared.request.source_rows]
 
 
 # ---------------------------------------------------------------- logits
@@ -45,8 +45,8 @@ def test_wave_of_15_rows_is_padded_to_16_and_each_row_matches_oracle(tiny_model,
     rows = [kit.make_tokens(n, seed=100 + i) for i, n in enumerate(lengths)]
     table = kit.page_table(kit.assign_blocks(lengths, BS_SMALL, 128, seed=2))
     batch = rt.prepare(kit.token_matrix(rows), table, lengths)
-    assert len(batch.prepared) == 1
-    request = batch.prepared[0].request
+    assert len(batch.requests) == 1
+    request = batch.requests[0].request
     assert (request.active_batch_size, request.padded_batch) == (15, 16)
     results = rt.assemble(rt.invocations(batch), batch.num_rows)
     for i, tokens in enumerate(rows):
@@ -69,14 +69,14 @@ def test_cpu_default_policy_runs_5000_tokens_in_fine_chunks(tiny_model, kit):
     """Without a policy, the CPU backend's fine rungs run 5000 tokens as four 1280-token chunks (5120 positions)."""
     rt = kit.build_runtime(tiny_model, num_blocks=96, block_size=BS_DEFAULT)
     blocks = kit.assign_blocks([5000], BS_DEFAULT, 96, seed=5)
-    request = rt.prepare(kit.make_tokens(5000, seed=5000)[None], kit.page_table(blocks), [5000]).prepared[0].request
+    request = rt.prepare(kit.make_tokens(5000, seed=5000)[None], kit.page_table(blocks), [5000]).requests[0].request
     assert (request.chunk_length, request.num_chunks) == (1280, 4)
 
 
 def test_5000_token_row_chunked_by_2048_matches_oracle(chunked_5000, oracle, kit):
     """A 5000-token row runs as three 2048-token chunks and returns the oracle's last-token logits."""
     tokens, _, batch, logits, _ = chunked_5000
-    request = batch.prepared[0].request
+    request = batch.requests[0].request
     assert request.kind is RequestKind.CHUNKED
     assert (request.chunk_length, request.num_chunks) == (2048, 3)
     assert kit.max_abs_diff(logits, oracle.logits(tokens)) <= kit.TOL
@@ -90,7 +90,7 @@ def test_5000_token_row_chunked_matches_same_row_unchunked(chunked_5000, tiny_mo
     )
     blocks = kit.assign_blocks([5000], BS_DEFAULT, 96, seed=6)
     batch = rt.prepare(tokens[None], kit.page_table(blocks), [5000])
-    request = batch.prepared[0].request
+    request = batch.requests[0].request
     assert request.kind is RequestKind.REGULAR_SINGLE and request.num_chunks == 1
     (result,) = rt.assemble(rt.invocations(batch), batch.num_rows)
     assert kit.max_abs_diff(result.logits, chunked_logits) <= kit.TOL
@@ -104,7 +104,7 @@ def test_row_with_2048_of_3000_tokens_cached_matches_full_oracle(tiny_model, ora
     prefix_blocks = [blocks[0][: 2048 // BS_DEFAULT]]
     rt.prefill(tokens[None, :2048], kit.page_table(prefix_blocks), [2048])
     batch = rt.prepare(tokens[None], kit.page_table(blocks), [3000], cached_lengths=[2048])
-    request = batch.prepared[0].request
+    request = batch.requests[0].request
     assert request.kind is RequestKind.CHUNKED
     assert [c.start for c in request.chunks] == [2048]
     (result,) = rt.assemble(rt.invocations(batch), batch.num_rows)
@@ -169,7 +169,7 @@ def test_fully_cached_row_returns_oracle_last_token_logits(tiny_model, oracle, k
     table = kit.page_table(kit.assign_blocks([160], BS_SMALL, 32, seed=10))
     rt.prefill(tokens[None], table, [160])
     batch = rt.prepare(tokens[None], table, [160], cached_lengths=[160])
-    assert batch.prepared[0].request.final_fill_table.real_blocks == (0,)  # a read-only re-run
+    assert batch.requests[0].request.final_fill_table.real_blocks == (0,)  # a read-only re-run
     (result,) = rt.assemble(rt.invocations(batch), batch.num_rows)
     assert kit.max_abs_diff(result.logits, oracle.logits(tokens)) <= kit.TOL
 
@@ -209,7 +209,7 @@ def test_pool_holds_oracle_kv_after_regular_wave(tiny_model, oracle, kit):
     rows = [kit.make_tokens(n, seed=500 + i) for i, n in enumerate(lengths)]
     blocks = kit.assign_blocks(lengths, BS_SMALL, 64, seed=12)
     batch = rt.prepare(kit.token_matrix(rows), kit.page_table(blocks), lengths)
-    assert [p.request.padded_batch for p in batch.prepared] == [8]
+    assert [p.request.padded_batch for p in batch.requests] == [8]
     rt.assemble(rt.invocations(batch), batch.num_rows)
     _assert_pool_holds_oracle_kv(rt.config.kv, oracle, kit, rows, blocks)
 
@@ -221,7 +221,7 @@ def test_pool_holds_oracle_kv_after_chunked_row(tiny_model, oracle, kit):
     tokens = kit.make_tokens(600, seed=600)
     blocks = kit.assign_blocks([600], BS_SMALL, 48, seed=13)
     batch = rt.prepare(tokens[None], kit.page_table(blocks), [600])
-    assert batch.prepared[0].request.num_chunks == 3
+    assert batch.requests[0].request.num_chunks == 3
     rt.assemble(rt.invocations(batch), batch.num_rows)
     _assert_pool_holds_oracle_kv(rt.config.kv, oracle, kit, [tokens], blocks)
 
@@ -280,7 +280,7 @@ def test_padding_rows_and_stale_page_table_tails_write_nothing(tiny_model, kit):
     tails = [blocks[(i + 1) % len(blocks)][:6] + free[i % 4 :: 4][:3] for i in range(len(blocks))]
     table = kit.page_table(blocks, width=40, tails=tails)
     batch = rt.prepare(kit.token_matrix(rows), table, lengths)
-    shapes = sorted((p.request.kind.value, p.request.active_batch_size, p.request.padded_batch) for p in batch.prepared)
+    shapes = sorted((p.request.kind.value, p.request.active_batch_size, p.request.padded_batch) for p in batch.requests)
     assert shapes == [("chunked", 1, 1), ("regular_batched", 15, 16)]
     before = {b: kv.block_bytes(b) for b in range(num_blocks)}
     rt.assemble(rt.invocations(batch), batch.num_rows)

@@ -119,7 +119,7 @@ def test_prefill_leaves_ledger_empty(tiny_model, kit):
     rt = kit.build_runtime(tiny_model, num_blocks=NUM_BLOCKS, block_size=BS, policy=kit.SMALL_POLICY)
     tokens, table, lengths, sampling = _mixed_request(kit)
     batch = rt.prepare(tokens, table, lengths, sampling=sampling)
-    assert len({p.sampling_path for p in batch.prepared}) == 4
+    assert len({p.sampling_path for p in batch.requests}) == 4
     rt.assemble(rt.invocations(batch), batch.num_rows)
     ledger = rt.backend.ledger
     assert ledger.allocations > 0
@@ -132,7 +132,7 @@ def test_invocations_hold_outputs_until_assemble_then_cleanup_leaves_ledger_empt
     rt = kit.build_runtime(tiny_model, num_blocks=NUM_BLOCKS, block_size=BS, policy=kit.SMALL_POLICY)
     tokens, table, lengths, sampling = _mixed_request(kit)
     batch = rt.prepare(tokens, table, lengths, sampling=sampling)
-    invocations = [rt.invoke(batch, i) for i in range(len(batch.prepared))]
+    invocations = [rt.invoke(batch, i) for i in range(len(batch.requests))]
     kept = {h.id for inv in invocations for h in inv.owned}
     assert {h.id for h in rt.backend.ledger.live()} == kept
     assert kept == {h.id for inv in invocations for h in inv.outputs.values()}
@@ -324,7 +324,7 @@ def test_a_prompt_past_the_models_max_position_is_refused_before_anything_runs(k
     assert info.value.row == 0
     assert rt.backend.ledger.allocations == 0
     assert torch.equal(rt.config.kv.snapshot().view(torch.uint8), pool)
-    assert len(rt.prepare(tokens, torch.arange(63, dtype=torch.int32)[None], [4000]).prepared) == 1
+    assert len(rt.prepare(tokens, torch.arange(63, dtype=torch.int32)[None], [4000]).requests) == 1
 
 
 def test_a_failed_intermediate_release_is_orphaned_and_released_once_by_cleanup(tiny_model, kit):

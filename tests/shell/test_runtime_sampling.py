@@ -65,7 +65,7 @@ def test_all_greedy_rows_take_argmax_path_and_return_oracle_argmax(tiny_model, o
     rows = [kit.make_tokens(20 + 9 * i, seed=950 + i) for i in range(6)]
     scenario = _Scenario(kit, _runtime(tiny_model, kit), rows, [SamplingParams.greedy()] * len(rows))
     batch = scenario.prepare()
-    assert [p.sampling_path for p in batch.prepared] == [SamplingPath.ARGMAX]
+    assert [p.sampling_path for p in batch.requests] == [SamplingPath.ARGMAX]
     results = scenario.rt.assemble(scenario.rt.invocations(batch), batch.num_rows)
     for i, tokens in enumerate(rows):
         top2 = oracle.logits(tokens).topk(2).values
@@ -83,7 +83,7 @@ def test_seeded_topk_tokens_repeat_across_runs(tiny_model, kit, prompts):
     """Sixteen seeded top-k rows give the same tokens on a second call and on a runtime with another seed."""
     sampling = [SamplingParams(**TOPK_PARAMS, seed=s) for s in range(16)]
     scenario = _Scenario(kit, _runtime(tiny_model, kit), [prompts[0]] * 16, sampling)
-    assert [p.sampling_path for p in scenario.prepare().prepared] == [SamplingPath.TOPK]
+    assert [p.sampling_path for p in scenario.prepare().requests] == [SamplingPath.TOPK]
     first = [r.token for r in scenario.run()]
     assert len(set(first)) > 1  # the seeds do pick different tokens
     assert [r.token for r in scenario.run()] == first
@@ -104,7 +104,7 @@ def test_seeded_topk_token_does_not_depend_on_wave_mates(tiny_model, kit, prompt
     ]
     random.Random(3).shuffle(rows)
     mixed = _Scenario(kit, rt, [r[0] for r in rows], [r[1] for r in rows])
-    assert [p.sampling_path for p in mixed.prepare().prepared] == [SamplingPath.TOPK]
+    assert [p.sampling_path for p in mixed.prepare().requests] == [SamplingPath.TOPK]
     results = mixed.run()
     by_seed = {seed: results[i].token for i, (_, _, seed) in enumerate(rows) if seed is not None}
     assert [by_seed[s] for s in range(8)] == alone
@@ -124,7 +124,7 @@ def test_seeded_topk_tokens_stay_inside_oracle_support(tiny_model, oracle, kit, 
     sampling = [SamplingParams(**params, seed=1000 + s) for s in range(32)]
     rows = [prompts[s % 3] for s in range(32)]
     scenario = _Scenario(kit, _runtime(tiny_model, kit), rows, sampling)
-    assert [p.sampling_path for p in scenario.prepare().prepared] == [SamplingPath.TOPK]
+    assert [p.sampling_path for p in scenario.prepare().requests] == [SamplingPath.TOPK]
     results = scenario.run()
     supports = [_support(oracle.logits(p), sampling[0]) for p in prompts]
     assert all(1 < len(s) < kit.VOCAB for s in supports)
@@ -150,7 +150,7 @@ def test_logprobs_match_oracle_log_softmax_and_top_n(tiny_model, oracle, kit, pa
     sampling = LOGPROB_ROWS[path]
     rows = [kit.make_tokens(30 + 20 * i, seed=960 + i) for i in range(len(sampling))]
     scenario = _Scenario(kit, _runtime(tiny_model, kit), rows, sampling)
-    assert [p.sampling_path.value for p in scenario.prepare().prepared] == [path]
+    assert [p.sampling_path.value for p in scenario.prepare().requests] == [path]
     for i, result in enumerate(scenario.run()):
         logp = torch.log_softmax(oracle.logits(rows[i]).double(), dim=-1)
         assert abs(result.logprob - logp[result.token].item()) <= kit.TOL, f"row {i}"
@@ -180,7 +180,7 @@ def test_host_path_is_classified_host_and_samples_inside_support(tiny_model, ora
     rows = [prompts[s % 3] for s in range(24)]
     scenario = _Scenario(kit, _runtime(tiny_model, kit), rows, sampling)
     assert params["top_k"] == 0 or params["top_k"] > kit.SMALL_POLICY.device_top_k_cap
-    assert [p.sampling_path for p in scenario.prepare().prepared] == [SamplingPath.HOST]
+    assert [p.sampling_path for p in scenario.prepare().requests] == [SamplingPath.HOST]
     results = scenario.run()
     supports = [_support(oracle.logits(p), sampling[0]) for p in prompts]
     for s, result in enumerate(results):
@@ -205,8 +205,8 @@ def test_same_seeded_row_samples_same_token_on_device_and_host_paths(tiny_model,
     device = _Scenario(kit, _runtime(tiny_model, kit), [prompts[2]] * 12, sampling)
     host_policy = PrefillPolicy(max_chunk_length=256, chunk_quantum=128, length_ladder=(128, 256), device_top_k_cap=16)
     host = _Scenario(kit, _runtime(tiny_model, kit, policy=host_policy), [prompts[2]] * 12, sampling)
-    assert [p.sampling_path for p in device.prepare().prepared] == [SamplingPath.TOPK]
-    assert [p.sampling_path for p in host.prepare().prepared] == [SamplingPath.HOST]
+    assert [p.sampling_path for p in device.prepare().requests] == [SamplingPath.TOPK]
+    assert [p.sampling_path for p in host.prepare().requests] == [SamplingPath.HOST]
     tokens = [r.token for r in device.run()]
     assert len(set(tokens)) > 1
     assert [r.token for r in host.run()] == tokens

@@ -140,7 +140,7 @@ def test_a_tiny_temperature_row_in_a_sampled_wave_returns_its_argmax(fixed, kit,
     params = [SamplingParams(temperature=1e-39, top_k=20, seed=1), SamplingParams(temperature=1.0, top_k=20, seed=2)]
     rt, _ = fixed
     assert (
-        rt.prepare(torch.ones(2, 8, dtype=torch.int64), [[0], [1]], [8, 8], sampling=params).prepared[0].sampling_path
+        rt.prepare(torch.ones(2, 8, dtype=torch.int64), [[0], [1]], [8, 8], sampling=params).requests[0].sampling_path
         is SamplingPath.TOPK
     )
     first, second = _run(fixed, kit, issue_logits, params)

@@ -78,7 +78,7 @@ def test_torch_backend_samples_what_host_sampling_samples_from_the_tensors():
     ]
     seeds = (11, 12, 13, 14)
     values = sampling_values(params)
-    tokens = TorchBackend().sample(logits, *(values[spec] for spec in SAMPLING_INPUTS), seeds)
+    tokens = TorchBackend().sample(logits, values, seeds)
     want = [int(sample_row(logits[b], p.top_k, p.top_p, p.temperature, seeds[b])) for b, p in enumerate(params)]
     assert tokens.tolist() == want
 
@@ -90,7 +90,7 @@ def test_workspaces_hold_k_p_t_only_for_top_k_programs(executor):
         (SamplingParams.greedy(), SamplingPath.ARGMAX),
         (FIRST, SamplingPath.TOPK),
     ):
-        (prepared,) = executor.runtime.prepare(**_args(sampling)).prepared
+        (prepared,) = executor.runtime.prepare(**_args(sampling)).requests
         specs = workspace_specs(prepared.program_signature)
         assert prepared.sampling_path is path and specs[0] is LAST_TOKEN_INDEX
         assert sum(spec in SAMPLING_INPUTS for spec in specs) == (3 if path is SamplingPath.TOPK else 0)
@@ -100,7 +100,7 @@ def test_workspaces_hold_k_p_t_only_for_top_k_programs(executor):
 def test_traced_top_k_refreshes_the_workspace_in_place_and_equals_eager(executor):
     """Traced calls with other params reuse the same K/P/T tensors, allocate nothing, hold the last call's values."""
     runtime = executor.runtime
-    executor.warm_up(WarmupManifest().observe(runtime.prepare(**_args(FIRST)).prepared))
+    executor.warm_up(WarmupManifest().observe(runtime.prepare(**_args(FIRST)).requests))
     ledger = runtime.backend.ledger
     warm = {h.spec: h for h in ledger.live() if h.spec in SAMPLING_INPUTS}
     assert set(warm) == set(SAMPLING_INPUTS) and {h.ownership for h in warm.values()} == {Ownership.WORKSPACE}
@@ -114,3 +114,48 @@ def test_traced_top_k_refreshes_the_workspace_in_place_and_equals_eager(executor
     want = sampling_values((*waves[-1], waves[-1][0]))  # the padding row repeats row 0
     assert all(torch.equal(warm[spec].value, want[spec]) for spec in SAMPLING_INPUTS)
     assert traced == [executor.prefill(**_args(sampling, seed=2), mode="eager") for sampling in waves]
+
+
+class KeyRecordingBackend(TorchBackend):
+    """A torch backend that records, per ``sample`` call, the host values it got under each key."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: list[dict] = []
+
+    def sample(self, logits, inputs, seeds):
+        self.calls.append({spec: inputs[spec].tolist() for spec in inputs})
+        return super().sample(logits, inputs, seeds)
+
+
+@pytest.mark.parametrize("traced", [False, True])
+def test_every_sampling_input_reaches_backend_sample_by_key_and_has_a_ttnn_staging(traced):
+    """Backend.sample gets exactly SAMPLING_INPUTS by key, with each row's exact values; each has a ttnn staging."""
+    from prefill_shell.tt import staging as ttnn_staging
+
+    model = random_llama(0, "tiny")
+    backend = KeyRecordingBackend()
+    runtime = PrefillRuntime(PrefillRuntimeConfig.resolve(model, backend, model.new_kv_cache(64, 32), policy=POLICY))
+    executor = PrefillExecutor(runtime)
+    args = _args([FIRST, SECOND, FIRST])
+    executor.warm_up(WarmupManifest().observe(runtime.prepare(**args).requests))
+    backend.calls.clear()
+    executor.prefill(**args, mode="traced" if traced else "eager")
+    (call,) = backend.calls
+    want = sampling_values((FIRST, SECOND, FIRST, FIRST))  # the padding row repeats row 0
+    assert set(call) == set(SAMPLING_INPUTS)
+    assert all(call[spec] == want[spec].tolist() for spec in SAMPLING_INPUTS)
+    assert call[TEMPERATURE] == [0.9, 0.45, 0.9, 0.9]  # exact: 0.45 is a double whose 1/(1/T) is not T
+    for spec in SAMPLING_INPUTS:
+        assert ttnn_staging.contract_of(spec).layout == "ROW_MAJOR"
+    executor.close()
+
+
+def test_torch_backend_sample_reads_its_inputs_by_key_not_by_order():
+    """The same mapping in reverse insertion order samples the same tokens: nothing depends on position."""
+    logits = torch.randn(3, 256, generator=torch.Generator().manual_seed(1)) * 3
+    values = sampling_values((FIRST, SECOND, SECOND))
+    reordered = dict(reversed(list(values.items())))
+    backend = TorchBackend()
+    assert list(reordered) != list(values)
+    assert torch.equal(backend.sample(logits, reordered, (1, 2, 3)), backend.sample(logits, values, (1, 2, 3)))

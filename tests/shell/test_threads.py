@@ -158,7 +158,7 @@ def test_a_traced_executor_refuses_a_second_thread_during_warm_up_and_serving(ti
     rt, parking = _runtime(tiny_model)
     executor = PrefillExecutor(rt)
     tokens, table, lengths = _call(kit, seed=3300)
-    manifest = WarmupManifest().observe(rt.prepare(tokens, table, lengths).prepared)
+    manifest = WarmupManifest().observe(rt.prepare(tokens, table, lengths).requests)
     with _Parked(parking, lambda: executor.warm_up(manifest)):
         with pytest.raises(PrefillStateError, match="in progress"):
             executor.prefill(tokens, table, lengths, mode="traced")

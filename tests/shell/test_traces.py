@@ -81,7 +81,7 @@ def _call(lengths, *, block_size: int, cached=None, sampling=None, seed: int = 0
 def _warmed(runtime: PrefillRuntime, call: dict) -> PrefillExecutor:
     """An executor warmed with exactly the identities ``call`` uses."""
     executor = PrefillExecutor(runtime)
-    executor.warm_up(WarmupManifest().observe(runtime.prepare(**call).prepared))
+    executor.warm_up(WarmupManifest().observe(runtime.prepare(**call).requests))
     return executor
 
 
@@ -146,7 +146,7 @@ def long_runs(model):
     captures_after_warm_up = traced_rt.backend.captures
     traced = executor.prefill(**call, mode="traced")
     eager = _runtime(model, LONG_POLICY, LONG_LAYOUT).prefill(**call)
-    chunks = sum(len(p.request.chunks) for p in traced_rt.prepare(**call).prepared)
+    chunks = sum(len(p.request.chunks) for p in traced_rt.prepare(**call).requests)
     yield {
         "traced": traced,
         "eager": eager,
@@ -182,7 +182,7 @@ def test_one_trace_serves_every_chunk_position(model):
     call = _call([1000], block_size=16, seed=4)
     runtime = _runtime(model, SMALL_CHUNKS, SHORT_LAYOUT)
     executor = _warmed(runtime, call)
-    (prepared,) = runtime.prepare(**call).prepared
+    (prepared,) = runtime.prepare(**call).requests
     starts = [chunk.start for chunk in prepared.request.chunks]
     executor.prefill(**call, mode="traced")
     (trace,) = executor.runtime.captured_traces()
@@ -201,7 +201,7 @@ def test_kept_results_survive_later_replays_of_a_shared_buffer(model):
     runtime = _runtime(model, policy, SHORT_LAYOUT)
     executor = _warmed(runtime, call)
     batch = runtime.prepare(**call)
-    first, second = batch.prepared
+    first, second = batch.requests
     assert first.program_signature == second.program_signature  # one alias, one workspace
 
     invocations = []

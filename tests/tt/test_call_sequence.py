@@ -31,8 +31,8 @@ POLICY = PrefillPolicy(length_ladder=(128,), max_chunk_length=128, chunk_quantum
 """128-token chunks: a 300-token row runs 3 chunks (its padded 512 stops after the chunk holding token 299)."""
 
 BLOCK = 32
-EAGER_INPUTS = 5  # tokens, start, slots, fill_table, last_index
-CHUNKED_INPUTS = 6  # ... and read_table
+EAGER_INPUTS = 5  # tokens, start, slots, fill_table, then the final step's last_index
+CHUNKED_INPUTS = 5  # per chunk: tokens, start, slots, fill_table, read_table (and once, the final last_index)
 BODY_INPUTS_CHUNKED = 5  # what a replay refreshes: tokens, start, slots, fill_table, read_table
 
 
@@ -71,7 +71,7 @@ class Lane:
         """Warms exactly what the call needs, then runs it traced; returns (results, first call index of the run)."""
         args = self.inputs(lengths, sampling)
         batch = self.runtime.prepare(**args)
-        self.executor.warm_up(WarmupManifest().observe(batch.prepared))
+        self.executor.warm_up(WarmupManifest().observe(batch.requests))
         mark = len(self.recording.calls)
         return self.executor.prefill(**args, mode="traced"), mark
 
@@ -117,10 +117,10 @@ def test_eager_regular_run_uploads_each_input_once_and_releases_every_one(lane):
 
 
 def test_eager_chunked_run_stages_every_input_per_chunk_and_deallocates_each(lane):
-    """A 3-chunk row: 3 x 6 uploads, 3 body calls with a read table, and nothing left live."""
+    """A 3-chunk row: 3 x 5 body-input uploads plus one last-token index, 3 body calls with a read table."""
     lane.eager([300])
     uploaded = lane.uploaded()
-    assert len(uploaded) == 3 * CHUNKED_INPUTS
+    assert len(uploaded) == 3 * CHUNKED_INPUTS + 1
     bodies = [kw for name, kw in lane.model.calls if name == "forward_hidden"]
     assert len(bodies) == 3
     assert all(kw["read_table"] is not None for kw in bodies)

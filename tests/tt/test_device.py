@@ -115,7 +115,7 @@ def test_traced_replay_matches_eager_and_the_torch_backend(ttnn, mesh, weights):
     device, reference = lanes(ttnn, mesh, weights)
     args = call_args([100, 300])
     batch = device.runtime.prepare(**args)
-    device.warm_up(WarmupManifest().observe(batch.prepared))
+    device.warm_up(WarmupManifest().observe(batch.requests))
     traced = device.prefill(**args, mode="traced")
     assert_logits_close(traced, reference.prefill(**args, mode="eager"), "traced")
     assert_logits_close(device.prefill(**args, mode="traced"), traced, "second replay")  # same answers

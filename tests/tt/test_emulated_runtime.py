@@ -63,7 +63,7 @@ def test_traced_replays_match_eager_and_the_torch_backend(lanes):
     """A wave and a chunked row replayed from captured traces, twice: torch's logits both times."""
     lane, reference = lanes
     args = call_args([100, 300])
-    lane.executor.warm_up(WarmupManifest().observe(lane.executor.runtime.prepare(**args).prepared))
+    lane.executor.warm_up(WarmupManifest().observe(lane.executor.runtime.prepare(**args).requests))
     want = reference.prefill(**args, mode="eager")
     assert_logits_close("traced 100 + 3x128", lane.executor.prefill(**args, mode="traced"), want)
     replays = lane.emu.replays()
@@ -97,7 +97,7 @@ def test_device_top_k_sampling_stays_in_the_allowed_set_and_repeats_per_seed(lan
     params = SamplingParams(temperature=0.9, top_k=5, top_p=0.95, seed=7, num_logprobs=3)
     args = call_args([100, 90, 60], sampling=params)
     if mode == "traced":
-        lane.executor.warm_up(WarmupManifest().observe(lane.executor.runtime.prepare(**args).prepared))
+        lane.executor.warm_up(WarmupManifest().observe(lane.executor.runtime.prepare(**args).requests))
     before = lane.emu.counts.get("sampling", 0)
     first = lane.executor.prefill(**args, mode=mode)
     second = lane.executor.prefill(**args, mode=mode)

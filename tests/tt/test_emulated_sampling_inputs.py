@@ -64,7 +64,7 @@ def _assert_allowed(results, logits, params: SamplingParams) -> None:
 def test_traced_top_k_refreshes_k_p_t_in_place_with_the_second_calls_values(lane, torch_logits):
     """Two traced calls with other params: the same workspace K/P/1/T tensors hold the second call's values."""
     first_args, second_args = call_args([100, 90, 60], sampling=FIRST), call_args([100, 90, 60], sampling=SECOND)
-    lane.executor.warm_up(WarmupManifest().observe(lane.executor.runtime.prepare(**first_args).prepared))
+    lane.executor.warm_up(WarmupManifest().observe(lane.executor.runtime.prepare(**first_args).requests))
     warm = _workspace_sampling_inputs(lane)
     assert set(warm) == set(SAMPLING_INPUTS) and all(h.ownership is Ownership.WORKSPACE for h in warm.values())
     objects = {spec: h.value for spec, h in warm.items()}
@@ -85,7 +85,7 @@ def test_traced_top_k_refreshes_k_p_t_in_place_with_the_second_calls_values(lane
 def test_traced_top_k_serving_after_warm_up_allocates_nothing(lane):
     """After warm-up, traced top-k calls with changing K/P/T leave the ledger and device uploads as warm-up left them."""
     args = call_args([100, 90, 60], sampling=FIRST)
-    lane.executor.warm_up(WarmupManifest().observe(lane.executor.runtime.prepare(**args).prepared))
+    lane.executor.warm_up(WarmupManifest().observe(lane.executor.runtime.prepare(**args).requests))
     ledger = lane.backend.ledger
     before = (ledger.allocations, sorted(h.id for h in ledger.live()), lane.emu.counts.get("to_device", 0))
     sampled = lane.emu.counts.get("sampling", 0)
@@ -118,7 +118,7 @@ def _registrations(lane, monkeypatch) -> list:
 def test_eager_top_k_uploads_k_p_t_once_per_invocation_and_releases_them(lane, monkeypatch):
     """A wave and a 3-chunk row (two invocations): K, P, T uploaded once each per invocation, all freed."""
     args = call_args([100, 90, 60, 300], sampling=FIRST)
-    assert len(lane.executor.runtime.prepare(**args).prepared) == 2
+    assert len(lane.executor.runtime.prepare(**args).requests) == 2
     reference = torch_executor()
     want = reference.prefill(**{**args, "sampling": None}, mode="eager")
     reference.close()
