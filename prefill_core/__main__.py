@@ -42,7 +42,10 @@ def main(argv: list[str] | None = None) -> int:
     tuner.add_argument("--lengths", required=True, help="histogram file: LENGTH [COUNT [CACHED]] per line")
     tuner.add_argument("--cached", type=int, default=0, help="shared cached prefix (tokens) where a line has none")
     tuner.add_argument("--max-traces", type=int, required=True, help="trace budget (distinct trace signatures)")
-    _add_common(tuner)
+    tuner.add_argument("--block", type=int, default=32, help="KV block size (tokens)")
+    tuner.add_argument("--max-chunk", type=int, default=2048, help="largest max chunk to pick; the default's (tokens)")
+    tuner.add_argument("--json", action="store_true", help="print the tuned PrefillPolicy as cattrs JSON")
+    tuner.set_defaults(no_batching=False)
     args = parser.parse_args(argv)
     try:
         policy = _policy(args)
