@@ -1,4 +1,4 @@
-"""``python -m prefill_core plan|manifest``: explain a plan or a warm-up bill."""
+"""``python -m prefill_core plan|manifest|tune``: explain a plan or a warm-up bill, or tune a ladder."""
 
 from __future__ import annotations
 
@@ -6,13 +6,15 @@ import argparse
 import sys
 
 from .errors import PrefillInputError
-from .explain import ArgumentError, manifest_table, parse_cached, parse_lengths, plan_table, sample_batches
+from .explain import ArgumentError, manifest_table, parse_cached, parse_lengths, plan_table, sample_batches, tune_table
+from .histogram import parse_histogram
 from .intmath import ceil_div
 from .layout import PageTableLayout
 from .manifest import manifest_for
 from .policy import PrefillPolicy
 from .prepared import prepare_prefill
 from .serialize import to_json
+from .tuner import tune
 
 
 def _policy(args: argparse.Namespace) -> PrefillPolicy:
@@ -36,16 +38,26 @@ def main(argv: list[str] | None = None) -> int:
     manifest = sub.add_parser("manifest", help="enumerate every signature a policy can produce")
     manifest.add_argument("--max-length", type=int, default=8192, help="longest prompt the layout maps")
     _add_common(manifest)
+    tuner = sub.add_parser("tune", help="pick ladder rungs and a max chunk for a length histogram")
+    tuner.add_argument("--lengths", required=True, help="histogram file: LENGTH [COUNT [CACHED]] per line")
+    tuner.add_argument("--cached", type=int, default=0, help="shared cached prefix (tokens) where a line has none")
+    tuner.add_argument("--max-traces", type=int, required=True, help="trace budget (distinct trace signatures)")
+    tuner.add_argument("--block", type=int, default=32, help="KV block size (tokens)")
+    tuner.add_argument("--max-chunk", type=int, default=2048, help="largest max chunk to pick; the default's (tokens)")
+    tuner.add_argument("--json", action="store_true", help="print the tuned PrefillPolicy as cattrs JSON")
+    tuner.set_defaults(no_batching=False)
     args = parser.parse_args(argv)
     try:
         policy = _policy(args)
         if args.command == "plan":
             _plan(args, policy)
+        elif args.command == "tune":
+            _tune(args, policy)
         else:
             layout = PageTableLayout(args.block, ceil_div(args.max_length, args.block), 1)
             bill = manifest_for(policy, layout)
             print(bill.to_json() if args.json else manifest_table(bill))
-    except (ArgumentError, PrefillInputError) as error:
+    except (ArgumentError, PrefillInputError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     return 0
@@ -64,6 +76,14 @@ def _plan(args: argparse.Namespace, policy: PrefillPolicy) -> None:
             prepared.append(item)
             first_rows.append(first_row)
     print(to_json(tuple(prepared), indent=1) if args.json else plan_table(tuple(prepared), tuple(first_rows)))
+
+
+def _tune(args: argparse.Namespace, policy: PrefillPolicy) -> None:
+    """Tunes a ladder for the histogram file; ``policy`` (tt-metal's ladder) is the comparison."""
+    with open(args.lengths, encoding="utf-8") as file:
+        entries = parse_histogram(file.read(), block_size=args.block, cached=args.cached)
+    result = tune(entries, block_size=args.block, max_traces=args.max_traces, default=policy)
+    print(to_json(result.policy, indent=1) if args.json else tune_table(result))
 
 
 if __name__ == "__main__":

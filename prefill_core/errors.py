@@ -24,6 +24,7 @@ __all__ = [
     "InvalidSamplingError",
     "InvalidPolicyError",
     "InvalidLayoutError",
+    "TraceBudgetError",
     "PrefillConfigError",
     "TraceCoverageError",
     "PrefillStateError",
@@ -122,6 +123,10 @@ class InvalidPolicyError(PrefillInputError):
 
 class InvalidLayoutError(PrefillInputError):
     """A page-table layout is inconsistent."""
+
+
+class TraceBudgetError(PrefillInputError):
+    """The ladder tuner's trace budget is not a positive int, or no ladder it finds fits it."""
 
 
 class PrefillConfigError(PrefillError, ValueError):

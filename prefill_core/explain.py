@@ -2,13 +2,26 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .batch import PrefillBatch, PrefillRow
 from .layout import PageTableLayout
 from .manifest import WarmupManifest
 from .policy import PrefillPolicy
 from .prepared import PreparedPrefill
 
-__all__ = ["ArgumentError", "parse_lengths", "parse_cached", "sample_batches", "plan_table", "manifest_table"]
+if TYPE_CHECKING:
+    from .tuner import TunedLadder
+
+__all__ = [
+    "ArgumentError",
+    "parse_lengths",
+    "parse_cached",
+    "sample_batches",
+    "plan_table",
+    "manifest_table",
+    "tune_table",
+]
 
 
 class ArgumentError(ValueError):
@@ -126,3 +139,20 @@ def manifest_table(manifest: WarmupManifest) -> str:
         f"{len(manifest.program_signatures)} program signatures, {len(manifest.trace_signatures)} trace signatures"
     )
     return "\n".join(out)
+
+
+def _ladder_text(policy: PrefillPolicy) -> str:
+    return ", ".join(map(str, policy.length_ladder)) + ", then powers of two"
+
+
+def tune_table(result: TunedLadder) -> str:
+    """The tuned ladder next to the default: traces, positions per real token, max chunk and rungs."""
+    rows = [("ladder", "traces", "positions / real token", "max chunk", "rungs")]
+    for name, policy, cost in (
+        ("default", result.default, result.default_cost),
+        ("tuned", result.policy, result.cost),
+    ):
+        per_token = f"{cost.positions}/{cost.real_tokens} = {cost.per_real_token:.3f}"
+        rows.append((name, str(cost.traces), per_token, str(policy.max_chunk_length), _ladder_text(policy)))
+    widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)

@@ -6,6 +6,8 @@ manifest enumerates exactly the widths the planner can produce.
 
 from __future__ import annotations
 
+from .intmath import ceil_div
+from .layout import PageTableLayout
 from .policy import PrefillPolicy
 
 __all__ = ["regular_table_width", "chunked_read_width", "chunked_fill_width"]
@@ -16,13 +18,17 @@ def regular_table_width(policy: PrefillPolicy, block_size: int, padded_length: i
     return policy.table_width(padded_length // block_size)
 
 
-def chunked_read_width(policy: PrefillPolicy, block_size: int, padded_length: int, chunk_length: int) -> int:
-    """Width of a chunked request's full-request (read) table.
+def chunked_read_width(policy: PrefillPolicy, layout: PageTableLayout, chunk_length: int) -> int:
+    """Width of a chunked request's full-request (read) table: the layout's, for every row.
 
-    A chunk may start at any block-aligned cached offset, so the last one can
-    overhang the padded length by up to ``chunk_length - block_size``.
+    It depends on the chunk length only, never on the row's length or cached
+    offset, so every chunked row of one chunk length shares one trace (as in
+    tt-metal, which stages its layout's canonical prefill width). A chunk
+    starts before the layout's capacity, so it can overhang it by up to
+    ``chunk_length - 1`` positions: tt-metal's ``capacity + max_chunk - 1``
+    with the step's own chunk length in place of the max chunk.
     """
-    return policy.table_width(padded_length // block_size + chunk_length // block_size - 1)
+    return policy.table_width(ceil_div(layout.capacity + chunk_length - 1, layout.block_size))
 
 
 def chunked_fill_width(policy: PrefillPolicy, block_size: int, chunk_length: int) -> int:

@@ -7,7 +7,9 @@ length a row of the bucket can reach), crossed with sampling paths and
 log-prob settings. A chunked row's chunk comes from the rung of its
 uncached work, so a bucket reaches the chunk of every rung of ``1 ..
 longest - block_size`` tokens (cached rows), its own rung's chunk when that
-exceeds the max chunk (uncached rows), and the fully cached re-run step. It uses
+exceeds the max chunk (uncached rows), and the fully cached re-run step. A
+chunked body's read width is the layout's for its chunk length, so buckets
+that reach one chunk length share its body. It uses
 the planner's own geometry rules (``geometry.py``, ``PrefillPolicy``), which
 is what makes it complete: warming every entry leaves nothing to compile at
 serving time. ``observe`` instead records what a real workload used.
@@ -99,7 +101,7 @@ def _bodies(policy: PrefillPolicy, layout: PageTableLayout) -> Iterator[tuple[Pr
             for wave in sorted({policy.wave_for(k) for k in range(2, max_wave + 1)}):
                 yield PrefillTraceSignature(RequestKind.REGULAR_BATCHED, wave, padded, width, 0), shortest, longest
         for chunk in sorted(reachable_chunks(policy, bs, padded, shortest, longest)):
-            read = chunked_read_width(policy, bs, padded, chunk)
+            read = chunked_read_width(policy, layout, chunk)
             fill = chunked_fill_width(policy, bs, chunk)
             yield PrefillTraceSignature(RequestKind.CHUNKED, 1, chunk, fill, read), shortest, longest
 

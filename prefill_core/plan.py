@@ -31,9 +31,10 @@ tests/core/test_chunk_rules.py.
    -1), in one step of ``min(rung(bs), max_chunk_length)`` starting at
    ``length - bs`` (vLLM recomputes the last token the same way).
 6. Table widths (``geometry.py``): regular ``table_width(rung(length) /
-   bs)``; a chunked row's read table ``table_width(rung(length) / bs +
-   chunk / bs - 1)`` (its last chunk may overhang the rung) and its fill
-   table ``table_width(chunk / bs)``.
+   bs)``; a chunked row's read table the layout's, ``table_width(ceil(
+   (capacity + chunk - 1) / bs))`` whatever its length or cached offset
+   (one trace per chunk length), and its fill table ``table_width(chunk /
+   bs)``.
 7. Output order: batched waves first (by their first source row), then
    singles by source row.
 
@@ -175,7 +176,7 @@ def _chunked_request(batch: PrefillBatch, index: int, policy: PrefillPolicy, lay
     length, cached = batch.lengths[index], batch.cached[index]
     padded_length = policy.padded_length(length)
     chunk_length, first_start, num_chunks = chunk_plan(length, cached, policy, bs)
-    read_width = chunked_read_width(policy, bs, padded_length, chunk_length)
+    read_width = chunked_read_width(policy, layout, chunk_length)
     read_table = PageTableView(TableRole.CHUNKED_FULL, read_width, (ceil_div(length, bs),), CHUNKED_FILLER)
     fill_width = chunked_fill_width(policy, bs, chunk_length)
     final_start = first_start + (num_chunks - 1) * chunk_length

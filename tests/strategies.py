@@ -47,6 +47,7 @@ from prefill_core import (
     SharedBlockColumnError,
     prepare_prefill,
 )
+from prefill_core.histogram import HistogramEntry
 
 __all__ = [
     "BLOCK_SIZES",
@@ -66,6 +67,7 @@ __all__ = [
     "fully_cached_cases",
     "garbled_specs",
     "JUNK",
+    "histograms",
 ]
 
 BLOCK_SIZES = (16, 32, 64)
@@ -825,3 +827,17 @@ def adversarial_logits(draw, vocab: int) -> list[float]:
     values = draw(st.lists(st.sampled_from(pool), min_size=vocab, max_size=vocab))
     values[draw(st.integers(0, vocab - 1))] = pool[0]  # at least one finite logit
     return values
+
+
+# ---------------------------------------------------------------- ladder tuner histograms
+
+
+@st.composite
+def histograms(draw, block_size: int, max_length: int = 6000, max_entries: int = 10) -> tuple:
+    """Tuner workloads: 1..``max_entries`` histogram entries of lengths 1..``max_length``, counts 1..5,
+    cached offsets of every kind (none, block-aligned, the whole aligned prompt)."""
+    entries = []
+    for _ in range(draw(st.integers(1, max_entries))):
+        length = draw(row_lengths(block_size, max_length))
+        entries.append(HistogramEntry(length, draw(st.integers(1, 5)), _cached_offset(draw, length, block_size)))
+    return tuple(entries)

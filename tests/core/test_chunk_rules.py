@@ -67,9 +67,11 @@ def test_32_rows_of_128_at_block_16_get_a_regular_table_of_width_8():
     assert request.kind is RequestKind.REGULAR_BATCHED and request.fill_table.width == 8
 
 
-@pytest.mark.parametrize(("length", "cached", "read_width"), [(1091, 768, 96), (20000, 19968, 1032), (2048, 2048, 72)])
-def test_chunked_read_width_spans_the_rung_plus_one_chunk_overhang(length, cached, read_width):
-    """Read width is table_width(rung(length)/bs + chunk/bs - 1): 64+32-1, 1024+4-1, 64+4-1 rounded to 8."""
+@pytest.mark.parametrize(
+    ("length", "cached", "read_width"), [(1091, 768, 4128), (20000, 19968, 4104), (2048, 2048, 4104), (40, 32, 4104)]
+)
+def test_chunked_read_width_spans_the_layout_plus_one_chunk_overhang(length, cached, read_width):
+    """Read width is the layout's, table_width(ceil((capacity + chunk - 1)/bs)): 4096+32 (chunk 1024), 4096+4 (128)."""
     (request,) = plan_prefill(rows_of((length, cached)), PrefillPolicy(), LAYOUT)
     assert request.read_table.width == read_width
 

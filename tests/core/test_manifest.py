@@ -69,24 +69,25 @@ def test_manifest_traces_are_the_trace_eligible_program_bodies(case):
     assert set(manifest.trace_signatures) == bodies
 
 
-def test_default_manifest_for_8192_tokens_lists_30_bodies_and_180_programs():
-    """The default policy over an 8192-token layout (block 32) warms 30 bodies as 180 programs.
+def test_default_manifest_for_8192_tokens_lists_21_bodies_and_126_programs():
+    """The default policy over an 8192-token layout (block 32) warms 21 bodies as 126 programs.
 
-    Chunked bodies: bucket 128 reaches chunk 128; 1024 reaches 128 and 1024;
-    2048, 4096 and 8192 each reach 128, 1024 and 2048 (12 in all).
+    Chunked bodies: one per chunk length (128, 1024, 2048), each at the
+    layout's read width ceil((8192 + chunk - 1) / 32) rounded up to 8,
+    whichever length bucket and cached offset reaches it.
     """
     manifest = manifest_for(PrefillPolicy(), PageTableLayout(32, 256, 1024))
     kinds = [t.variant for t in manifest.trace_signatures]
-    assert (len(manifest.trace_signatures), len(manifest.program_signatures)) == (30, 180)
+    assert (len(manifest.trace_signatures), len(manifest.program_signatures)) == (21, 126)
     assert (
         kinds.count(RequestKind.REGULAR_SINGLE),
         kinds.count(RequestKind.REGULAR_BATCHED),
         kinds.count(RequestKind.CHUNKED),
-    ) == (3, 15, 12)
+    ) == (3, 15, 3)
     chunked = sorted(
         (t.chunk_length, t.read_table_width) for t in manifest.trace_signatures if t.variant is RequestKind.CHUNKED
     )
-    assert sorted({c for c, _ in chunked}) == [128, 1024, 2048]
+    assert chunked == [(128, 264), (1024, 288), (2048, 320)]
 
 
 def test_manifest_restricted_to_sampling_paths_lists_only_those():

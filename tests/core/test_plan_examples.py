@@ -121,12 +121,12 @@ def test_4097_token_final_chunk_writes_only_its_one_real_block():
 
 
 def test_chunked_tables_have_rounded_widths_and_filler_read_entries():
-    """A 4097-token row reads a 320-wide full table (mapped blocks then filler 0) and writes 64-wide tables."""
+    """A 4097-token row reads the layout's 4160-wide full table (mapped blocks, then filler 0), writes 64-wide ones."""
     batch = uncached(4097)
     (request,) = plan_prefill(batch, POLICY, LAYOUT)
     (read,) = request.read_table_values()
     assert request.read_table.role is TableRole.CHUNKED_FULL
-    assert len(read) == 320  # 8192/32 + 2048/32 - 1 = 319, rounded up to 8
+    assert len(read) == 4160  # ceil((131072 + 2048 - 1) / 32) = 4160, already a multiple of 8
     assert read[:129] == batch.rows[0].blocks and set(read[129:]) == {0}
     assert request.fill_table.width == request.final_fill_table.width == 64
 

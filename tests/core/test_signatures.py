@@ -29,7 +29,7 @@ from prefill_core import (
     to_json,
 )
 from prefill_core.prepared import prepare_request
-from tests.strategies import BLOCK_SIZES, cases, policies, sampling_params
+from tests.strategies import BLOCK_SIZES, cases, layouts, policies, sampling_params
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -114,6 +114,48 @@ def test_signatures_ignore_the_cached_offset_and_chunk_starts(data):
     for same in by_chunk.values():
         assert len({p.program_signature for p in same}) == 1
         assert len({p.trace_signature for p in same}) == 1
+
+
+def test_rows_112_cached_32_and_144_cached_64_share_one_trace():
+    """(112, 32 cached) and (144, 64 cached) at block 32 on the default ladder run one 128-token body, one trace."""
+    batch, used = _lane_batch([(112, 32), (144, 64)], 32)
+    layout = PageTableLayout(32, 256, used)
+    first, second = prepare_prefill(batch, PrefillPolicy(), layout)
+    assert first.request.padded_length != second.request.padded_length  # rungs 128 and 1024
+    assert (first.request.chunk_length, second.request.chunk_length) == (128, 128)
+    assert first.trace_signature == second.trace_signature
+    assert first.program_signature == second.program_signature
+
+
+@given(st.data())
+def test_every_cached_offset_at_one_chunk_length_shares_one_trace(data):
+    """In one layout, chunked rows of any length and cached offset that get the same chunk length share one trace."""
+    bs = data.draw(st.sampled_from(BLOCK_SIZES))
+    policy = data.draw(policies(bs))
+    layout = data.draw(layouts(bs, min_capacity=bs))
+    lengths = st.integers(bs, layout.capacity)
+    rows = []
+    for length in data.draw(st.lists(lengths, min_size=2, max_size=6)):
+        lowest = 0 if policy.padded_length(length) > policy.max_chunk_length else 1
+        rows.append((length, data.draw(st.integers(lowest, length // bs)) * bs))
+    by_geometry: dict[tuple[int, int], set] = {}
+    for length, cached in rows:
+        batch, used = _lane_batch([(length, cached)], bs)
+        (p,) = prepare_prefill(batch, policy, attrs.evolve(layout, num_blocks=max(used, 1)))
+        assert p.request.kind is RequestKind.CHUNKED
+        by_geometry.setdefault((p.request.chunk_length, p.request.padded_batch), set()).add(p.trace_signature)
+    assert all(len(traces) == 1 for traces in by_geometry.values())
+
+
+@given(cases())
+def test_a_plans_chunked_requests_have_one_trace_per_chunk_length(case):
+    """Within any plan, chunked requests of one chunk length and padded batch have one trace signature."""
+    by_geometry: dict[tuple[int, int], set] = {}
+    for p in _prepare(case):
+        if p.request.kind is RequestKind.CHUNKED:
+            key = (p.request.chunk_length, p.request.padded_batch)
+            by_geometry.setdefault(key, set()).add(p.trace_signature)
+    assert all(len(traces) == 1 for traces in by_geometry.values())
 
 
 # ---------------------------------------------------------------- sampling
