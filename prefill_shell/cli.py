@@ -1,8 +1,9 @@
 """``python -m prefill_shell run``: prompts in, next tokens out, on the torch backend.
 
 With prompts (``--prompt``, ``--prompts FILE``, ``--token-ids FILE``) it
-prefills them as one batch (rows that start with the same whole blocks
-share them: that prefix is prefilled once and the rows run with it cached)
+prefills them as one batch (rows that start with the same first block form
+a group; each group's common whole blocks are prefilled once and its rows
+run with them cached)
 and prints, per row, the prompt length, the tokens taken from cache, the
 five most likely next tokens with log-probs and one sampled token. Without
 prompts it runs the demo (``prefill_shell.demo``).
