@@ -20,7 +20,8 @@ from .text import PromptError
 
 __all__ = ["MAX_BLOCK_SIZE", "MAX_SEED", "build_parser", "failure_message"]
 
-MAX_BLOCK_SIZE = 4096
+# The CPU policy's rungs need 4 * block_size to divide its 2048-token max chunk.
+MAX_BLOCK_SIZE = 512
 MAX_SEED = 2**62  # each row samples with seed + row, which must stay below 2**63
 
 
@@ -53,6 +54,12 @@ def _int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
 
 
+def _model(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty: name a GGUF file, a Hugging Face folder or random:NAME")
+    return text
+
+
 def _device(text: str) -> str:
     try:
         TorchBackend(text)
@@ -66,7 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m prefill_shell")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     run = sub.add_parser("run", help="prefill prompts (or, without any, the demo batch) and print next tokens")
-    run.add_argument("--model", help="a GGUF file, a Hugging Face folder, or random:NAME (default: the pinned SmolLM2)")
+    run.add_argument(
+        "--model", type=_model, help="a GGUF file, a Hugging Face folder, or random:NAME (default: the pinned SmolLM2)"
+    )
     run.add_argument("--prompt", action="append", help="a prompt (repeatable)")
     run.add_argument(
         "--prompts",
@@ -90,7 +99,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def failure_message(error: BaseException) -> str:
-    """The text after ``error:`` for a failure while running: the library's own message where it has one."""
+    """The text after ``error:`` for a failure while running, on one line (the library's message where it has one)."""
+    return " ".join(_message(error).split())
+
+
+def _message(error: BaseException) -> str:
     if isinstance(error, (PromptError, PrefillError)):
         return str(error)
     if isinstance(error, OSError) and error.filename is not None:

@@ -18,7 +18,7 @@ import torch
 
 from prefill_core.errors import PrefillConfigError
 
-from .reference import PRESETS, PagedLlama, load_gguf, load_hf_folder, random_llama
+from .reference import PRESETS, PagedLlama, load_gguf, load_hf_folder, random_llama, read_config_json
 from .reference.gguf import gguf_has_tokenizer
 from .reference.smollm2 import smollm2_path
 
@@ -100,6 +100,8 @@ def load_tokenizer(ref: str | None) -> Any:
         return None
     path = model_path(ref)
     gguf = _model_kind(path) == "gguf"
+    if not gguf:
+        read_config_json(path)  # a bad config.json is named as such, not as a tokenizer failure
     if not gguf and not any((path / name).exists() for name in ("tokenizer.json", "tokenizer_config.json")):
         return None
     if gguf and not gguf_has_tokenizer(path):
@@ -113,9 +115,13 @@ def load_tokenizer(ref: str | None) -> Any:
         return AutoTokenizer.from_pretrained(str(path))
     except Exception as error:  # transformers raises many types for a tokenizer it cannot build
         raise PrefillConfigError(
-            f"--model {str(path)!r}: its tokenizer cannot be built ({type(error).__name__}: {error}); "
+            f"--model {str(path)!r}: its tokenizer cannot be built ({type(error).__name__}: {_first_line(error)}); "
             "pass token ids with --token-ids FILE instead"
         ) from None
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [""])[0]
 
 
 def read_text_lines(path: str | Path, flag: str) -> list[tuple[int, str]]:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import pytest
 
 from prefill_shell.cli import main
@@ -53,6 +56,7 @@ def files(tmp_path_factory):
         "hf_empty": _hf_copy(root / "hf_empty", folder, b""),
         "hf_garbage": _hf_copy(root / "hf_garbage", folder, b"\xff" * 64),
         "hf_truncated": _hf_copy(root / "hf_truncated", folder, weights[: len(weights) // 3]),
+        "hf_bad_config": _bad_config_copy(root / "hf_bad_config", folder),
         "dir": str(root),
         "missing": str(root / "missing.txt"),
     }
@@ -70,6 +74,14 @@ def _add_word_tokenizer(folder) -> None:
     (folder / "tokenizer_config.json").write_text(config)
 
 
+def _bad_config_copy(target, folder) -> str:
+    """A folder whose tokenizer files are fine but whose config.json has a string hidden_size."""
+    shutil.copytree(folder, target)
+    config = json.loads((target / "config.json").read_text())
+    (target / "config.json").write_text(json.dumps({**config, "hidden_size": "64"}))
+    return str(target)
+
+
 def _hf_copy(target, folder, weights: bytes) -> str:
     target.mkdir()
     (target / "config.json").write_text((folder / "config.json").read_text())
@@ -85,6 +97,8 @@ CASES = [
     (TINY + ["--block-size", "3"], 2, "--block-size"),
     (TINY + ["--block-size", "x"], 2, "--block-size"),
     (TINY + ["--block-size", "1e9"], 2, "--block-size"),
+    (TINY + ["--block-size", "1024"], 2, "--block-size"),
+    (["run", "--model", "", "--prompt", "hi"], 2, "--model"),
     (TINY + ["--seed", "-1"], 2, "--seed"),
     (TINY + ["--seed", "99999999999999999999999"], 2, "--seed"),
     (TINY + ["--device", "foo"], 2, "--device"),
@@ -111,6 +125,7 @@ CASES = [
     (["run", "--model", "{hf_empty}", "--token-ids", "{ids}"], 1, "model.safetensors"),
     (["run", "--model", "{hf_garbage}", "--token-ids", "{ids}"], 1, "model.safetensors"),
     (["run", "--model", "{hf_truncated}", "--token-ids", "{ids}"], 1, "model.safetensors"),
+    (["run", "--model", "{hf_bad_config}", "--prompt", "hi"], 1, "hidden_size='64'"),
     (["run", "--model", "{tiny_gguf}", "--prompt", "hi"], 1, "prompt --prompt #1"),
     (["run", "--model", "{hf}", "--prompt", "hello", "--prompt", ""], 1, "prompt --prompt #2 is empty (0 tokens)"),
     (["run", "--model", "{hf}", "--prompts", "{long_text}"], 1, "prompt {long_text}:1 has 4097 tokens"),
