@@ -116,9 +116,13 @@ def share_prefixes(
 ) -> SharedPrefixBatch:
     """Lays ``prompts`` out over disjoint blocks, except that each of the disjoint ``groups`` shares the
     block-aligned prefix its rows all start with (when it is at least one block and the group two rows)."""
+    if not prompts:
+        raise ValueError("share_prefixes needs at least one prompt")
     group_of, prefixes, prefix_rows, next_block = {}, [], [], 0
     for members in groups:
         members = sorted(members)
+        if members and not 0 <= members[0] <= members[-1] < len(prompts):
+            raise ValueError(f"sharing group {members} names a row outside [0, {len(prompts)})")
         if set(members) & set(group_of):
             raise ValueError(f"sharing groups overlap: row {min(set(members) & set(group_of))} is in two")
         common = common_prefix_length([prompts[i] for i in members]) if len(members) > 1 else 0

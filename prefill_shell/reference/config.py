@@ -163,7 +163,7 @@ _UNSUPPORTED_KEYS = ("quantization_config",)
 def check_plain_llama(cfg: dict[str, Any]) -> None:
     """Raises ``PrefillConfigError`` naming the key and value of any setting the reference Llama does not compute."""
     for key, (default, wanted) in _PLAIN_LLAMA.items():
-        value = cfg.get(key, default)
+        value = default if cfg.get(key) is None else cfg[key]
         if value != wanted:
             raise PrefillConfigError(
                 f"config.json {key}={value!r} is unsupported: the reference model computes only {key}={wanted!r}"
