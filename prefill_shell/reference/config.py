@@ -230,4 +230,11 @@ def read_config_json(folder: str | Path) -> LlamaSpec:
         raise PrefillConfigError(
             f"{path} is not valid JSON ({error}): restore the model folder's config.json"
         ) from None
-    return LlamaSpec.from_hf_dict(cfg)
+    try:
+        return LlamaSpec.from_hf_dict(cfg)
+    except PrefillConfigError as error:  # name the file: the message alone does not say which folder
+        message = str(error)
+        named = (
+            f"{path} {message[len('config.json ') :]}" if message.startswith("config.json ") else f"{path}: {message}"
+        )
+        raise PrefillConfigError(named) from None
