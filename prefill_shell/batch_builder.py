@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import torch
 
-from prefill_core import PageTableLayout, PrefillBatch
+from prefill_core import PageTableLayout, PrefillBatch, SamplingParams
 from prefill_core.errors import PrefillInputError
 from prefill_core.intmath import ceil_div_column
 
@@ -164,6 +164,21 @@ def _raise_first_shape_rule(lengths: list[int], need: list[int], columns: int, t
             raise PrefillInputError(f"row {row}: page_table is invalid: {rule}", row=row, field="page_table")
 
 
+def _row_sampling(sampling, num_rows: int) -> list:
+    """Per-row sampling entries: ``None`` (logits for all), one ``SamplingParams`` for every row, or one per row."""
+    if sampling is None or isinstance(sampling, SamplingParams):
+        return [sampling] * num_rows
+    if not isinstance(sampling, (list, tuple)):
+        rule = (
+            "must be None, one SamplingParams for every row, or a list with one entry (SamplingParams or None) per row"
+        )
+        shown = _shown(sampling) if isinstance(sampling, torch.Tensor) else repr(sampling)[:60]
+        raise _fail("sampling", shown, rule)
+    if len(sampling) != num_rows:
+        raise _fail("sampling", f"<{len(sampling)} entries>", f"must hold one entry per row ({num_rows})")
+    return list(sampling)
+
+
 def build_batch(
     tokens: torch.Tensor,
     table: torch.Tensor,
@@ -183,9 +198,7 @@ def build_batch(
     lengths = _int_vector("prompt_lengths", prompt_lengths, num_rows)
     cached = [0] * num_rows if cached_lengths is None else _int_vector("cached_lengths", cached_lengths, num_rows)
     slot_ids = list(range(num_rows)) if slots is None else _int_vector("slots", slots, num_rows)
-    params = [None] * num_rows if sampling is None else list(sampling)
-    if len(params) != num_rows:
-        raise _fail("sampling", f"<{len(params)} entries>", f"must hold one entry per row ({num_rows})")
+    params = _row_sampling(sampling, num_rows)
     bs, columns = layout.block_size, tokens.shape[1]
     need = ceil_div_column(lengths, bs)  # <= 0 for a bad length, which the core names
     _check_list_widths(tokens, "tokens", lengths, "prompt length")

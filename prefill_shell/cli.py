@@ -1,8 +1,9 @@
 """``python -m prefill_shell run``: prompts in, next tokens out, on the torch backend.
 
 With prompts (``--prompt``, ``--prompts FILE``, ``--token-ids FILE``) it
-prefills them as one batch (rows that start with the same whole blocks
-share them: that prefix is prefilled once and the rows run with it cached)
+prefills them as one batch (rows that start with the same first block form
+a group; each group's common whole blocks are prefilled once and its rows
+run with them cached)
 and prints, per row, the prompt length, the tokens taken from cache, the
 five most likely next tokens with log-probs and one sampled token. Without
 prompts it runs the demo (``prefill_shell.demo``).
@@ -19,11 +20,11 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from prefill_core import PageTableLayout, SamplingParams
-from prefill_core.errors import PrefillError
 
 from .backends import TorchBackend
+from .cli_args import build_parser, failure_message
 from .config import PrefillRuntimeConfig
-from .prefix_sharing import SharedPrefixBatch, largest_sharing_group, share_prefix
+from .prefix_sharing import SharedPrefixBatch, share_prefixes, sharing_groups
 from .progress import Progress
 from .result import PrefillResult
 from .runtime import PrefillRuntime
@@ -34,11 +35,11 @@ from .text import (
     load_model,
     load_tokenizer,
     read_prompt_file,
-    read_token_id_file,
+    read_token_id_lines,
     token_text,
 )
 
-__all__ = ["main", "make_runtime", "print_rows", "show_progress", "stage"]
+__all__ = ["check_prompts", "main", "make_runtime", "print_rows", "show_progress", "stage"]
 
 
 @contextlib.contextmanager
@@ -82,27 +83,49 @@ def print_rows(
         i = result.row
         top = "  ".join(f"{token_text(tokenizer, t)} {lp:.2f}" for t, lp in result.top_logprobs)
         label = labels[i] if i < len(labels) else ""
-        print(
-            f"{i:>3} {label:<10} {batch.lengths[i]:>5} {batch.cached[i]:>6}  {top:<70} {token_text(tokenizer, result.token)}"
-        )
+        sampled = token_text(tokenizer, result.token)
+        print(f"{i:>3} {label:<10} {batch.lengths[i]:>5} {batch.cached[i]:>6}  {top:<70} {sampled}")
 
 
-def _prompt_ids(args: argparse.Namespace, tokenizer) -> list[list[int]]:
-    prompts = [Prompt(text=text) for text in args.prompt or ()]
-    if args.prompts:
-        prompts += read_prompt_file(args.prompts)
-    ids = [encode(tokenizer, p, args.chat) for p in prompts]
-    if args.token_ids:
-        ids += read_token_id_file(args.token_ids)
-    return ids
+def _prompts(args: argparse.Namespace, tokenizer) -> list[tuple[str, list[int]]]:
+    """``(source, token ids)`` per prompt: each ``--prompt``, then each ``--prompts`` file, then ``--token-ids``."""
+    prompts = [Prompt(text=text, source=f"--prompt #{n}") for n, text in enumerate(args.prompt or (), 1)]
+    for path in args.prompts or ():
+        prompts += read_prompt_file(path)
+    out = [(p.source, encode(tokenizer, p, args.chat)) for p in prompts]
+    for path in args.token_ids or ():
+        out += read_token_id_lines(path)
+    for source, ids in out:
+        if not ids:
+            raise PromptError(f"prompt {source} is empty (0 tokens): give it some text")
+    return out
+
+
+def check_prompts(prompts: Sequence[tuple[str, list[int]]], spec) -> None:
+    """Each prompt fits the model's context and holds only ids of its vocabulary."""
+    for source, ids in prompts:
+        if len(ids) > spec.max_position:
+            raise PromptError(
+                f"prompt {source} has {len(ids)} tokens, more than the model's context of "
+                f"{spec.max_position}: shorten it"
+            )
+        if max(ids) >= spec.vocab_size:
+            raise PromptError(
+                f"prompt {source}: token id {max(ids)} is outside the model's vocabulary [0, {spec.vocab_size})"
+            )
 
 
 def run_prompts(args: argparse.Namespace) -> None:
     """Prefills the given prompts as one batch and prints each row's next tokens."""
+    # Prompts first: a bad file or prompt is reported before the slow model load.
+    with stage("load tokenizer"):
+        tokenizer = load_tokenizer(args.model)
+    prompts = _prompts(args, tokenizer)
     with stage("load model"):
-        model, tokenizer = load_model(args.model, device=args.device), load_tokenizer(args.model)
-    ids = _prompt_ids(args, tokenizer)
-    batch = share_prefix(ids, args.block_size, largest_sharing_group(ids, args.block_size))
+        model = load_model(args.model, device=args.device)
+    check_prompts(prompts, model.spec)
+    ids = [p for _, p in prompts]
+    batch = share_prefixes(ids, args.block_size, sharing_groups(ids, args.block_size))
     runtime = make_runtime(model, batch, args.block_size, args.device)
     with stage(f"prefill {len(ids)} prompts, {sum(batch.lengths)} tokens"):
         if batch.prefix_tokens:
@@ -120,29 +143,18 @@ def run_prompts(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m prefill_shell")
-    sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="prefill prompts (or, without any, the demo batch) and print next tokens")
-    run.add_argument(
-        "--model", help="a .gguf file, a Hugging Face folder, or random:NAME (default: the pinned SmolLM2)"
-    )
-    run.add_argument("--prompt", action="append", help="a prompt (repeatable)")
-    run.add_argument(
-        "--prompts", help="a file: one prompt per line, or .jsonl objects with 'prompt' or chat 'messages'"
-    )
-    run.add_argument("--token-ids", help="a file of prompts as space-separated token ids, one per line")
-    run.add_argument("--chat", action="store_true", help="apply the model's chat template to plain prompts")
-    run.add_argument("--device", default="cpu", help="torch device (cpu or cuda)")
-    run.add_argument("--block-size", type=int, default=32)
-    run.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    torch.manual_seed(args.seed)
+    """Runs the command line; every failure is one ``error:`` line on stderr (exit 2 for usage, 1 otherwise)."""
+    args = build_parser().parse_args(argv)
     try:
+        torch.manual_seed(args.seed)
         if args.prompt or args.prompts or args.token_ids:
             run_prompts(args)
         else:
             from .demo import run_demo  # the demo imports this module's helpers
 
             run_demo(args)
-    except (PromptError, PrefillError, OSError) as error:  # bad input or set-up: a message, not a traceback
-        raise SystemExit(f"error: {error}") from None
+    except (Exception, KeyboardInterrupt) as error:
+        if args.debug:
+            raise
+        print(f"error: {failure_message(error)}", file=sys.stderr, flush=True)
+        raise SystemExit(130 if isinstance(error, KeyboardInterrupt) else 1) from None

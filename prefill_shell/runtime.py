@@ -140,9 +140,14 @@ class PrefillRuntime:
         prompt_lengths: Sequence[int] | torch.Tensor,
         cached_lengths: Sequence[int] | torch.Tensor | None = None,
         slots: Sequence[int] | torch.Tensor | None = None,
-        sampling: Sequence[Any] | None = None,
+        sampling: SamplingParams | Sequence[SamplingParams | None] | None = None,
     ) -> PreparedBatch:
         """Validates and plans a call; builds every step's host input values once.
+
+        ``sampling`` is ``None`` (every row returns logits), one
+        ``SamplingParams`` applied to every row, or a list or tuple with one
+        entry (``SamplingParams`` or ``None``) per row; anything else raises a
+        ``PrefillInputError`` with ``field == "sampling"``.
 
         Raises a ``PrefillInputError`` subclass naming the row and field on
         any malformed input; nothing is allocated or written in that case.

@@ -17,7 +17,7 @@ import attrs
 from prefill_core.errors import PrefillConfigError
 from prefill_shell.model import ModelSpec
 
-__all__ = ["Llama3RopeScaling", "LlamaSpec", "read_config_json"]
+__all__ = ["Llama3RopeScaling", "LlamaSpec", "check_plain_llama", "read_config_json"]
 
 _SUPPORTED_DTYPES = ("float32", "bfloat16", "float16")
 
@@ -97,28 +97,32 @@ class LlamaSpec:
 
     @classmethod
     def from_hf_dict(cls, cfg: dict[str, Any]) -> LlamaSpec:
-        """Reads a parsed HF Llama ``config.json`` (either RoPE spelling)."""
-        try:
-            heads = int(cfg["num_attention_heads"])
-            hidden = int(cfg["hidden_size"])
-            theta, scaling = _read_rope(cfg)
-            return cls(
-                vocab_size=int(cfg["vocab_size"]),
-                hidden_size=hidden,
-                intermediate_size=int(cfg["intermediate_size"]),
-                num_layers=int(cfg["num_hidden_layers"]),
-                num_heads=heads,
-                num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-                head_dim=int(cfg.get("head_dim") or hidden // heads),
-                rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
-                rope_theta=theta,
-                rope_scaling=scaling,
-                max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
-                tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                dtype=str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32"),
-            )
-        except KeyError as missing:
-            raise PrefillConfigError(f"config.json lacks required field {missing}") from None
+        """Reads a parsed HF Llama ``config.json`` (either RoPE spelling).
+
+        Refuses, naming the key and value, any setting the reference Llama
+        does not compute (see ``check_plain_llama``).
+        """
+        if not isinstance(cfg, dict):
+            raise PrefillConfigError(f"config.json holds a {type(cfg).__name__}, expected a JSON object")
+        check_plain_llama(cfg)
+        heads = _int(cfg, "num_attention_heads")
+        hidden = _int(cfg, "hidden_size")
+        theta, scaling = _read_rope(cfg)
+        return cls(
+            vocab_size=_int(cfg, "vocab_size"),
+            hidden_size=hidden,
+            intermediate_size=_int(cfg, "intermediate_size"),
+            num_layers=_int(cfg, "num_hidden_layers"),
+            num_heads=heads,
+            num_kv_heads=_int(cfg, "num_key_value_heads", heads),
+            head_dim=_int(cfg, "head_dim", hidden // heads if heads > 0 else 0),
+            rms_norm_eps=_number(cfg, "rms_norm_eps", 1e-6),
+            rope_theta=theta,
+            rope_scaling=scaling,
+            max_position_embeddings=_int(cfg, "max_position_embeddings", 2048),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            dtype=str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32"),
+        )
 
     def to_hf_dict(self) -> dict[str, Any]:
         """The ``config.json`` contents ``LlamaForCausalLM.from_pretrained`` accepts."""
@@ -144,18 +148,74 @@ class LlamaSpec:
         }
 
 
+# What the reference Llama computes, as HF config keys: a checkpoint that says
+# otherwise (another activation, biases, another architecture) would load and
+# give different logits, so it is refused. Absent keys take HF Llama's defaults.
+_PLAIN_LLAMA = {
+    "model_type": ("llama", "llama"),
+    "hidden_act": ("silu", "silu"),
+    "attention_bias": (False, False),
+    "mlp_bias": (False, False),
+}
+_UNSUPPORTED_KEYS = ("quantization_config",)
+
+
+def check_plain_llama(cfg: dict[str, Any]) -> None:
+    """Raises ``PrefillConfigError`` naming the key and value of any setting the reference Llama does not compute."""
+    for key, (default, wanted) in _PLAIN_LLAMA.items():
+        value = default if cfg.get(key) is None else cfg[key]
+        if value != wanted:
+            raise PrefillConfigError(
+                f"config.json {key}={value!r} is unsupported: the reference model computes only {key}={wanted!r}"
+            )
+    for name in cfg.get("architectures") or ():
+        if name != "LlamaForCausalLM":
+            raise PrefillConfigError(
+                f"config.json architectures entry {name!r} is unsupported: only 'LlamaForCausalLM' loads"
+            )
+    for key in _UNSUPPORTED_KEYS:
+        if cfg.get(key):
+            raise PrefillConfigError(f"config.json {key} is unsupported: only unquantized checkpoints load")
+
+
+def _int(cfg: dict[str, Any], key: str, default: int | None = None) -> int:
+    value = cfg.get(key) if cfg.get(key) is not None else default
+    if value is None:
+        raise PrefillConfigError(f"config.json lacks required field {key!r}")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise PrefillConfigError(f"config.json {key}={value!r} is invalid: must be an integer")
+    return value
+
+
+def _number(cfg: dict[str, Any], key: str, default: float) -> float:
+    value = cfg.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise PrefillConfigError(f"config.json {key}={value!r} is invalid: must be a number")
+    return float(value)
+
+
 def _read_rope(cfg: dict[str, Any]) -> tuple[float, Llama3RopeScaling | None]:
     """Returns (theta, scaling) from either the legacy or the ``rope_parameters`` spelling."""
     params = cfg.get("rope_parameters") or {}
     legacy = cfg.get("rope_scaling") or {}
-    theta = cfg.get("rope_theta", params.get("rope_theta", 10000.0))
+    if not isinstance(params, dict) or not isinstance(legacy, dict):
+        raise PrefillConfigError("config.json rope_parameters / rope_scaling is invalid: must be a JSON object")
+    theta = _number(cfg, "rope_theta", _number(params, "rope_theta", 10000.0))
     scaling = {**params, **legacy}
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     if kind == "default":
         return theta, None
     if kind != "llama3":
-        raise PrefillConfigError(f"rope_type={kind!r} is invalid: only 'default' and 'llama3' are supported")
+        raise PrefillConfigError(
+            f"config.json rope_scaling.rope_type={kind!r} is unsupported: only 'default' and 'llama3' are computed"
+        )
     fields = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+    for name in fields:
+        value = scaling.get(name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise PrefillConfigError(
+                f"config.json rope_scaling.{name}={value!r} is invalid: llama3 scaling needs a number"
+            )
     return theta, Llama3RopeScaling(**{name: scaling[name] for name in fields})
 
 
@@ -164,5 +224,17 @@ def read_config_json(folder: str | Path) -> LlamaSpec:
     path = Path(folder) / "config.json"
     if not path.is_file():
         raise PrefillConfigError(f"{path} does not exist: a Hugging Face model folder needs config.json")
-    with path.open(encoding="utf-8") as fh:
-        return LlamaSpec.from_hf_dict(json.load(fh))
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise PrefillConfigError(
+            f"{path} is not valid JSON ({error}): restore the model folder's config.json"
+        ) from None
+    try:
+        return LlamaSpec.from_hf_dict(cfg)
+    except PrefillConfigError as error:  # name the file: the message alone does not say which folder
+        message = str(error)
+        named = (
+            f"{path} {message[len('config.json ') :]}" if message.startswith("config.json ") else f"{path}: {message}"
+        )
+        raise PrefillConfigError(named) from None

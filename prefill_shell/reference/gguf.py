@@ -30,7 +30,7 @@ from prefill_core.errors import PrefillConfigError
 from prefill_shell.reference.config import LlamaSpec
 from prefill_shell.reference.llama import PagedLlama
 
-__all__ = ["gguf_spec", "load_gguf", "unpermute_rope_rows"]
+__all__ = ["gguf_has_tokenizer", "gguf_spec", "load_gguf", "unpermute_rope_rows"]
 
 _ARCH = "llama"
 
@@ -151,6 +151,26 @@ def _dequantized(tensor: Any, path: Path) -> torch.Tensor:
     return torch.from_numpy(np.require(values, np.float32, ("C", "W")).reshape(shape))
 
 
+def _reader(path: Path) -> Any:
+    """A ``GGUFReader`` over ``path``; a missing, empty, damaged or truncated file is a named error."""
+    if not path.is_file():
+        raise PrefillConfigError(f"{path} does not exist: expected a .gguf file")
+    gguf = _gguf()
+    try:
+        return gguf.GGUFReader(str(path))
+    except OSError:
+        raise  # unreadable: the caller's OSError handling names the path
+    except Exception as error:  # the reader raises ValueError, struct and numpy errors for damaged bytes
+        raise PrefillConfigError(
+            f"{path} is not a readable GGUF file ({error}): re-download or re-convert it"
+        ) from None
+
+
+def gguf_has_tokenizer(path: str | Path) -> bool:
+    """Whether a GGUF file carries the ``tokenizer.ggml.*`` metadata a tokenizer is rebuilt from."""
+    return "tokenizer.ggml.model" in _reader(Path(path)).fields
+
+
 def load_gguf(path: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> PagedLlama:
     """A ``PagedLlama`` holding a Llama GGUF file's weights, dequantized to ``dtype``.
 
@@ -159,9 +179,7 @@ def load_gguf(path: str | Path, dtype: torch.dtype = torch.float32, device: torc
     the ``gguf`` package cannot dequantize.
     """
     path = Path(path)
-    if not path.is_file():
-        raise PrefillConfigError(f"{path} does not exist: expected a .gguf file")
-    reader = _gguf().GGUFReader(str(path))
+    reader = _reader(path)
     meta = _metadata(reader, path)
     by_name = {t.name: t for t in reader.tensors}
     embed = by_name.get("token_embd.weight")

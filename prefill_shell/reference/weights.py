@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 
 from prefill_core.errors import PrefillConfigError
 from prefill_shell.reference.config import Llama3RopeScaling, LlamaSpec, read_config_json
-from prefill_shell.reference.llama import PagedLlama, llama_weight_shapes
+from prefill_shell.reference.llama import PagedLlama, llama_weight_shapes, rope_inv_freq
 
 __all__ = ["PRESETS", "load_hf_folder", "random_llama", "save_hf_folder"]
 
@@ -102,21 +102,58 @@ def load_hf_folder(folder: str | Path, device: torch.device | str = "cpu", dtype
     spec = read_config_json(folder)
     if dtype is not None:
         spec = attrs.evolve(spec, dtype=dtype)
-    wanted = set(llama_weight_shapes(spec))
     weights: dict[str, torch.Tensor] = {}
     for shard in _shard_files(folder):
-        for name, tensor in load_file(str(shard)).items():
-            if name in wanted:
-                weights[name] = tensor
+        weights.update(_read_shard(shard))
+    _check_tensor_names(spec, weights, folder)
     return PagedLlama(spec, weights, device=device)
+
+
+def _read_shard(shard: Path) -> dict[str, torch.Tensor]:
+    if not shard.is_file():
+        raise PrefillConfigError(f"{shard} does not exist: the folder's {_INDEX} names it")
+    try:
+        return load_file(str(shard))
+    except OSError:
+        raise  # unreadable: the caller's OSError handling names the path
+    except Exception as error:  # safetensors raises its own error type for damaged headers and short data
+        raise PrefillConfigError(f"{shard} is not a readable safetensors file ({error}): re-download it") from None
+
+
+def _check_tensor_names(spec: LlamaSpec, weights: dict[str, torch.Tensor], folder: Path) -> None:
+    """Every checkpoint tensor has a place in the reference Llama: none is dropped unread.
+
+    Two redundant forms are checked, not dropped: a tied checkpoint that also
+    stores ``lm_head.weight`` (it must equal the embeddings) and the RoPE
+    ``inv_freq`` buffers older exports saved (they must equal the computed ones).
+    """
+    wanted = set(llama_weight_shapes(spec))
+    for name in sorted(set(weights) - wanted):
+        tensor = weights.pop(name)
+        if name == "lm_head.weight" and spec.tie_word_embeddings:
+            same = torch.equal(tensor, weights.get("model.embed_tokens.weight", tensor.new_empty(0)))
+            rule = "the config ties the head to the embeddings but this head differs from them"
+        elif name.endswith(".self_attn.rotary_emb.inv_freq"):
+            expected = rope_inv_freq(spec)
+            same = tensor.shape == expected.shape and torch.allclose(tensor.float(), expected, rtol=1e-5, atol=0)
+            rule = "it differs from the RoPE frequencies config.json describes"
+        else:
+            same, rule = False, "the reference Llama has no such tensor (a bias or another architecture's weight)"
+        if not same:
+            raise PrefillConfigError(f"{folder}: checkpoint tensor {name!r} is unsupported: {rule}")
 
 
 def _shard_files(folder: Path) -> list[Path]:
     index = folder / _INDEX
     if index.is_file():
-        with index.open(encoding="utf-8") as fh:
-            weight_map = json.load(fh)["weight_map"]
-        return [folder / name for name in sorted(set(weight_map.values()))]
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            names = sorted(set(weight_map.values()))
+        except (UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
+            raise PrefillConfigError(
+                f"{index} is not a safetensors index (a JSON object with a 'weight_map')"
+            ) from None
+        return [folder / str(name) for name in names]
     single = folder / _SINGLE
     if single.is_file():
         return [single]
