@@ -1,4 +1,4 @@
-"""DESIGN.md planning invariants 1-13 as properties over generated batches.
+"""The planning invariants 1-13 of docs/design.md as properties over generated batches.
 
 Tables are checked as the device gets them (materialized), never as views.
 Invariant 3 (identities depend on padded geometry only) lives in
