@@ -82,9 +82,8 @@ def print_rows(
         i = result.row
         top = "  ".join(f"{token_text(tokenizer, t)} {lp:.2f}" for t, lp in result.top_logprobs)
         label = labels[i] if i < len(labels) else ""
-        print(
-            f"{i:>3} {label:<10} {batch.lengths[i]:>5} {batch.cached[i]:>6}  {top:<70} {token_text(tokenizer, result.token)}"
-        )
+        sampled = token_text(tokenizer, result.token)
+        print(f"{i:>3} {label:<10} {batch.lengths[i]:>5} {batch.cached[i]:>6}  {top:<70} {sampled}")
 
 
 def _prompt_ids(args: argparse.Namespace, tokenizer) -> list[list[int]]:
