@@ -12,7 +12,7 @@ ENV = PYTHONPATH=$(CURDIR) PYTHONDONTWRITEBYTECODE=1 PREFILL_SMOLLM2=$(MODEL)
 RUN = $(ENV) $(VENV)/bin/python
 PYTEST = -m pytest -q -p no:cacheprovider
 
-.PHONY: venv model demo test lint-imports test-py312 test-py310 test-tt fuzz bench explain
+.PHONY: venv model demo test lint lint-imports test-py312 test-py310 test-tt fuzz bench explain
 
 # Prints the interpreter to use (the 3.12 venv's python).
 venv:
@@ -25,9 +25,14 @@ model:
 demo: model
 	$(RUN) -m prefill_shell run
 
-# The import layers (pyproject's [tool.importlinter]), then the whole suite
-# on every Python the package declares (3.12, then 3.10).
-test: model lint-imports test-py312 test-py310
+# Formatting and lint (pyproject's [tool.ruff]), the import layers
+# (pyproject's [tool.importlinter]), then the whole suite on every Python the
+# package declares (3.12, then 3.10).
+test: model lint lint-imports test-py312 test-py310
+
+lint:
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
 
 lint-imports:
 	$(ENV) $(VENV)/bin/lint-imports --no-cache

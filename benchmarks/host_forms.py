@@ -7,14 +7,8 @@ run (the machine is shared and drifts), and reports both medians and the
 ratio plain/chosen. A ratio near 1 means the choice no longer pays and the
 plain form should come back.
 
-* ``int_vector``: the per-step start, slots and last-token vectors (32 ints)
-  as ``torch.frombuffer`` over a C array (``inputs._int_vector``) vs
-  ``torch.tensor`` on the list.
 * ``inference_mode``: entering ``torch.inference_mode`` once per invocation
   (``PrefillRuntime.invoke``) vs once per model call (body and LM head).
-* ``result_record``: a 32-row wave's sampled results built with
-  ``assembler.result_record`` (``tuple.__new__`` on all five fields) vs
-  ``PrefillResult(row, token=..., logprob=...)``.
 * ``lm_head_1row`` / ``lm_head_8rows``: the reference model's CPU LM head at
   the bench model's 32000 x 512 head, vocab-major (``vocab_major_head``,
   chosen up to ``VOCAB_MAJOR_MAX_ROWS`` rows) vs ``F.linear``;
@@ -36,21 +30,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._report import Metric, report
-from prefill_shell.assembler import result_record
-from prefill_shell.inputs import _int_vector
 from prefill_shell.reference.llama import VOCAB_MAJOR_MAX_ROWS, vocab_major_head
-from prefill_shell.result import PrefillResult
-
-VALUES = list(range(32))
-LOGPROBS = [-0.5] * 32
-
-
-def _plain_vector() -> None:
-    torch.tensor(VALUES, dtype=torch.int64)
-
-
-def _chosen_vector() -> None:
-    _int_vector(VALUES, torch.int64)
 
 
 def _mode_per_call() -> None:
@@ -62,14 +42,6 @@ def _mode_per_call() -> None:
 def _mode_per_invocation() -> None:
     with torch.inference_mode():
         pass
-
-
-def _plain_records() -> None:
-    [PrefillResult(row, token=token, logprob=lp) for row, token, lp in zip(VALUES, VALUES, LOGPROBS)]
-
-
-def _chosen_records() -> None:
-    [result_record((row, None, token, lp, ())) for row, token, lp in zip(VALUES, VALUES, LOGPROBS)]
 
 
 _GEN = torch.Generator().manual_seed(0)
@@ -89,9 +61,7 @@ def _head_case(n: int) -> tuple:
 
 
 CASES = {
-    "int_vector": (_chosen_vector, _plain_vector),
     "inference_mode": (_mode_per_invocation, _mode_per_call),
-    "result_record": (_chosen_records, _plain_records),
     "lm_head_1row": _head_case(1),
     "lm_head_8rows": _head_case(8),
     "lm_head_32rows": _head_case(32),

@@ -251,15 +251,18 @@ def run(quick: bool, repeats: int) -> dict:
     units["matmul_probe_gflops"] = "GFLOP/s"
     print(
         f"matmul probe (torch.mm 1024x{spec.hidden_size}x{spec.intermediate_size}, 2 threads, one sample per round): "
-        f"median {metrics['matmul_probe_gflops']:.1f} GFLOP/s, {min(probe_samples) / 1e9:.1f}-{max(probe_samples) / 1e9:.1f} over the run"
+        f"median {metrics['matmul_probe_gflops']:.1f} GFLOP/s, "
+        f"{min(probe_samples) / 1e9:.1f}-{max(probe_samples) / 1e9:.1f} over the run"
     )
     print(
-        f"{'case':<18} {'ours tok/s':>11} {'HF tok/s':>10} {'HF mode':>14} {'ratio':>6} {'pad eff':>8} {'probe GF/s':>10} {'probe share':>11} {'HF share':>9} {'repeats':>7}  target"
+        f"{'case':<18} {'ours tok/s':>11} {'HF tok/s':>10} {'HF mode':>14} {'ratio':>6} {'pad eff':>8} "
+        f"{'probe GF/s':>10} {'probe share':>11} {'HF share':>9} {'repeats':>7}  target"
     )
     for name, o, h, mode, ratio, eff, rate, share, hf_share, n in rows:
         target = ">=1.0x" + (", share>=80%" if name.startswith("mixed") else "")
         print(
-            f"{name:<18} {o:>11,.0f} {h:>10,.0f} {mode:>14} {ratio:>5.2f}x {eff:>8.1%} {rate / 1e9:>10.1f} {share:>11.1%} {hf_share:>9.1%} {n:>7}  {target}"
+            f"{name:<18} {o:>11,.0f} {h:>10,.0f} {mode:>14} {ratio:>5.2f}x {eff:>8.1%} "
+            f"{rate / 1e9:>10.1f} {share:>11.1%} {hf_share:>9.1%} {n:>7}  {target}"
         )
     return {"benchmark": "prefill_throughput", "metrics": metrics, "units": units}
 

@@ -7,8 +7,8 @@ Cases (each one ``HostStep`` built by the runtime's own planner and stager):
   (tokens, start, slots, fill table, read table, last index);
 * ``slots32``: one int32 ``[32]`` vector alone: the per-tensor floor.
 
-``ttnn`` is ``ttnn_staging.stage_step``: every field as a real ttnn host
-tensor in the device contract (uint32 tokens, int32 tables and vectors),
+``ttnn`` is ``ttnn_staging.stage`` of every field, one spec at a time: each
+a real ttnn host tensor in the device contract (uint32 tokens, int32 tables and vectors),
 everything ``TtnnBackend.upload`` does before ``ttnn.to_device``. ``torch``
 is ``TorchBackend.upload`` of the same fields on CPU (a copy each, plus the
 ledger entry). Measurements alternate, and which goes first flips every
@@ -82,6 +82,11 @@ def _torch_stager(backend: TorchBackend, only=None):
     return stage
 
 
+def _ttnn_step_stager(ttnn_staging):
+    """Every field of a step, staged per spec as ``TtnnBackend.upload`` stages each."""
+    return lambda step: {spec: ttnn_staging.stage(spec, host) for spec, host in step.items()}
+
+
 def _ttnn_slots_stager(ttnn_staging):
     """The per-tensor floor: one int32 [B] vector (no range check), as staged in every step."""
     return lambda step: ttnn_staging.stage_int_vector(step[SLOTS], name="slots")
@@ -92,7 +97,7 @@ def run(repeats: int) -> dict[str, dict[str, float]]:
 
     backend = TorchBackend("cpu")
     steps = {name: host_step(lengths, cached) for name, lengths, cached in CASES}
-    cases = {name: (ttnn_staging.stage_step, _torch_stager(backend)) for name in steps}
+    cases = {name: (_ttnn_step_stager(ttnn_staging), _torch_stager(backend)) for name in steps}
     cases["slots32"] = (_ttnn_slots_stager(ttnn_staging), _torch_stager(backend, SLOTS))
     steps["slots32"] = steps["wave32x128"]
     out = {}

@@ -45,8 +45,6 @@ its cost grows with rows and mapped blocks, never with tokens.
 from __future__ import annotations
 
 from collections import defaultdict
-from itertools import repeat
-from operator import is_
 
 from .batch import PrefillBatch
 from .geometry import chunked_fill_width, chunked_read_width, regular_table_width
@@ -97,11 +95,10 @@ def _bucket_rows(batch: PrefillBatch, policy: PrefillPolicy) -> tuple[dict[tuple
     if not policy.batching_enabled:
         return {}, list(range(len(batch)))
     rung_of = {n: policy.padded_length(n) for n in set(batch.lengths)}  # rows share a few lengths: one walk each
-    # Rows by (rung, cached, logits-or-sampled), in first-seen order: one dict append a row.
+    # Rows by (rung, cached, logits-or-sampled), in first-seen order.
     groups: defaultdict[tuple[int, int, bool], list[int]] = defaultdict(list)
-    keys = zip(map(rung_of.__getitem__, batch.lengths), batch.cached, map(is_, batch.sampling, repeat(None)))
-    for row, key in enumerate(keys):
-        groups[key].append(row)
+    for row, (length, cached, params) in enumerate(zip(batch.lengths, batch.cached, batch.sampling)):
+        groups[rung_of[length], cached, params is None].append(row)
     buckets: dict[tuple[int, bool], list[int]] = {}
     singles: list[int] = []
     max_chunk = policy.max_chunk_length
@@ -126,7 +123,7 @@ def _pick(column: tuple, members: list[int]) -> tuple:
     """``column``'s entries at ``members`` (the whole column when that is all of it)."""
     if len(members) == len(column):  # members are distinct row indices in order: all rows
         return column
-    return tuple(map(column.__getitem__, members))
+    return tuple(column[i] for i in members)
 
 
 def _regular_request(

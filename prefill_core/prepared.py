@@ -58,7 +58,7 @@ def prepare_prefill(
 def prepare_in_lanes(
     batch: PrefillBatch, policy: PrefillPolicy, layout: PageTableLayout, *, max_position: int | None = None
 ) -> tuple[PreparedPrefill, ...]:
-    """Plans a batch with more rows than one lane holds, whose slots the caller did not choose, as lane-sized sub-batches.
+    """Plans a batch with more rows than one lane holds, slots not chosen by the caller, as lane-sized sub-batches.
 
     The whole call is validated first as one batch (a lane as wide as the
     call), so rules across rows of different sub-batches (a block written

@@ -2,20 +2,15 @@
 
 Every function here takes a ``Scope`` (the batch, plus the layout and policy
 limits in the plan stage) and returns the first ``Hit`` in caller row order,
-or ``None``. A function may first ask a cheap whole-column question whose
-answer ``no`` proves no row breaks its rule (``min``, ``set``); when the
-answer is ``maybe`` the same function walks the rows. Each function is the
-only place its rule is written.
+or ``None``. Each function is the only place its rule is written: one loop
+over the rows (or their block ids) stating the rule.
 """
 
 from __future__ import annotations
 
 import math
-from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable
 from functools import cached_property
-from itertools import chain, repeat
-from operator import ge, gt, indexOf, is_, lt, mod, truth
 
 import attrs
 
@@ -23,8 +18,6 @@ from .intmath import ceil_div_column
 from .sampling import SamplingParams
 
 COLUMNS = ("lengths", "cached", "slots", "blocks", "sampling")
-_INT = {int}
-_SAMPLING_TYPES = {type(None), SamplingParams}
 
 
 @attrs.frozen
@@ -55,20 +48,15 @@ class Scope:
 
     The ``batch`` stage judges the rows alone and derives nothing. With
     ``limits`` (the ``plan`` stage, whose batch has passed the ``batch``
-    rules: ints and tuples throughout) the columns every plan rule of a
-    passing batch reads are built here at once:
+    rules: ints and tuples throughout) these columns are built here at once:
 
-    * ``longest``: the longest row's length;
-    * ``needs``: each row's mapped block count, ``ceil(length / block_size)``;
-    * ``widths``: how many page-table entries each row passed;
-    * ``prefixes``: each row's mapped prefix (a row cut to its prefix, as
-      the shell passes it, is itself; a short row is all it has);
-    * ``mapped_ids``: every mapped block id, row after row, repeats kept (a
-      sequence, bounded and hashed in C passes linear in the ids, whatever
-      their order);
-    * ``has_repeats``: whether any id appears twice (else no repeat rule can fire);
-    * ``distinct_sampling``: ``(first row, params)`` for each distinct
-      parameter object (rows usually share a few).
+    * ``needs``: each row's mapped block count, ``ceil(length / block_size)``
+      (the planner reads it too);
+    * ``prefixes``: each row's mapped prefix, its first ``needs`` entries;
+    * ``has_repeats``: whether any block id is mapped twice in the batch.
+      The three repeat rules can fire only then, so a batch without one
+      skips their walks: a 4096-block row pays one set instead of three
+      dict walks (the ``plan_131072_*`` rows of benchmarks/plan_overhead.py).
     """
 
     def __init__(self, batch, limits: Limits | None = None):
@@ -76,15 +64,9 @@ class Scope:
         self.limits = limits
         if limits is None:
             return
-        lengths, blocks = batch.lengths, batch.blocks
-        self.longest = max(lengths)
-        self.needs = needs = ceil_div_column(lengths, limits.block_size)
-        self.widths = widths = list(map(len, blocks))
-        self.prefixes = blocks if widths == needs else list(map(tuple.__getitem__, blocks, map(slice, needs)))
-        prefixes = self.prefixes
-        self.mapped_ids = prefixes[0] if len(prefixes) == 1 else list(chain.from_iterable(prefixes))
-        self.has_repeats = len(set(self.mapped_ids)) != len(self.mapped_ids)
-        self.distinct_sampling = _distinct_sampling(batch.sampling)
+        self.needs = ceil_div_column(batch.lengths, limits.block_size)
+        self.prefixes = [blocks[:need] for blocks, need in zip(batch.blocks, self.needs)]
+        self.has_repeats = len(set().union(*self.prefixes)) != sum(self.needs)
 
     @cached_property
     def first_written(self) -> list[int]:
@@ -92,48 +74,22 @@ class Scope:
         bs = self.limits.block_size
         return [c // bs for c in self.batch.cached]
 
-
-def _distinct_sampling(sampling: tuple) -> list[tuple[int, SamplingParams]]:
-    """``(first row, params)`` for each distinct parameter object in ``sampling``, None excluded."""
-    if all(map(is_, sampling, repeat(sampling[0]))):  # one object for every row (one C pass)
-        return [] if sampling[0] is None else [(0, sampling[0])]
-    first: dict[int, tuple[int, SamplingParams]] = {}
-    for row, params in enumerate(sampling):
-        if params is not None and id(params) not in first:
-            first[id(params)] = (row, params)
-    return list(first.values())
+    @cached_property
+    def distinct_sampling(self) -> list[tuple[int, SamplingParams]]:
+        """``(first row, params)`` for each distinct parameter object (rows usually share a few), None excluded."""
+        first: dict[int, tuple[int, SamplingParams]] = {}
+        for row, params in enumerate(self.batch.sampling):
+            if params is not None and id(params) not in first:
+                first[id(params)] = (row, params)
+        return list(first.values())
 
 
-def _first(flags) -> int | None:
-    """Index of the first truthy flag, else None (one C-level scan that stops at the hit)."""
-    try:
-        return indexOf(map(truth, flags), True)
-    except ValueError:
-        return None
-
-
-def _hit_at(column: tuple, field: str, flags) -> Hit | None:
-    """A hit at the first row whose flag is set (its value taken from ``column``), else None."""
-    i = _first(flags)
-    return None if i is None else Hit(i, field, column[i])
-
-
-def _in_uint32(ints: Sequence[int]) -> bool:
-    """Whether every int lies in ``[0, 2**32)``: an unsigned C array refuses any other while it converts.
-
-    One C pass that needs no comparison of boxed ints (as ``min()`` does),
-    whatever the ids' order.
-    """
-    try:
-        array("I", ints)
-    except OverflowError:
-        return False
-    return True
-
-
-def _all_ints(column: tuple) -> bool:
-    """Every entry's type is exactly int (a bool is not a length, slot or block id)."""
-    return _INT.issuperset(map(type, column))
+def _first_row(column: Iterable, field: str, broken: Callable[[object], bool]) -> Hit | None:
+    """A hit at the first row whose value in ``column`` breaks the rule (``broken(value)``), else None."""
+    for row, value in enumerate(column):
+        if broken(value):
+            return Hit(row, field, value)
+    return None
 
 
 # ---------------------------------------------------------------- batch stage
@@ -161,35 +117,24 @@ def empty(scope: Scope) -> Hit | None:
 
 
 def bad_length(scope: Scope) -> Hit | None:
-    lengths = scope.batch.lengths
-    if _all_ints(lengths) and min(lengths, default=1) > 0:
-        return None
-    i = _first(type(n) is not int or n <= 0 for n in lengths)
-    return None if i is None else Hit(i, "length", lengths[i])
+    return _first_row(scope.batch.lengths, "length", lambda n: type(n) is not int or n <= 0)
 
 
 def bad_cached(scope: Scope) -> Hit | None:
     batch = scope.batch
-    if _all_ints(batch.cached) and not any(batch.cached):  # nothing cached: the common wave
-        return None
-    i = _first(type(c) is not int or not 0 <= c <= n for c, n in zip(batch.cached, batch.lengths))
-    return None if i is None else Hit(i, "cached", batch.cached[i], f" (length={batch.lengths[i]})")
+    for row, (cached, length) in enumerate(zip(batch.cached, batch.lengths)):
+        if type(cached) is not int or not 0 <= cached <= length:
+            return Hit(row, "cached", cached, f" (length={length})")
+    return None
 
 
 def negative_slot(scope: Scope) -> Hit | None:
-    slots = scope.batch.slots
-    if _all_ints(slots) and min(slots, default=0) >= 0:
-        return None
-    i = _first(type(s) is not int or s < 0 for s in slots)
-    return None if i is None else Hit(i, "slot", slots[i])
+    return _first_row(scope.batch.slots, "slot", lambda s: type(s) is not int or s < 0)
 
 
 def repeated_slot(scope: Scope) -> Hit | None:
-    slots = scope.batch.slots
-    if len(set(slots)) == len(slots):
-        return None
     seen: dict[int, int] = {}
-    for row, slot in enumerate(slots):
+    for row, slot in enumerate(scope.batch.slots):
         first = seen.setdefault(slot, row)
         if first != row:
             return Hit(row, "slot", slot, f"; row {first} already uses it")
@@ -197,84 +142,68 @@ def repeated_slot(scope: Scope) -> Hit | None:
 
 
 def blocks_not_tuple(scope: Scope) -> Hit | None:
-    blocks = scope.batch.blocks
-    if {tuple}.issuperset(map(type, blocks)):
-        return None
-    i = _first(type(b) is not tuple for b in blocks)
-    return None if i is None else Hit(i, "blocks", blocks[i], shown=type(blocks[i]).__name__)
+    for row, blocks in enumerate(scope.batch.blocks):
+        if type(blocks) is not tuple:
+            return Hit(row, "blocks", blocks, shown=type(blocks).__name__)
+    return None
 
 
 def block_not_int(scope: Scope) -> Hit | None:
-    blocks = scope.batch.blocks
-    if _INT.issuperset(map(type, chain.from_iterable(blocks))):
-        return None
-    for row, entries in enumerate(blocks):
-        for column, block in enumerate(entries):
+    for row, blocks in enumerate(scope.batch.blocks):
+        for column, block in enumerate(blocks):
             if type(block) is not int:
                 return Hit(row, f"blocks[{column}]", block)
     return None
 
 
 def bad_sampling_type(scope: Scope) -> Hit | None:
-    sampling = scope.batch.sampling
-    if _SAMPLING_TYPES.issuperset(map(type, sampling)):
-        return None
-    i = _first(s is not None and not isinstance(s, SamplingParams) for s in sampling)
-    return None if i is None else Hit(i, "sampling", sampling[i])
+    return _first_row(scope.batch.sampling, "sampling", lambda s: s is not None and not isinstance(s, SamplingParams))
 
 
 # ---------------------------------------------------------------- plan stage: rows
 
 
 def unaligned_cached(scope: Scope) -> Hit | None:
-    cached = scope.batch.cached
-    if not any(cached):  # nothing cached (the common batch): aligned
-        return None
-    return _hit_at(cached, "cached", map(mod, cached, repeat(scope.limits.block_size)))
+    bs = scope.limits.block_size
+    return _first_row(scope.batch.cached, "cached", lambda c: c % bs != 0)
 
 
 def slot_beyond_lane(scope: Scope) -> Hit | None:
-    slots = scope.batch.slots
-    if max(slots) < scope.limits.lane_size:  # one C pass proves every row; the scan finds the first
-        return None
-    return _hit_at(slots, "slot", map(ge, slots, repeat(scope.limits.lane_size)))
+    lane = scope.limits.lane_size
+    return _first_row(scope.batch.slots, "slot", lambda s: s >= lane)
 
 
 def beyond_capacity(scope: Scope) -> Hit | None:
-    lengths = scope.batch.lengths
-    if scope.longest <= scope.limits.capacity:
-        return None
-    return _hit_at(lengths, "length", map(gt, lengths, repeat(scope.limits.capacity)))
+    capacity = scope.limits.capacity
+    return _first_row(scope.batch.lengths, "length", lambda n: n > capacity)
 
 
 def beyond_max_position(scope: Scope) -> Hit | None:
     limit = scope.limits.max_position
     if limit is None:
         return None
-    lengths = scope.batch.lengths
-    if scope.longest <= limit:
-        return None
-    return _hit_at(lengths, "length", map(gt, lengths, repeat(limit)))
+    return _first_row(scope.batch.lengths, "length", lambda n: n > limit)
 
 
 def short_prefix(scope: Scope) -> Hit | None:
-    blocks, needs = scope.batch.blocks, scope.needs
-    if not any(map(lt, scope.widths, needs)):
-        return None
-    i = _first(map(lt, scope.widths, needs))
-    have = len(blocks[i])
-    return Hit(i, "blocks", have, f" (length={scope.batch.lengths[i]} needs {needs[i]})", shown=f"<{have} entries>")
+    batch = scope.batch
+    for row, (blocks, need) in enumerate(zip(batch.blocks, scope.needs)):
+        if len(blocks) < need:
+            detail = f" (length={batch.lengths[row]} needs {need})"
+            return Hit(row, "blocks", len(blocks), detail, shown=f"<{len(blocks)} entries>")
+    return None
 
 
 # ---------------------------------------------------------------- plan stage: block ids
 
 
 def block_outside_pool(scope: Scope) -> Hit | None:
-    ids = scope.mapped_ids
-    if _in_uint32(ids) and max(ids) < scope.limits.num_blocks:  # else the walk below finds the offender
-        return None
     pool = scope.limits.num_blocks
     for row, prefix in enumerate(scope.prefixes):
+        # Fast path: min and max clear a whole row in two C scans where the loop below takes a bytecode
+        # step an id (the plan_131072_* rows of benchmarks/plan_overhead.py); every prefix has an entry.
+        if 0 <= min(prefix) and max(prefix) < pool:
+            continue
         for column, block in enumerate(prefix):
             if not 0 <= block < pool:
                 return Hit(row, f"blocks[{column}]", block)
@@ -285,8 +214,6 @@ def repeated_in_row(scope: Scope) -> Hit | None:
     if not scope.has_repeats:
         return None
     for row, prefix in enumerate(scope.prefixes):
-        if len(set(prefix)) == len(prefix):
-            continue
         seen: dict[int, int] = {}
         for column, block in enumerate(prefix):
             first = seen.setdefault(block, column)
@@ -309,7 +236,7 @@ def two_writers(scope: Scope) -> Hit | None:
 
 
 def cached_overwritten(scope: Scope) -> Hit | None:
-    if not scope.has_repeats or not any(scope.first_written):
+    if not scope.has_repeats:
         return None
     pairs = zip(scope.prefixes, scope.first_written)
     writer = {block: row for row, (prefix, lo) in enumerate(pairs) for block in prefix[lo:]}
@@ -322,7 +249,7 @@ def cached_overwritten(scope: Scope) -> Hit | None:
 
 
 def shared_at_other_column(scope: Scope) -> Hit | None:
-    if not scope.has_repeats or not any(scope.first_written):
+    if not scope.has_repeats:
         return None
     first: dict[int, tuple[int, int]] = {}
     for row, (prefix, lo) in enumerate(zip(scope.prefixes, scope.first_written)):

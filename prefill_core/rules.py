@@ -41,7 +41,7 @@ from .errors import (
 )
 from .rule_finds import Hit, Limits, Scope
 
-__all__ = ["Rule", "RULES", "Hit", "Limits", "Scope", "check", "rule_named"]
+__all__ = ["Rule", "RULES", "Hit", "Limits", "Scope", "check"]
 
 
 @attrs.frozen
@@ -197,20 +197,12 @@ RULES: tuple[Rule, ...] = (
     ),
 )
 
-_BY_STAGE = {stage: tuple((r.find, r) for r in RULES if r.stage == stage) for stage in ("batch", "plan")}
-
-
-def rule_named(name: str) -> Rule:
-    """The rule called ``name`` (a ``KeyError`` names the unknown one)."""
-    for rule in RULES:
-        if rule.name == name:
-            return rule
-    raise KeyError(name)
+_BY_STAGE = {stage: tuple(rule for rule in RULES if rule.stage == stage) for stage in ("batch", "plan")}
 
 
 def check(stage: str, scope: Scope) -> None:
     """Raises the first rule of ``stage`` (in table order) that ``scope``'s batch breaks."""
-    for find, rule in _BY_STAGE[stage]:
-        hit = find(scope)
+    for rule in _BY_STAGE[stage]:
+        hit = rule.find(scope)
         if hit is not None:
             raise rule.error_for(hit, scope.limits) from None

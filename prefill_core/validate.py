@@ -8,19 +8,13 @@ itself.
 
 from __future__ import annotations
 
-from .batch import PrefillBatch, PrefillRow
+from .batch import PrefillBatch
 from .errors import PrefillInputError
-from .intmath import ceil_div
 from .layout import PageTableLayout
 from .policy import PrefillPolicy, check_policy_fits_layout
 from .rules import Limits, Scope, check
 
-__all__ = ["check_inputs", "checked_scope", "written_block_range"]
-
-
-def written_block_range(row: PrefillRow, block_size: int) -> tuple[int, int]:
-    """Columns ``[lo, hi)`` of the row's page table that prefill writes."""
-    return row.cached // block_size, ceil_div(row.length, block_size)
+__all__ = ["check_inputs", "checked_scope"]
 
 
 def _check_arguments(batch: object, policy: object, layout: object, max_position: object) -> None:

@@ -15,7 +15,6 @@ a named ``PrefillStateError``.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterable, Iterator
 
 import torch
@@ -28,15 +27,7 @@ from .contract import LOGITS, SAMPLED_TOKENS, TOKEN_LOGPROB, TOP_IDS, TOP_LOGPRO
 from .result import InvocationResult, InvocationState, PrefillResult
 from .torch_sampling import sample_row, top_logprobs
 
-__all__ = ["PrefillResultAssembler", "result_record"]
-
-result_record = functools.partial(tuple.__new__, PrefillResult)
-"""``result_record((row, logits, token, logprob, top_logprobs))``: a ``PrefillResult`` from all five fields.
-
-One C call per row where ``PrefillResult(row, token=..., logprob=...)``
-parses keywords in Python (``benchmarks/host_forms.py``, row
-``result_record``); the assembler builds one per row of every call.
-"""
+__all__ = ["PrefillResultAssembler"]
 
 
 class PrefillResultAssembler:
@@ -127,17 +118,17 @@ class PrefillResultAssembler:
             host = self._sample_on_host(invocation, host[LOGITS])
         if prepared.sampling_path is SamplingPath.LOGITS:
             rows = zip(request.source_rows, host[LOGITS].unbind(0))
-            return [result_record((row, logits, None, None, ())) for row, logits in rows]
+            return [PrefillResult(row=row, logits=logits) for row, logits in rows]
         tokens, token_lp = host[SAMPLED_TOKENS].tolist(), host[TOKEN_LOGPROB].tolist()
         if TOP_IDS not in host:  # no row of the wave asked for top log-probs
             rows = zip(request.source_rows, tokens, token_lp)
-            return [result_record((row, None, token, logprob, ())) for row, token, logprob in rows]
+            return [PrefillResult(row=row, token=token, logprob=logprob) for row, token, logprob in rows]
         top_ids, top_values = host[TOP_IDS].tolist(), host[TOP_LOGPROBS].tolist()
         results = []
         for b, row in enumerate(request.source_rows):
             n = request.sampling[b].num_logprobs
             top = tuple(zip(top_ids[b][:n], top_values[b][:n])) if n else ()
-            results.append(result_record((row, None, tokens[b], token_lp[b], top)))
+            results.append(PrefillResult(row=row, token=tokens[b], logprob=token_lp[b], top_logprobs=top))
         return results
 
     @staticmethod

@@ -209,10 +209,7 @@ def build_batch(
     # One host conversion of the mapped columns; stale tails past each row's
     # prefix are never read. The core gets columns: no per-row objects.
     mapped = table[:, :widest].tolist()  # an empty batch fails in the core
-    if need == [widest] * num_rows:  # one mapped width (a uniform wave): the cut rows are the prefixes
-        blocks = tuple(map(tuple, mapped))
-    else:
-        blocks = tuple(map(tuple, map(list.__getitem__, mapped, map(slice, need))))
+    blocks = tuple(tuple(row[:n]) for row, n in zip(mapped, need))
     return PrefillBatch(tuple(lengths), tuple(cached), tuple(slot_ids), blocks, tuple(params))
 
 

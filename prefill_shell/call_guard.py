@@ -17,8 +17,6 @@ from prefill_core.errors import PrefillStateError
 
 __all__ = ["CallGuard", "exclusive", "exclusive_stream"]
 
-_get_ident = threading.get_ident
-
 
 class CallGuard:
     """At most one call in progress per runtime; an entry from another thread meanwhile raises at once.
@@ -50,7 +48,7 @@ class CallGuard:
 
     def enter(self, what: str) -> None:
         """Opens one hold for the calling thread; raises if another thread holds the guard."""
-        me = _get_ident()
+        me = threading.get_ident()
         if self.owner != me:
             if not self.lock.acquire(blocking=False):
                 raise self.refusal(what)
@@ -66,6 +64,7 @@ class CallGuard:
 
     @contextlib.contextmanager
     def hold(self, what: str) -> Iterator[None]:
+        """One hold for the body of a ``with`` block (``what`` names the entry in a refusal)."""
         self.enter(what)
         try:
             yield
@@ -74,29 +73,12 @@ class CallGuard:
 
 
 def exclusive(method):
-    """Runs ``method`` holding the runtime's call guard.
-
-    A call is strictly nested in whatever hold its thread already has, so
-    inside one it runs as it is; only the outermost call opens a hold
-    (``enter`` written out: this wraps every public runtime call) and
-    closes it.
-    """
-
-    name = method.__name__
+    """Runs ``method`` holding the runtime's call guard (re-entrant on the holding thread)."""
 
     @functools.wraps(method)
     def held(self, *args, **kwargs):
-        guard = self._guard
-        me = _get_ident()
-        if guard.owner == me:  # inside this thread's hold
+        with self._guard.hold(method.__name__):
             return method(self, *args, **kwargs)
-        if not guard.lock.acquire(blocking=False):
-            raise guard.refusal(name)
-        guard.owner, guard.depth = me, 1
-        try:
-            return method(self, *args, **kwargs)
-        finally:
-            guard.exit()  # a stream or hold() opened inside and still running keeps the lock
 
     return held
 

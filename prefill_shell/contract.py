@@ -111,11 +111,6 @@ class TensorSpec:
     dims: tuple[str, ...]
     meaning: str
 
-    @property
-    def refreshed_in_place(self) -> bool:
-        """Inputs are copied from host values into persistent tensors; outputs are written on the device."""
-        return self.stage.is_input
-
     def shape(self, geometry: Mapping[str, int]) -> tuple[int, ...]:
         return tuple(geometry[dim] for dim in self.dims)
 

@@ -55,15 +55,16 @@ SHORT = (
     "The opposite of hot is",
 )
 CITIES = ("Oslo", "Lisbon", "Cairo", "Lima", "Perth", "Quebec", "Nairobi", "Osaka")
+SKIES = ("sunny", "rainy", "windy", "cloudy")
 
 
 def document(lines: int = 130, seed: int = 0) -> str:
     """A long, regular text (a weather log) that ends mid-entry, so the next token is predictable."""
     rng = random.Random(seed)
-    entries = [
-        f"Day {day}: in {rng.choice(CITIES)} it was {rng.randint(-5, 35)} degrees and {rng.choice(('sunny', 'rainy', 'windy', 'cloudy'))}."
-        for day in range(1, lines + 1)
-    ]
+    entries = []
+    for day in range(1, lines + 1):
+        city, degrees, sky = rng.choice(CITIES), rng.randint(-5, 35), rng.choice(SKIES)
+        entries.append(f"Day {day}: in {city} it was {degrees} degrees and {sky}.")
     return "Weather log of the travelling reporter.\n" + "\n".join(entries) + f"\nDay {lines + 1}: in"
 
 

@@ -1,7 +1,7 @@
 """``PrefillExecutor``: program/trace registries, warm-up, and eager or traced dispatch.
 
-The seed leaves this to a model executor; it is here so the library is usable
-on its own. Rules:
+tt-metal's prefill runtime leaves this to a model executor; it is here so the
+library is usable on its own. Rules:
 
 * Warm-up from a ``WarmupManifest`` first runs every program signature
   eagerly (on a device this compiles it), then allocates every alias

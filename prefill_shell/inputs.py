@@ -9,10 +9,6 @@ read table, and the chunk-relative last-token index.
 
 from __future__ import annotations
 
-from array import array
-from itertools import repeat
-from operator import sub
-
 import torch
 
 from prefill_core import PageTableView, PrefillChunk, PrefillRequest
@@ -55,25 +51,12 @@ class DeviceStep(dict):
         return list(self.values())
 
 
-_ARRAY_CODES = {torch.int64: "q", torch.int32: "i"}
-
-
-def _int_vector(values, dtype: torch.dtype) -> torch.Tensor:
-    """A 1-D host tensor of a few dozen Python ints, built from a C array.
-
-    ``torch.tensor`` converts a list element by element; the buffer path
-    does not (``benchmarks/host_forms.py`` measures the two side by side).
-    The tensor keeps the array alive.
-    """
-    return torch.frombuffer(array(_ARRAY_CODES[dtype], values), dtype=dtype)
-
-
 def _caller_rows(matrix: torch.Tensor, request: PrefillRequest, columns: slice) -> torch.Tensor:
     """``columns`` of the request's active rows of a caller matrix: a view when the rows are consecutive."""
     rows, active = request.source_rows, request.active_batch_size
     if rows[-1] - rows[0] == active - 1:  # contiguous caller rows (the common wave): no gather
         return matrix[rows[0] : rows[0] + active, columns]
-    return matrix[_int_vector(rows, torch.int64), columns]
+    return matrix[torch.tensor(rows), columns]
 
 
 def _padded_copy(src: torch.Tensor, rows: int, cols: int, filler: int) -> torch.Tensor:
@@ -95,7 +78,7 @@ def _token_block(tokens: torch.Tensor, request: PrefillRequest, chunk: PrefillCh
     block = _caller_rows(tokens, request, slice(chunk.start, chunk.start + width))  # [A, width]
     if min(request.lengths) < chunk.start + width:  # some row ends inside the block: zero its tail
         positions = torch.arange(chunk.start, chunk.start + width)
-        block = block.masked_fill(positions >= _int_vector(request.lengths, torch.int64).unsqueeze(1), 0)
+        block = block.masked_fill(positions >= torch.tensor(request.lengths).unsqueeze(1), 0)
     return _padded_copy(block, padded_batch, chunk.length, 0)
 
 
@@ -119,7 +102,7 @@ def _table_from_caller(
         return torch.full((view.num_rows, view.width), view.filler, dtype=torch.int32)
     src = _caller_rows(page_table, request, slice(first_block, first_block + cols))  # [A, cols]
     if min(real) < cols:  # some row maps fewer blocks than the cut holds: its tail is filler
-        unmapped = torch.arange(cols) >= _int_vector(real, torch.int64).unsqueeze(1)
+        unmapped = torch.arange(cols) >= torch.tensor(real).unsqueeze(1)
         src = src.masked_fill(unmapped, view.filler)
     if src.dtype != torch.int32:
         src = src.to(torch.int32)
@@ -140,13 +123,13 @@ def _host_step(
     # Each row's last token (position length - 1), made chunk-relative only
     # here, at the staging boundary; padding rows point at token 0 of their
     # (zero) row.
-    last = list(map(sub, request.lengths, repeat(chunk.start + 1))) if chunk.is_final else [0] * active
+    last = [length - chunk.start - 1 for length in request.lengths] if chunk.is_final else [0] * active
     values = {
         INPUT_TOKENS: _token_block(tokens, request, chunk, b),
-        CHUNK_START: _int_vector((chunk.start,) * b, torch.int64),
-        SLOTS: _int_vector(request.slots + (-1,) * pad, torch.int32),
+        CHUNK_START: torch.full((b,), chunk.start, dtype=torch.int64),
+        SLOTS: torch.tensor(request.slots + (-1,) * pad, dtype=torch.int32),
         FILL_TABLE: fill,
-        LAST_TOKEN_INDEX: _int_vector(last + [0] * pad, torch.int64),
+        LAST_TOKEN_INDEX: torch.tensor(last + [0] * pad, dtype=torch.int64),
     }
     if read is not None:
         values[READ_TABLE] = read

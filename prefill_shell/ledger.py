@@ -19,7 +19,7 @@ __all__ = ["Ownership", "DeviceTensor", "ResourceLedger"]
 
 
 class Ownership(enum.Enum):
-    """Who releases a tensor (DESIGN.md, "Ownership")."""
+    """Who releases a tensor (docs/design.md, "Ownership")."""
 
     INVOCATION = "invocation"  # released by the result collector (or on failure)
     TRACE = "trace"  # persistent inputs/outputs of a captured trace

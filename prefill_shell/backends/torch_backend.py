@@ -80,7 +80,10 @@ class TorchBackend:
     def refresh(self, host: torch.Tensor, target: DeviceTensor) -> None:
         dest = target.value
         if dest.shape != host.shape or dest.dtype != host.dtype:
-            msg = f"refresh of {target.name}: host {tuple(host.shape)}/{host.dtype} != device {tuple(dest.shape)}/{dest.dtype}"
+            msg = (
+                f"refresh of {target.name}: host {tuple(host.shape)}/{host.dtype} "
+                f"!= device {tuple(dest.shape)}/{dest.dtype}"
+            )
             raise PrefillStateError(msg)
         dest.copy_(host, non_blocking=self.is_cuda)
 

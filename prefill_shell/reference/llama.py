@@ -249,7 +249,7 @@ class PagedLlama:
     def _layer(self, i: int) -> _Layer:
         p, w = f"model.layers.{i}.", self.weights
         # Q/K/V share one input and fuse into one matmul; gate/up stay two
-        # matmuls, because one [2*I, H] matmul timed slower on a CPU.
+        # matmuls: fusing them into one [2*I, H] matmul does not pay on a CPU.
         qkv = self._fuse([p + f"self_attn.{n}_proj.weight" for n in "qkv"])
         return _Layer(
             attn_norm=w[p + "input_layernorm.weight"],
@@ -352,9 +352,8 @@ class PagedLlama:
 
     def _sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> torch.Tensor:
         """Grouped-query SDPA. On the CPU the flash kernel reads the shared K/V
-        heads itself (``enable_gqa``, causal and masked alike; measured 4-20%
-        faster than expanding them at 144-2048 tokens, and what transformers
-        does). On CUDA only the flash kernel takes ``enable_gqa`` (half
+        heads itself (``enable_gqa``, causal and masked alike; cheaper than
+        expanding them, and what transformers does). On CUDA only the flash kernel takes ``enable_gqa`` (half
         precision, no mask); fp32 or masked calls would drop to the math
         kernel, so K/V are expanded there."""
         groups = self.spec.num_heads // self.spec.num_kv_heads

@@ -37,11 +37,11 @@ from ..executor import PrefillExecutor
 from ..ledger import Ownership
 from ..runtime import PrefillRuntime
 from .faults import FaultInjectingBackend, FaultInjectingModel, FaultPlan, InjectedFault
-
-FAULT_TYPES = (InjectedFault, KeyboardInterrupt)
 from .small import SMALL_BLOCK, SMALL_POLICY
 
 __all__ = ["PrefillLifecycleMachine", "run_lifecycle_machine"]
+
+FAULT_TYPES = (InjectedFault, KeyboardInterrupt)
 
 BLOCK, POLICY, POOL = SMALL_BLOCK, SMALL_POLICY, 96
 

@@ -12,7 +12,7 @@ on device position indices, uint32 ROW_MAJOR ``[1, S]``). The runtime calls
 each into exactly the calls that runtime makes:
 
 * tokens uint32 ``[1, 1, B, S]`` -> ``embed_prefill(tokens [1, 1, 1, B*S])``
-  (a row-major reshape is a view; the seed stages the same form).
+  (a row-major reshape is a view; tt-metal's runtime stages the same form).
 * positions: ``arange(S)`` on device, plus ``start`` for a chunk (a tensor:
   a trace reads it at replay), typecast to uint32 ``[1, S]`` ->
   ``prepare_prefill_rot_mats(positions)`` -> ``[rotary_cos, rotary_sin]``.
@@ -24,8 +24,8 @@ each into exactly the calls that runtime makes:
 * chunked prefill: ``prefill_forward(x, [cos, sin], user_id=0,
   page_table=read_table, chunk_page_table=fill_table, chunk_start_idx=None,
   get_last_token=-1, chunk_start_idx_tensor=start, last_token_slice=None,
-  last_token_index=None)``: the seed's traced chunk body, used eagerly too,
-  because the seed's eager form (``chunk_start_idx=<int>`` with a
+  last_token_index=None)``: that runtime's traced chunk body, used eagerly
+  too, because its eager form (``chunk_start_idx=<int>`` with a
   last-token slice) bakes the position into the program.
 * ``lm_head(rows [1, 1, B, H])``: rows padded to one 32-row tile ->
   ``post_process_prefill_output(tile, 0)`` (final norm and LM head) -> the
@@ -62,7 +62,7 @@ TILE_ROWS = 32
 
 @runtime_checkable
 class TtModel(Protocol):
-    """What the adapter calls on a TTTv2 prefill model (the seed runtime's calls, exactly)."""
+    """What the adapter calls on a TTTv2 prefill model (the calls tt-metal's prefill runtime makes, exactly)."""
 
     def embed_prefill(self, tokens: Any) -> Any:
         """uint32 ``[1, 1, 1, B*S]`` ids -> embeddings ``[1, 1, B*S, H]``."""
@@ -163,7 +163,7 @@ class TtModelAdapter:
     def lm_head(self, hidden_rows: Any) -> Any:
         """``[1, 1, B, H]`` gathered rows -> logits ``[1, 1, B, V]`` through ``post_process_prefill_output``."""
         tt = self.tt
-        b, h = int(hidden_rows.shape[-2]), int(hidden_rows.shape[-1])
+        b = int(hidden_rows.shape[-2])
         tile = hidden_rows
         if b < TILE_ROWS:
             tile = tt.pad(hidden_rows, [(0, 0), (0, 0), (0, TILE_ROWS - b), (0, 0)], 0.0)

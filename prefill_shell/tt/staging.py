@@ -32,7 +32,8 @@ are ``contract.TensorSpec`` names):
   hidden        bfloat16 TILE        [B, 1, S, H]     a body activation (the model's output)
 
 Chunk starts, slots and tables are tensors, never Python scalars, so a
-captured trace reads them from device memory at replay (ANCHORS "Trace rules").
+captured trace reads them from device memory at replay (a trace bakes a
+scalar argument into its commands).
 
 Outputs of the device postprocessing (also the persistent workspace of a
 traced program alias) are staged as zeros in the form ``TtnnBackend.assign``
@@ -50,7 +51,7 @@ logits) to lay the host tensor out for a ``MeshDevice``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -69,7 +70,6 @@ from ..contract import (
     READ_TABLE,
     SAMPLED_TOKENS,
     SLOTS,
-    STEP_INPUTS,
     TEMPERATURE,
     TOKEN_LOGPROB,
     TOP_IDS,
@@ -77,7 +77,6 @@ from ..contract import (
     TOP_LOGPROBS,
     TOP_P,
     TensorSpec,
-    sampling_values,
 )
 
 __all__ = [
@@ -86,14 +85,11 @@ __all__ = [
     "stage_tokens",
     "stage_page_table",
     "stage_int_vector",
-    "sampling_vectors",
-    "stage_sampling",
     "stage_top_k",
     "stage_top_p",
     "stage_temperature",
     "stage_hidden",
     "stage",
-    "stage_step",
     "contract_of",
 ]
 
@@ -223,18 +219,6 @@ def _check_top_k(k: torch.Tensor) -> None:
         raise PrefillInputError(msg, field="sampling.top_k")
 
 
-def sampling_vectors(params: Sequence) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per physical row ``(k, p, 1/T)`` as torch vectors, the values ``ttnn.sampling`` reads.
-
-    ``contract.sampling_values`` with T inverted: a greedy row becomes ``k=1,
-    p=1, 1/T=1`` (top-1 sampling is argmax whatever the draw). A K outside
-    ``[1, 32]`` raises ``PrefillInputError``.
-    """
-    values = sampling_values(params)
-    _check_top_k(values[TOP_K])
-    return values[TOP_K], values[TOP_P].float(), (1.0 / values[TEMPERATURE]).float()
-
-
 def _bfloat16_top_p(p: torch.Tensor) -> torch.Tensor:
     # A P below bfloat16's smallest normal rounds to 0 (or to a subnormal that
     # hardware may flush to 0), and P = 0 would drop even the top token. Raising
@@ -249,31 +233,6 @@ def _bfloat16_inverse_t(inverse_t: torch.Tensor) -> torch.Tensor:
     # The smallest normal keeps -inf at -inf while every finite logit still
     # scales to about 0: the uniform draw over the top k that T -> inf means.
     return inverse_t.clamp(min=_BF16.tiny)
-
-
-def stage_sampling(params: Sequence, mesh_mapper=None) -> tuple[Any, Any, Any]:
-    """Per-row ``SamplingParams`` -> (K uint32, P bfloat16, 1/T bfloat16), ROW_MAJOR ``[B]`` each.
-
-    ``params`` are per physical row (padding rows repeat row 0, see
-    ``postprocess.wave_params``). P and 1/T round to bfloat16 (0.9 -> 0.8984),
-    never to inf or 0. The runtime stages the three tensors one at a time
-    (``stage`` of ``TOP_K``, ``TOP_P``, ``TEMPERATURE``: the same values for
-    the same params); this stages a whole wave in one call.
-    """
-    k, p, inverse_t = sampling_vectors(params)
-    # A 1/T past bfloat16's largest finite value would stage as inf, and
-    # logits * inf is NaN in the kernel's softmax. Clamping 1/T to that largest
-    # value would not save it (any logit above 1 times it still overflows), so
-    # such a row stages as the greedy triple k=1, P=1, 1/T=1: top-1 is the
-    # argmax at any draw, which is what T -> 0 means.
-    cold = inverse_t > _BF16.max
-    if bool(cold.any()):
-        k, p, inverse_t = k.masked_fill(cold, 1), p.masked_fill(cold, 1.0), inverse_t.masked_fill(cold, 1.0)
-    return (
-        _host(k, "uint32", "ROW_MAJOR", mesh_mapper),
-        _host(_bfloat16_top_p(p), "bfloat16", "ROW_MAJOR", mesh_mapper),
-        _host(_bfloat16_inverse_t(inverse_t), "bfloat16", "ROW_MAJOR", mesh_mapper),
-    )
 
 
 def stage_top_k(k: torch.Tensor, mesh_mapper=None) -> Any:
@@ -372,8 +331,3 @@ def contract_of(spec: TensorSpec) -> TensorContract:
 def stage(spec: TensorSpec, host: torch.Tensor, mesh_mapper=None) -> Any:
     """Stages the tensor ``spec`` (see ``contract_of``) from its host value."""
     return _entry(spec)[0](host, mesh_mapper)
-
-
-def stage_step(step, mesh_mapper=None) -> dict[TensorSpec, Any]:
-    """Every input a host step holds, by spec (``READ_TABLE`` only for chunked steps)."""
-    return {spec: stage(spec, step[spec], mesh_mapper) for spec in STEP_INPUTS if spec in step}

@@ -92,7 +92,7 @@ def test_no_step_is_longer_than_the_max_chunk(case):
 
 @given(cases())
 def test_chunked_rows_tile_their_work_and_stop_after_the_last_token(case):
-    """Rule 4: a partly cached or long row's chunks tile [cached, cached + P) from cached and stop after its last token."""
+    """Rule 4: a partly cached or long row's chunks tile [cached, cached + P) and stop after its last token."""
     policy, bs = case.policy, case.layout.block_size
     for request in _plan(case):
         length, cached = request.lengths[0], request.cached[0]

@@ -1,4 +1,4 @@
-"""Deterministic planning anchors: tt-metal's rules on hand-picked batches (ANCHORS.md)."""
+"""Deterministic planning examples: tt-metal's rules on hand-picked batches."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""DESIGN.md planning invariants 1-13 as properties over generated batches.
+"""The planning invariants 1-13 of docs/design.md as properties over generated batches.
 
 Tables are checked as the device gets them (materialized), never as views.
 Invariant 3 (identities depend on padded geometry only) lives in
@@ -320,7 +320,7 @@ def test_fallback_to_singles_keeps_every_rows_writes_and_last_token(case):
         fallback = plan_prefill(case.batch, policy, case.layout)
         assert all(r.kind is not RequestKind.REGULAR_BATCHED for r in fallback)
         assert writes_by_source_row(fallback) == written
-        for row, (request, physical) in source_of(fallback).items():
+        for row, (request, _physical) in source_of(fallback).items():
             before, at = placed[row]
             assert request.last_token_positions[0] == before.last_token_positions[at]
             if before.kind.is_chunked:
@@ -332,7 +332,7 @@ def test_fallback_to_singles_keeps_every_rows_writes_and_last_token(case):
 
 @given(fully_cached_cases())
 def test_fully_cached_row_reruns_its_final_block_read_only(case_and_row):
-    """A fully cached row runs one step of min(rung(bs), max chunk) at length-bs that writes nothing and reads its blocks."""
+    """A fully cached row runs one min(rung(bs), max chunk) step at length-bs, writing nothing, reading its blocks."""
     case, index = case_and_row
     bs = case.layout.block_size
     row = case.batch.rows[index]

@@ -22,9 +22,11 @@ def test_importing_the_core_loads_no_device_or_array_library():
         "import json, sys\n"
         "before = set(sys.modules)\n"
         "import prefill_core\n"
-        "from prefill_core import PageTableLayout, PrefillBatch, PrefillPolicy, PrefillRow, manifest_for, prepare_prefill\n"
+        "from prefill_core import PageTableLayout, PrefillBatch, PrefillPolicy, PrefillRow\n"
+        "from prefill_core import manifest_for, prepare_prefill\n"
         "layout = PageTableLayout(32, 256, 512)\n"
-        "prepare_prefill(PrefillBatch.from_rows((PrefillRow(4097, 0, 0, tuple(range(129))),)), PrefillPolicy(), layout)\n"
+        "batch = PrefillBatch.from_rows((PrefillRow(4097, 0, 0, tuple(range(129))),))\n"
+        "prepare_prefill(batch, PrefillPolicy(), layout)\n"
         "manifest_for(PrefillPolicy(), layout)\n"
         "print(json.dumps(sorted(set(sys.modules) - before)))\n"
     )

@@ -181,7 +181,7 @@ def test_the_first_rule_in_table_order_is_named_at_its_first_row():
 @pytest.mark.parametrize("bad", [-1, 10_000, 2**40])
 @pytest.mark.parametrize("where", [1, 500, 1023])
 def test_an_out_of_pool_id_in_a_long_table_is_named(order, bad, where):
-    """One pool bounds check finds a bad id anywhere in a 1024-block row, sorted or not (2**40: past an unsigned C int)."""
+    """The pool bounds check finds a bad id (negative, past the pool, or 2**40) anywhere in a 1024-block row."""
     blocks = list(range(100, 1124))
     if order == "shuffled":
         random.Random(where).shuffle(blocks)

@@ -289,7 +289,8 @@ def test_signature_keys_are_the_same_in_a_fresh_interpreter():
         "import json, sys\n"
         "from prefill_core import PrefillProgramSignature as P, PrefillTraceSignature as T, from_json\n"
         "data = json.load(sys.stdin)\n"
-        "print(json.dumps([from_json(P, s).key for s in data['programs']] + [from_json(T, s).key for s in data['traces']]))\n"
+        "keys = [from_json(P, s).key for s in data['programs']] + [from_json(T, s).key for s in data['traces']]\n"
+        "print(json.dumps(keys))\n"
     )
     env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONHASHSEED="12345")
     result = subprocess.run(

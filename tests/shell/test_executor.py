@@ -135,7 +135,7 @@ def _ledger_state(runtime: PrefillRuntime) -> tuple[int, list[int]]:
 
 @pytest.fixture(scope="module")
 def served(model):
-    """A runtime warmed with the complete manifest, then a mixed workload of 600 rows (over 200 requests) served traced."""
+    """A runtime warmed with the complete manifest, then 600 mixed rows (over 200 requests) served traced."""
     runtime = _runtime(model)
     executor = PrefillExecutor(runtime)
     executor.warm_up(manifest_for(POLICY, LAYOUT))

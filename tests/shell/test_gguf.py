@@ -38,7 +38,7 @@ MIXED_TYPES = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1)
 
 
 def converter_permute(weight: np.ndarray, num_heads: int) -> np.ndarray:
-    """HF rows -> GGUF rows as converters write them: per head, half-split pair (i, i + D/2) becomes rows (2i, 2i + 1)."""
+    """HF rows -> GGUF rows as converters write them: per head, the pair (i, i + D/2) becomes rows (2i, 2i + 1)."""
     rows = weight.shape[0]
     head_dim = rows // num_heads
     out = np.empty_like(weight)
@@ -174,7 +174,7 @@ def test_dtype_argument_casts_the_weights(tmp_path):
 
 @pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q5_K, Q.Q6_K], ids=lambda q: q.name)
 def test_k_quants_load_like_transformers(tmp_path, qtype):
-    """Every tensor of a K-quant file (random blocks, finite scales) equals transformers' dequantized, unpermuted tensor."""
+    """Every tensor of a K-quant file (random blocks, finite scales) equals transformers' dequantized tensor."""
     path = tmp_path / f"{qtype.name}.gguf"
     write_llama_gguf(path, layers=1, types=(qtype,))
     ours = load_gguf(path).state_dict()

@@ -162,7 +162,7 @@ def _run_chunks(model, kv, row: dict, fixed_shape: bool) -> list[torch.Tensor]:
 @PROPERTY
 @given(row=chunked_rows(), garbage=garbage_values())
 def test_chunk_steps_ignore_garbage_in_every_block_they_must_not_read(tiny_model, fixed_shape, row, garbage):
-    """Garbage in filler, the row's unwritten blocks and the sink leaves each step's hidden and written blocks unchanged."""
+    """Garbage in filler, the row's unwritten blocks and the sink changes no step's hidden or written blocks."""
     cached_blocks = row["blocks"][: row["cached"] // MODEL_BS]
     clean, dirty = (tiny_model.new_kv_cache(MODEL_BLOCKS, MODEL_BS) for _ in range(2))
     for kv in (clean, dirty):
@@ -248,7 +248,7 @@ def prefill_calls(draw) -> dict:
 @PROPERTY
 @given(call=prefill_calls(), garbage=garbage_values())
 def test_runtime_results_ignore_garbage_in_every_block_a_call_must_not_read(tiny_model, kit, call, garbage):
-    """Through ``PrefillRuntime.prefill``, garbage outside cached prefixes leaves logits and written blocks unchanged."""
+    """Through ``PrefillRuntime.prefill``, garbage outside cached prefixes changes no logits or written blocks."""
     cached_blocks, owned = call.pop("cached_blocks"), call.pop("owned")
     clean, dirty = (
         kit.build_runtime(tiny_model, num_blocks=RUNTIME_BLOCKS, block_size=MODEL_BS, policy=kit.SMALL_POLICY)

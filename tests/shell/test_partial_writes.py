@@ -62,7 +62,7 @@ def test_completed_requests_of_the_call_are_not_named(tiny_model, kit):
 
 
 def test_cached_prefix_blocks_are_not_named(tiny_model, kit):
-    """A row cached to 64 tokens failing in its first step names only blocks from column 4 on (it never writes the prefix)."""
+    """A row cached to 64 tokens failing in its first step names only blocks from column 4 on (not its prefix)."""
     error, blocks = _fail(kit, tiny_model, fail_at=1, lengths=[200], cached=[64])
     assert error.partial_writes == {0: tuple(sorted(blocks[0][4:13]))}
 

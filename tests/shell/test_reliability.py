@@ -40,7 +40,7 @@ def _runtime(model) -> PrefillRuntime:
 @pytest.mark.parametrize("raises", FAULT_TYPES, ids=lambda t: t.__name__)
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: s.name)
 def test_every_fault_point_leaves_no_leak_no_corruption_and_a_working_runtime(tiny_model, scenario, raises):
-    """Failing each device call in turn (an error or Ctrl-C): the caller sees it unchanged, nothing leaks, no byte outside the written blocks changes, and the runtime then serves correctly."""
+    """Each device call failed in turn: the caller sees it, no leak, no change outside written blocks, serving works."""
     report = sweep(tiny_model, scenario, raises=raises)
     assert report.points_swept == report.fault_points >= 10
     assert report.errors_unchanged == report.faults_raised
@@ -50,7 +50,7 @@ def test_every_fault_point_leaves_no_leak_no_corruption_and_a_working_runtime(ti
 
 
 def test_the_sweep_counts_cached_blocks_as_read_only(tiny_model):
-    """A cached scenario's cached-prefix blocks are outside its written blocks, so a write there would count as corruption."""
+    """A cached scenario's cached-prefix blocks are outside its written blocks: a write there counts as corruption."""
     from prefill_shell.testing.faults import FaultPlan
     from prefill_shell.testing.sweep import _Harness
 
@@ -227,7 +227,7 @@ def test_assembling_a_result_twice_raises_a_state_error(tiny_model):
 
 
 def test_a_layout_beyond_the_ceiling_is_refused_and_changes_nothing(tiny_model):
-    """configure_page_table_layout past the KV pool raises PrefillConfigError (a PrefillError) and keeps the old layout."""
+    """configure_page_table_layout past the KV pool raises PrefillConfigError and keeps the old layout."""
     runtime = _runtime(tiny_model)
     before = runtime.config
     with pytest.raises(PrefillConfigError) as caught:

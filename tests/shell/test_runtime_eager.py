@@ -266,7 +266,7 @@ def test_prefix_cached_row_does_not_rewrite_its_cached_blocks(tiny_model, kit):
 
 
 def test_padding_rows_and_stale_page_table_tails_write_nothing(tiny_model, kit):
-    """With junk tails naming other rows' blocks and free ones, only mapped blocks change; all others stay bit-identical."""
+    """With junk tails naming other rows' blocks and free ones, only mapped blocks change; others are bit-identical."""
     num_blocks = 192
     rt = kit.build_runtime(tiny_model, num_blocks=num_blocks, block_size=BS_SMALL, policy=kit.SMALL_POLICY)
     kv = rt.config.kv

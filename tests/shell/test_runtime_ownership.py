@@ -310,7 +310,7 @@ def test_bad_input_raises_input_error_and_allocates_nothing(tiny_model, kit, cas
 
 
 def test_a_prompt_past_the_models_max_position_is_refused_before_anything_runs(kit):
-    """max_position_embeddings=4000 at block 64: a 4032-token prompt (the layout's capacity) raises PositionLimitError."""
+    """max_position_embeddings=4000 at block 64: a 4032-token prompt (the capacity) raises PositionLimitError."""
     from prefill_core.errors import PositionLimitError
     from prefill_shell.reference import random_llama
 
@@ -328,7 +328,7 @@ def test_a_prompt_past_the_models_max_position_is_refused_before_anything_runs(k
 
 
 def test_a_failed_intermediate_release_is_orphaned_and_released_once_by_cleanup(tiny_model, kit):
-    """A non-final chunk output whose release fails becomes an orphan the invocation never retries; cleanup releases it once."""
+    """A non-final chunk output whose release fails is an orphan the invocation never retries; cleanup frees it once."""
 
     class FirstHiddenReleaseFails(TorchBackend):
         def __init__(self):

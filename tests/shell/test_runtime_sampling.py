@@ -174,7 +174,7 @@ HOST_PARAMS = {
 
 @pytest.mark.parametrize("name", list(HOST_PARAMS))
 def test_host_path_is_classified_host_and_samples_inside_support(tiny_model, oracle, kit, prompts, name):
-    """Rows past the device top-k cap, or with no top-k limit, take the HOST path and sample inside the oracle's support."""
+    """Rows past the device top-k cap or with no top-k limit take the HOST path and sample in the oracle's support."""
     params = HOST_PARAMS[name]
     sampling = [SamplingParams(**params, seed=2000 + s) for s in range(24)]
     rows = [prompts[s % 3] for s in range(24)]

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from strategies import adversarial_logits, extreme_sampling_params
 
 from prefill_core import PrefillPolicy, SamplingParams, SamplingPath
+from prefill_shell.contract import TEMPERATURE, TOP_K, TOP_P, sampling_values
 from prefill_shell.model import ModelSpec
 from prefill_shell.reference import PagedKVCache
 from prefill_shell.torch_sampling import sample_row, top_logprobs
@@ -173,43 +174,40 @@ def test_runtime_tokens_lie_in_the_float64_allowed_set_on_every_path(fixed, kit,
 # ---------------------------------------------------------------- ttnn staging
 
 
-def _stage(monkeypatch, vectors=None, params=()):
-    """``stage_sampling``'s (k, P, 1/T) as the host tensors it hands to ttnn, optionally from given vectors."""
+def _staged(monkeypatch, spec, values):
+    """The host tensor the per-spec ``stage(spec, values)`` the runtime calls hands to ttnn."""
     monkeypatch.setattr(tt_staging, "_host", lambda value, dtype, layout, mesh_mapper: value)
-    if vectors is not None:
-        monkeypatch.setattr(tt_staging, "sampling_vectors", lambda _params: vectors)
-    return tt_staging.stage_sampling(params)
+    return tt_staging.stage(spec, values)
 
 
-def test_stage_sampling_never_stages_an_inf_inverse_temperature_or_a_zero_top_p(monkeypatch):
-    """Whatever 1/T and P reach it (inf, 0 from a huge T, 0, 1e-46), the bfloat16 forms are finite and positive."""
-    k = torch.tensor([5, 5, 5, 5, 20])
-    p = torch.tensor([0.0, 1e-46, 1e-39, 0.5, 0.9])
-    inverse_t = torch.tensor([float("inf"), 0.0, 3e38, 2.0, 1 / 0.7])
-    k_out, p_out, t_out = _stage(monkeypatch, (k, p, inverse_t))
+def test_staging_never_stages_an_inf_inverse_temperature_or_a_zero_top_p(monkeypatch):
+    """Whatever P and T reach it (0, 1e-46, a T whose 1/T is 0), the bfloat16 forms are finite and positive."""
+    p = torch.tensor([0.0, 1e-46, 1e-39, 0.5, 0.9], dtype=torch.float64)
+    t = torch.tensor([float("inf"), 1e300, 2.0, 0.7], dtype=torch.float64)
+    p_out, t_out = _staged(monkeypatch, TOP_P, p), _staged(monkeypatch, TEMPERATURE, t)
     p16, t16 = p_out.to(torch.bfloat16).float(), t_out.to(torch.bfloat16).float()
     assert torch.isfinite(t16).all() and (t16 >= torch.finfo(torch.bfloat16).tiny).all(), t16
     assert torch.isfinite(p16).all() and (p16 >= torch.finfo(torch.bfloat16).tiny).all(), p16
-    assert torch.equal(k_out[3:], k[3:]) and torch.equal(p_out[3:], p[3:]) and torch.equal(t_out[3:], inverse_t[3:])
+    assert torch.equal(p_out[3:], p[3:].float()) and torch.equal(t_out[2:], (1 / t[2:]).float())
 
 
-def test_stage_sampling_stages_an_overflowing_inverse_temperature_as_greedy(monkeypatch):
-    """A row whose 1/T overflows bfloat16 stages as the greedy triple k=1, P=1, 1/T=1 (argmax at any draw)."""
-    k = torch.tensor([20, 20])
-    vectors = (k, torch.tensor([0.9, 0.9]), torch.tensor([float("inf"), 2.0]))
-    k_out, p_out, t_out = _stage(monkeypatch, vectors)
+def test_a_temperature_whose_inverse_overflows_bfloat16_stages_as_the_greedy_triple(monkeypatch):
+    """A row that cold is greedy: its K, P, T reach staging as 1, 1, 1 (argmax at any draw), never an inf 1/T."""
+    values = sampling_values((SamplingParams(temperature=1e-39, top_k=20, top_p=0.9), SamplingParams(top_k=20)))
+    k_out, p_out, t_out = (_staged(monkeypatch, spec, values[spec]) for spec in (TOP_K, TOP_P, TEMPERATURE))
     assert (int(k_out[0]), float(p_out[0]), float(t_out[0])) == (1, 1.0, 1.0)
     assert int(k_out[1]) == 20
 
 
 @given(params=st.lists(extreme_sampling_params(), min_size=1, max_size=4))
-def test_stage_sampling_of_any_accepted_params_is_finite_and_positive_in_bfloat16(params):
+def test_staged_top_p_and_inverse_temperature_of_any_accepted_params_are_finite_and_positive(params):
     """For generated extreme params within the device cap, staged P and 1/T are finite and positive in bfloat16."""
     params = [
         p if p.is_greedy or 1 <= p.top_k <= tt_staging.MAX_DEVICE_TOP_K else SamplingParams.greedy() for p in params
     ]
+    values = sampling_values(params)
     with pytest.MonkeyPatch.context() as monkeypatch:
-        _, p_out, t_out = _stage(monkeypatch, params=tuple(params))
+        p_out, t_out = (_staged(monkeypatch, spec, values[spec]) for spec in (TOP_P, TEMPERATURE))
     for staged in (p_out, t_out):
         as16 = staged.to(torch.bfloat16).float()
         assert torch.isfinite(as16).all() and (as16 >= torch.finfo(torch.bfloat16).tiny).all(), (params, as16)

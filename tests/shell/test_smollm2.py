@@ -153,7 +153,7 @@ def run_case(
     uncached = _call(runtime, doc, lengths, rows, [0] * len(lengths), oracle)
     source = rows[lengths.index(prefix_from)]
     first, cached_rows = sum(need), []
-    for (n, c), k in zip(cached_of.items(), own):
+    for c, k in zip(cached_of.values(), own):
         cached_rows.append(source[: c // bs] + list(range(first, first + k)))
         first += k
     cached = _call(runtime, doc, list(cached_of), cached_rows, list(cached_of.values()), oracle)

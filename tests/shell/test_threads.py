@@ -85,7 +85,7 @@ class _Parked(threading.Thread):
 
 
 def test_an_overlapping_prefill_from_another_thread_raises_at_once_and_changes_nothing(tiny_model, kit):
-    """While thread A is inside a prefill, the main thread's prefill raises PrefillStateError, allocating and writing nothing."""
+    """While thread A is inside a prefill, the main thread's prefill raises PrefillStateError, changing nothing."""
     rt, parking = _runtime(tiny_model)
     tokens, table, lengths = _call(kit, seed=3000)
     expected = PrefillRuntime(

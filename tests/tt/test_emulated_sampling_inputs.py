@@ -83,7 +83,7 @@ def test_traced_top_k_refreshes_k_p_t_in_place_with_the_second_calls_values(lane
 
 
 def test_traced_top_k_serving_after_warm_up_allocates_nothing(lane):
-    """After warm-up, traced top-k calls with changing K/P/T leave the ledger and device uploads as warm-up left them."""
+    """After warm-up, traced top-k calls with changing K/P/T leave the ledger and device uploads as they were."""
     args = call_args([100, 90, 60], sampling=FIRST)
     lane.executor.warm_up(WarmupManifest().observe(lane.executor.runtime.prepare(**args).requests))
     ledger = lane.backend.ledger

@@ -19,12 +19,12 @@ from prefill_shell.tt.backend import TtnnBackend
 
 mesh = ttnn.open_mesh_device(ttnn.MeshShape(1, 1), trace_region_size=32 << 20)
 backend = TtnnBackend(mesh)  # one runtime per data-parallel lane: TtnnBackend(mesh, dp_lane=i)
-model = TtModelAdapter(tt_model, spec, mesh_device=mesh)  # tt_model: a TTTv2 model (embed_prefill, prefill_forward, ...)
+model = TtModelAdapter(tt_model, spec, mesh_device=mesh)  # a TTTv2 model (embed_prefill, prefill_forward, ...)
 kv = TtKVCache(block_size=32, num_blocks=num_blocks)  # the geometry of the paged KV pool bound in tt_model
 runtime = PrefillRuntime(PrefillRuntimeConfig.resolve(model, backend, kv, policy=PrefillPolicy()))
 results = runtime.prefill(tokens, page_table, prompt_lengths=lengths)
 """
-"""The text README.md's "Running on Tenstorrent hardware" section shows (the lead pastes it there)."""
+"""The text README.md's "Running on Tenstorrent hardware" section shows."""
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 
@@ -55,5 +55,5 @@ def test_the_readme_shows_this_snippet():
     """Once README.md names TtModelAdapter, its snippet is exactly the one tested here."""
     text = README.read_text()
     if "TtModelAdapter" not in text:
-        pytest.skip("README.md does not show the TtModelAdapter snippet yet (issue 17 hands its text to the lead)")
+        pytest.skip("README.md does not show the TtModelAdapter snippet yet")
     assert SNIPPET in text

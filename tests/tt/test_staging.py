@@ -23,12 +23,13 @@ from prefill_shell.contract import (
     LOGITS,
     READ_TABLE,
     SAMPLED_TOKENS,
-    SAMPLING_INPUTS,
     SLOTS,
     TEMPERATURE,
     TOKEN_LOGPROB,
     TOP_IDS,
+    TOP_K,
     TOP_LOGPROBS,
+    TOP_P,
     Stage,
     TensorSpec,
     sampling_values,
@@ -95,7 +96,7 @@ def test_every_step_of_every_planned_request_is_staged_in_the_ttnn_contract(ttnn
     for request in requests:
         for step in build_host_steps(tokens, request):
             b, s = step[INPUT_TOKENS].shape
-            staged = ttnn_staging.stage_step(step)
+            staged = {spec: ttnn_staging.stage(spec, value) for spec, value in step.items()}
             assert set(staged) == {INPUT_TOKENS, CHUNK_START, SLOTS, FILL_TABLE, LAST_TOKEN_INDEX} | (
                 {READ_TABLE} if request.kind.is_chunked else set()
             )
@@ -119,7 +120,8 @@ def test_sampling_params_of_every_wave_stage_as_k_uint32_p_and_inverse_t_bfloat1
             continue
         pad = request.padded_batch - request.active_batch_size
         params = request.sampling + (request.sampling[0],) * pad
-        k, p, inverse_t = ttnn_staging.stage_sampling(params)
+        values = sampling_values(params)
+        k, p, inverse_t = (ttnn_staging.stage(spec, values[spec]) for spec in (TOP_K, TOP_P, TEMPERATURE))
         b = request.padded_batch
         greedy = [q.is_greedy for q in params]
         want_k = torch.tensor([1 if g else q.top_k for g, q in zip(greedy, params)])
@@ -130,26 +132,18 @@ def test_sampling_params_of_every_wave_stage_as_k_uint32_p_and_inverse_t_bfloat1
         assert_staged(ttnn, inverse_t, ttnn.bfloat16, rm, (b,), want_t)
 
 
-@pytest.mark.parametrize(
-    "params",
-    [
-        (SamplingParams(temperature=0.9, top_k=5, top_p=0.9), SamplingParams.greedy()),
-        (
-            SamplingParams(temperature=1e308, top_k=32, top_p=1e-46),
-            SamplingParams(temperature=1e-5, top_k=2, top_p=0.5),
-        ),
-    ],
-    ids=["ordinary", "extreme"],
-)
-def test_runtime_per_spec_staging_of_k_p_t_equals_stage_sampling(ttnn, params):
-    """The K/P/T the runtime uploads or refreshes one spec at a time equal stage_sampling's triple, clamps included."""
+def test_a_p_or_inverse_t_below_the_smallest_bfloat16_normal_stages_as_that_normal(ttnn):
+    """P and 1/T never stage as 0 (or a subnormal): a tinier one becomes bfloat16's smallest normal, the rest round."""
+    params = (
+        SamplingParams(temperature=1e308, top_k=32, top_p=1e-46),
+        SamplingParams(temperature=1e-5, top_k=2, top_p=0.5),
+    )
     values = sampling_values(params)
-    per_spec = [ttnn_staging.stage(spec, values[spec]) for spec in SAMPLING_INPUTS]
-    for got, want in zip(per_spec, ttnn_staging.stage_sampling(params)):
-        assert (got.dtype, got.layout, tuple(got.shape)) == (want.dtype, want.layout, tuple(want.shape))
-        assert torch.equal(ttnn.to_torch(got).float(), ttnn.to_torch(want).float())
-    inverse_t = ttnn.to_torch(per_spec[2]).float()
-    assert torch.isfinite(inverse_t).all() and (inverse_t > 0).all() and (ttnn.to_torch(per_spec[1]).float() > 0).all()
+    tiny = torch.finfo(torch.bfloat16).tiny
+    p = ttnn.to_torch(ttnn_staging.stage(TOP_P, values[TOP_P])).float()
+    inverse_t = ttnn.to_torch(ttnn_staging.stage(TEMPERATURE, values[TEMPERATURE])).float()
+    assert torch.equal(p, torch.tensor([tiny, 0.5]).bfloat16().float())
+    assert torch.equal(inverse_t, torch.tensor([tiny, 1e5]).bfloat16().float())
 
 
 def test_a_temperature_whose_inverse_overflows_bfloat16_is_refused_when_staged_alone(ttnn):
@@ -233,7 +227,7 @@ def test_int32_vectors_beyond_int32_are_refused_instead_of_wrapping(ttnn):
 def test_top_k_beyond_the_ttnn_sampling_limit_is_refused(ttnn):
     """ttnn.sampling takes k in [1, 32]: a larger top_k names the field."""
     with pytest.raises(PrefillInputError, match="top_k=33") as info:
-        ttnn_staging.stage_sampling((SamplingParams(top_k=33),))
+        ttnn_staging.stage(TOP_K, sampling_values((SamplingParams(top_k=33),))[TOP_K])
     assert info.value.field == "sampling.top_k"
 
 
