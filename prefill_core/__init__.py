@@ -7,6 +7,7 @@ numpy, no I/O, no clocks, no environment, no global mutable state.
 from .batch import PrefillBatch, PrefillRow
 from .errors import *  # noqa: F403 (the hierarchy is public API)
 from .errors import __all__ as _error_names
+from .lanes import LaneRoute, route_to_lanes
 from .layout import PageTableLayout
 from .manifest import WarmupManifest, manifest_for
 from .plan import plan_prefill
@@ -21,6 +22,7 @@ from .tables import SKIP, PageTableView, TableRole, materialize_table
 
 __all__ = [
     "GREEDY_TEMPERATURE",
+    "LaneRoute",
     "PageTableLayout",
     "PageTableView",
     "PrefillBatch",
@@ -49,6 +51,7 @@ __all__ = [
     "prepare_in_lanes",
     "prepare_prefill",
     "round_up",
+    "route_to_lanes",
     "to_json",
     *_error_names,
 ]

@@ -825,3 +825,15 @@ def adversarial_logits(draw, vocab: int) -> list[float]:
     values = draw(st.lists(st.sampled_from(pool), min_size=vocab, max_size=vocab))
     values[draw(st.integers(0, vocab - 1))] = pool[0]  # at least one finite logit
     return values
+
+
+@st.composite
+def lane_calls(draw, max_lanes: int = 4, max_per_lane: int = 16) -> tuple[int, int, int, tuple[int, ...] | None]:
+    """``(num_lanes, per_lane_batch, num_rows, slots)``: a valid call on a lane group, slots unique or None."""
+    num_lanes = draw(st.integers(1, max_lanes), label="num_lanes")
+    per_lane = draw(st.integers(1, max_per_lane), label="per_lane_batch")
+    capacity = num_lanes * per_lane
+    if draw(st.booleans(), label="without slots"):
+        return num_lanes, per_lane, draw(st.integers(1, capacity), label="rows"), None
+    slots = draw(st.lists(st.integers(0, capacity - 1), min_size=1, max_size=capacity, unique=True), label="slots")
+    return num_lanes, per_lane, len(slots), tuple(slots)
