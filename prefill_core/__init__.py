@@ -12,7 +12,7 @@ from .layout import PageTableLayout
 from .manifest import WarmupManifest, manifest_for
 from .plan import plan_prefill
 from .policy import PrefillPolicy, ceil_div, round_up
-from .prepared import PreparedPrefill, prepare_in_lanes, prepare_prefill
+from .prepared import PreparedPrefill, prepare_in_sub_batches, prepare_prefill
 from .request import PrefillChunk, PrefillRequest, RequestKind
 from .rules import RULES, Rule
 from .sampling import GREEDY_TEMPERATURE, SamplingParams, SamplingPath, is_greedy
@@ -48,7 +48,7 @@ __all__ = [
     "manifest_for",
     "materialize_table",
     "plan_prefill",
-    "prepare_in_lanes",
+    "prepare_in_sub_batches",
     "prepare_prefill",
     "round_up",
     "route_to_lanes",
