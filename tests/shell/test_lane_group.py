@@ -175,3 +175,26 @@ def test_lanes_must_share_a_lane_size_and_own_their_runtime_and_pool(tiny_model)
         LaneGroup([PrefillExecutor(a), PrefillExecutor(a)])
     with pytest.raises(PrefillConfigError, match="at least one lane"):
         LaneGroup([])
+
+
+def test_in_turn_issues_every_lane_before_a_readback_and_leaves_one_unread_invocation_per_lane(tiny_model):
+    """In turn: each round invokes every lane, then reads; a lane never holds two unread invocations."""
+    group = make_group(tiny_model, 2, threaded=False)
+    events = []
+    for lane, executor in enumerate(group.lanes):
+        runtime = executor.runtime
+        invoke, stream = runtime.invoke, runtime.stream
+
+        def logged_invoke(*args, _lane=lane, _invoke=invoke, **kwargs):
+            events.append(("issue", _lane))
+            return _invoke(*args, **kwargs)
+
+        def logged_stream(invocations, _lane=lane, _stream=stream):
+            events.append(("read", _lane))
+            return _stream(invocations)
+
+        runtime.invoke, runtime.stream = logged_invoke, logged_stream
+    # lane 0: a chunked row and a lone sampled row (two requests); lane 1: one row
+    rows = [(100, 0, None), (20, 0, None), (30, 0, SamplingParams(top_k=3, seed=1))]
+    group.prefill(**group_call(rows, (0, PER_LANE, 1), 2).kwargs())
+    assert events == [("issue", 0), ("issue", 1), ("read", 0), ("read", 1), ("issue", 0), ("read", 0)]
