@@ -15,10 +15,10 @@ vLLM's data-parallel ranks number ``empty_slots``. A call:
 3. preflights every lane (``mode="traced"``: a lane without a trace for one
    of its requests raises ``TraceCoverageError`` naming the lane) before
    any lane runs;
-4. runs the lanes (``lane_dispatch``: on threads of their own when every
-   lane is a CPU torch backend, else in turn with every lane's work issued
-   before the first readback) and returns one result per caller row, in
-   caller order, each naming its caller row.
+4. runs the lanes (``lane_dispatch``: in turn, every lane's work issued
+   before the first readback; on threads of their own with
+   ``threaded=True``) and returns one result per caller row, in caller
+   order, each naming its caller row.
 
 Failure: an error in a lane propagates with ``error.lane``, its
 ``partial_writes`` in caller rows and a note of every lane's completed rows;
@@ -64,11 +64,6 @@ def _same_for_every_lane(executors: Sequence[PrefillExecutor]) -> int:
     return sizes[0]
 
 
-def _on_cpu(executor: PrefillExecutor) -> bool:
-    device = executor.runtime.backend.device
-    return isinstance(device, torch.device) and device.type == "cpu"
-
-
 def _per_row(value: Any, field: str, num_rows: int) -> list | None:
     """A per-row argument as a list of ``num_rows`` entries (``None`` stays ``None``)."""
     if value is None:
@@ -103,18 +98,20 @@ def _in_caller_rows(error: PrefillInputError, lane: int, rows: tuple[int, ...]) 
 class LaneGroup:
     """Data-parallel lanes of ``per_lane_batch`` slots each, routed by slot (see module doc).
 
-    ``threaded``: ``None`` picks threads of their own when every lane runs a
-    CPU torch backend (``benchmarks/lanes.py`` measured that faster than in
-    turn on this 2-core machine) and in turn otherwise; ``True``/``False``
-    forces one. One call at a time, like each lane's runtime.
+    ``threaded=False`` (the default) runs the lanes in turn from the calling
+    thread, every lane's work issued before the first readback: what an
+    asynchronous device needs, and on this project's shared 2-core CPU as
+    fast as lanes on threads of their own (``benchmarks/lanes.py``).
+    ``threaded=True`` runs each lane on a thread of its own, for a CPU host
+    where that measures faster. One call at a time, like each lane's runtime.
     """
 
-    def __init__(self, executors: Sequence[PrefillExecutor], *, threaded: bool | None = None):
+    def __init__(self, executors: Sequence[PrefillExecutor], *, threaded: bool = False):
         self.lanes = tuple(executors)
         if not self.lanes:
             raise PrefillConfigError("lane group: needs at least one lane")
         self.per_lane_batch = _same_for_every_lane(self.lanes)
-        self.threaded = all(_on_cpu(e) for e in self.lanes) if threaded is None else bool(threaded)
+        self.threaded = bool(threaded)
 
     @property
     def num_lanes(self) -> int:

@@ -33,7 +33,7 @@ def lane_runtime(model, lane: int, *, lane_size: int = PER_LANE, pool: int = POO
     return PrefillRuntime(PrefillRuntimeConfig.resolve(body, backend, kv, layout, policy), seed=lane)
 
 
-def make_group(model, num_lanes: int, *, threaded=None, plans=None) -> LaneGroup:
+def make_group(model, num_lanes: int, *, threaded: bool = False, plans=None) -> LaneGroup:
     """``num_lanes`` lanes of ``PER_LANE`` slots, lane ``i`` faulted by ``plans[i]`` when given."""
     plans = plans or {}
     lanes = [PrefillExecutor(lane_runtime(model, i, plan=plans.get(i))) for i in range(num_lanes)]

@@ -81,7 +81,7 @@ def _warm(group: LaneGroup, args: dict) -> None:
 def test_eager_and_traced_group_calls_equal_the_torch_twin(lanes):
     """Both lanes' rows, eager and then traced on their own submesh, match the torch group within bfloat16 tolerance."""
     emu, _, group, twin = lanes
-    assert not group.threaded  # a device lane: every lane's work is issued before the first readback
+    assert not group.threaded  # in turn: every lane's work is issued before the first readback
     args = _args(group.per_lane_batch)
     want = twin.prefill(**args, mode="eager")
     assert_logits_close("2-lane group, eager", group.prefill(**args, mode="eager"), want)
