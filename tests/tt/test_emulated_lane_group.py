@@ -125,3 +125,19 @@ def test_create_submeshes_tiles_the_mesh_row_major_with_disjoint_devices(ttnn):
     assert all(s.get_num_devices() == 2 and s.parent is mesh for s in subs)
     with pytest.raises(EmulationError, match="does not tile"):
         mesh.create_submeshes(ttnn.MeshShape(3, 1))
+
+
+def test_one_lane_over_a_whole_mesh_reads_the_replica_it_names(ttnn):
+    """``TtnnBackend(mesh_1x2, replica=1)`` reads device 1's copy of a replicated tensor; replica 2 is refused."""
+    from prefill_core.errors import PrefillConfigError
+    from prefill_shell.tt.backend import TtnnBackend
+    from prefill_shell.tt.emulation import ReferenceEmulation
+
+    emu = ReferenceEmulation(ttnn)
+    mesh = emu.open_mesh_device(ttnn.MeshShape(1, 2))
+    backend = TtnnBackend(mesh, replica=1, ttnn_module=emu)
+    handle = backend.upload(torch.tensor([3, 1, 4, 1], dtype=torch.int64), SLOTS, Ownership.INVOCATION)
+    assert backend.read([handle])[0].tolist() == [3, 1, 4, 1]
+    backend.release(handle)
+    with pytest.raises(PrefillConfigError, match="replica=2"):
+        TtnnBackend(mesh, replica=2, ttnn_module=emu)
