@@ -7,11 +7,12 @@ numpy, no I/O, no clocks, no environment, no global mutable state.
 from .batch import PrefillBatch, PrefillRow
 from .errors import *  # noqa: F403 (the hierarchy is public API)
 from .errors import __all__ as _error_names
+from .lanes import LaneRoute, route_to_lanes
 from .layout import PageTableLayout
 from .manifest import WarmupManifest, manifest_for
 from .plan import plan_prefill
 from .policy import PrefillPolicy, ceil_div, round_up
-from .prepared import PreparedPrefill, prepare_in_lanes, prepare_prefill
+from .prepared import PreparedPrefill, prepare_in_sub_batches, prepare_prefill
 from .request import PrefillChunk, PrefillRequest, RequestKind
 from .rules import RULES, Rule
 from .sampling import GREEDY_TEMPERATURE, SamplingParams, SamplingPath, is_greedy
@@ -21,6 +22,7 @@ from .tables import SKIP, PageTableView, TableRole, materialize_table
 
 __all__ = [
     "GREEDY_TEMPERATURE",
+    "LaneRoute",
     "PageTableLayout",
     "PageTableView",
     "PrefillBatch",
@@ -46,9 +48,10 @@ __all__ = [
     "manifest_for",
     "materialize_table",
     "plan_prefill",
-    "prepare_in_lanes",
+    "prepare_in_sub_batches",
     "prepare_prefill",
     "round_up",
+    "route_to_lanes",
     "to_json",
     *_error_names,
 ]

@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _plan(args: argparse.Namespace, policy: PrefillPolicy) -> None:
-    """Plans the sample rows, lane-sized sub-batch by sub-batch, and prints one table."""
+    """Plans the sample rows, sub-batch by sub-batch, and prints one table."""
     groups = parse_lengths(args.lengths)
     cached = parse_cached(args.cached, len(groups))
     longest = max(length for _, length in groups)

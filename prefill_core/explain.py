@@ -61,7 +61,7 @@ def parse_cached(spec: str, num_groups: int) -> list[int]:
 def sample_batches(
     groups: list[tuple[int, int]], cached: list[int], layout: PageTableLayout, policy: PrefillPolicy
 ) -> list[tuple[int, PrefillBatch]]:
-    """``(first row, batch)`` per lane-sized sub-batch of the rows ``groups`` describe.
+    """``(first row, batch)`` per sub-batch (at most ``lane_size`` rows) of the rows ``groups`` describe.
 
     Rows get disjoint blocks in order; each sub-batch uses slots ``0..k-1``,
     as a caller without explicit slots does.
@@ -73,9 +73,9 @@ def sample_batches(
         rows.append((length, offset, tuple(range(next_block, next_block + need))))
         next_block += need
     out = []
-    for lane in policy.lane_groups(len(rows)):
-        picked = [PrefillRow(rows[i][0], rows[i][1], slot, rows[i][2]) for slot, i in enumerate(lane)]
-        out.append((lane.start, PrefillBatch.from_rows(picked)))
+    for sub_batch in policy.sub_batches(len(rows)):
+        picked = [PrefillRow(rows[i][0], rows[i][1], slot, rows[i][2]) for slot, i in enumerate(sub_batch)]
+        out.append((sub_batch.start, PrefillBatch.from_rows(picked)))
     return out
 
 

@@ -88,11 +88,12 @@ def _optional_lengths(instance, attribute, value):
 class PrefillPolicy:
     """Every planning rule as a value. Defaults follow tt-metal's measured choices.
 
-    ``lane_size`` is the number of KV slots in one lane: an explicit slot
+    ``lane_size`` is the number of KV slots in one lane (one runtime; a
+    lane group of N lanes holds N * ``lane_size`` slots): an explicit slot
     must lie in ``[0, lane_size)`` and slots are unique within a batch, so a
-    batch holds at most ``lane_size`` rows. A caller without explicit slots
-    splits its rows into lane-sized sub-batches (``lane_groups``), each
-    planned with slots ``0..k-1``.
+    batch holds at most ``lane_size`` rows. A call without explicit slots
+    is split into sub-batches of at most ``lane_size`` rows
+    (``sub_batches``), each planned with slots ``0..k-1``.
     """
 
     tile_size: int = attrs.field(default=32, validator=_positive_int)
@@ -202,10 +203,10 @@ class PrefillPolicy:
             num_rows -= size
         return sizes
 
-    def lane_groups(self, num_rows: int) -> tuple[range, ...]:
+    def sub_batches(self, num_rows: int) -> tuple[range, ...]:
         """Consecutive row ranges of at most ``lane_size`` rows covering ``num_rows`` rows, in order."""
-        lane = self.lane_size
-        return tuple(range(first, min(first + lane, num_rows)) for first in range(0, num_rows, lane))
+        size = self.lane_size
+        return tuple(range(first, min(first + size, num_rows)) for first in range(0, num_rows, size))
 
     def table_width(self, num_blocks: int) -> int:
         """Page-table width holding ``num_blocks`` columns, rounded up."""

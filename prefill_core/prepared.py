@@ -17,7 +17,7 @@ from .sampling import SamplingPath, classify_sampling
 from .signatures import PrefillProgramSignature, PrefillTraceSignature, program_signature, trace_signature
 from .validate import check_inputs
 
-__all__ = ["PreparedPrefill", "prepare_in_lanes", "prepare_prefill", "prepare_request"]
+__all__ = ["PreparedPrefill", "prepare_in_sub_batches", "prepare_prefill", "prepare_request"]
 
 
 @attrs.frozen
@@ -55,13 +55,14 @@ def prepare_prefill(
     return tuple(prepare_request(request, policy) for request in requests)
 
 
-def prepare_in_lanes(
+def prepare_in_sub_batches(
     batch: PrefillBatch, policy: PrefillPolicy, layout: PageTableLayout, *, max_position: int | None = None
 ) -> tuple[PreparedPrefill, ...]:
-    """Plans a batch with more rows than one lane holds, slots not chosen by the caller, as lane-sized sub-batches.
+    """Plans a batch with more rows than ``lane_size``, whose slots the caller did not choose, in sub-batches.
 
-    The whole call is validated first as one batch (a lane as wide as the
-    call), so rules across rows of different sub-batches (a block written
+    A runtime is one lane of ``lane_size`` KV slots; a sub-batch is at most
+    ``lane_size`` consecutive rows. The whole call is validated first as one
+    batch (as if the lane held a slot per row), so rules across rows of different sub-batches (a block written
     twice, a shared cached block at two columns) hold and errors name caller
     rows. Each sub-batch of consecutive rows is then planned with slots
     ``0..k-1``, and its requests' source rows are mapped back to caller rows,
@@ -69,16 +70,16 @@ def prepare_in_lanes(
     """
     check_inputs(batch, attrs.evolve(policy, lane_size=len(batch)), layout, max_position=max_position)
     prepared: list[PreparedPrefill] = []
-    for lane in policy.lane_groups(len(batch)):
-        picked = slice(lane.start, lane.stop)
+    for sub_batch in policy.sub_batches(len(batch)):
+        picked = slice(sub_batch.start, sub_batch.stop)
         sub = PrefillBatch(
             batch.lengths[picked],
             batch.cached[picked],
-            tuple(range(len(lane))),
+            tuple(range(len(sub_batch))),
             batch.blocks[picked],
             batch.sampling[picked],
         )
         for p in prepare_prefill(sub, policy, layout, max_position=max_position):
-            rows = tuple(lane.start + r for r in p.request.source_rows)
+            rows = tuple(sub_batch.start + r for r in p.request.source_rows)
             prepared.append(attrs.evolve(p, request=attrs.evolve(p.request, source_rows=rows)))
     return tuple(prepared)

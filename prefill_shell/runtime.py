@@ -29,7 +29,7 @@ from prefill_core import (
     PreparedPrefill,
     SamplingParams,
     SamplingPath,
-    prepare_in_lanes,
+    prepare_in_sub_batches,
     prepare_prefill,
 )
 from prefill_core.errors import CleanupError, PrefillStateError
@@ -160,7 +160,7 @@ class PrefillRuntime:
         check_token_ids(matrix, batch, config.model.spec.vocab_size)
         max_position = config.model.spec.max_position
         if slots is None and len(batch) > config.policy.lane_size:
-            requests = prepare_in_lanes(batch, config.policy, config.layout, max_position=max_position)
+            requests = prepare_in_sub_batches(batch, config.policy, config.layout, max_position=max_position)
         else:
             requests = prepare_prefill(batch, config.policy, config.layout, max_position=max_position)
         steps = tuple(tuple(build_host_steps(matrix, p.request, table)) for p in requests)

@@ -841,3 +841,42 @@ def histograms(draw, block_size: int, max_length: int = 6000, max_entries: int =
         length = draw(row_lengths(block_size, max_length))
         entries.append(HistogramEntry(length, draw(st.integers(1, 5)), _cached_offset(draw, length, block_size)))
     return tuple(entries)
+
+@st.composite
+def lane_calls(draw, max_lanes: int = 4, max_per_lane: int = 16) -> tuple[int, int, int, tuple[int, ...] | None]:
+    """``(num_lanes, per_lane_batch, num_rows, slots)``: a valid call on a lane group, slots unique or None."""
+    num_lanes = draw(st.integers(1, max_lanes), label="num_lanes")
+    per_lane = draw(st.integers(1, max_per_lane), label="per_lane_batch")
+    capacity = num_lanes * per_lane
+    if draw(st.booleans(), label="without slots"):
+        return num_lanes, per_lane, draw(st.integers(1, capacity), label="rows"), None
+    slots = draw(st.lists(st.integers(0, capacity - 1), min_size=1, max_size=capacity, unique=True), label="slots")
+    return num_lanes, per_lane, len(slots), tuple(slots)
+
+
+@st.composite
+def lane_group_rows(draw, num_lanes: int, per_lane: int, block_size: int = 16, max_length: int = 96):
+    """``(rows, slots)`` for a lane group call: rows ``(length, cached, sampling)``, unique slots or None.
+
+    Cached prefixes are block aligned (fully cached rows included); sampling
+    covers logits, greedy with log-probs, device top-k and host-sampled rows,
+    each sampled row with its own seed.
+    """
+    capacity = num_lanes * per_lane
+    num_rows = draw(st.integers(1, capacity), label="rows")
+    rows = []
+    for _ in range(num_rows):
+        length = draw(st.integers(1, max_length))
+        cached = block_size * draw(st.integers(0, length // block_size)) if draw(st.booleans()) else 0
+        kind = draw(st.sampled_from(("logits", "greedy", "topk", "host")))
+        seed = draw(st.integers(0, 2**31))
+        sampling = {
+            "logits": None,
+            "greedy": SamplingParams.greedy(num_logprobs=2),
+            "topk": SamplingParams(top_k=3, temperature=0.9, seed=seed, num_logprobs=1),
+            "host": SamplingParams(top_k=0, temperature=0.8, seed=seed),
+        }[kind]
+        rows.append((length, cached, sampling))
+    if draw(st.booleans(), label="without slots"):
+        return rows, None
+    return rows, tuple(draw(st.permutations(range(capacity)))[:num_rows])

@@ -3,7 +3,7 @@
 Block size 16 and a 64-token max chunk make waves, chunked rows, cached
 prefixes and every table role appear at lengths a tiny model prefills in
 milliseconds; a 4-slot lane makes a call of five or more rows split into
-lane-sized sub-batches.
+sub-batches of at most 4 rows.
 """
 
 from prefill_core import PrefillPolicy

@@ -15,7 +15,7 @@ How each seam operation maps onto ttnn:
 * ``read``: ``ttnn.from_device(t, blocking=False)`` for every handle, one
   ``ttnn.synchronize_device``, then host conversion. Logits compose across the
   mesh with ``logits_composer`` (vocab-sharded: ``ConcatMeshToTensor(mesh,
-  dim=3)``); replicated outputs are read from replica ``dp_lane``. Values come
+  dim=3)``); replicated outputs are read from device ``replica`` (every device holds a copy). Values come
   back in the runtime's host contract: ids int64, values float32, ``[B]`` and
   ``[B, N]`` shapes.
 * ``release``: ``ttnn.deallocate`` first, then the ledger retires the
@@ -85,18 +85,18 @@ class TtnnBackend:
     max_device_top_k = ttnn_staging.MAX_DEVICE_TOP_K
     max_sampled_wave = SAMPLING_CANDIDATES  # ttnn.sampling serves at most 32 users per call
 
-    def __init__(self, mesh_device: Any, *, dp_lane: int = 0, logits_composer: Any = None, ttnn_module: Any = None):
+    def __init__(self, mesh_device: Any, *, replica: int = 0, logits_composer: Any = None, ttnn_module: Any = None):
         if ttnn_module is None:
             import ttnn as ttnn_module
         self.tt = ttnn_module
         self.device = mesh_device
         self.ledger = ResourceLedger()
         self.num_devices = int(mesh_device.get_num_devices())
-        if not 0 <= dp_lane < self.num_devices:
+        if not 0 <= replica < self.num_devices:
             raise PrefillConfigError(
-                f"TtnnBackend.dp_lane={dp_lane!r} is invalid: the mesh has {self.num_devices} devices"
+                f"TtnnBackend.replica={replica!r} is invalid: the mesh has {self.num_devices} devices"
             )
-        self.dp_lane = dp_lane
+        self.replica = replica
         self.logits_composer = logits_composer
         self.captures = 0
         self._replicate = self.tt.ReplicateTensorToMesh(mesh_device)
@@ -136,7 +136,7 @@ class TtnnBackend:
         if spec is LOGITS and self.logits_composer is not None:
             return self.tt.to_torch(host, mesh_composer=self.logits_composer)
         if self.num_devices > 1:
-            host = self.tt.get_device_tensors(host)[self.dp_lane]  # replicated: one copy is the value
+            host = self.tt.get_device_tensors(host)[self.replica]  # replicated: one copy is the value
         return self.tt.to_torch(host)
 
     def release(self, handle: DeviceTensor) -> None:

@@ -22,7 +22,13 @@ Rules it enforces (each broken rule raises ``EmulationError``):
 * a replay of an unknown or released trace, or a replay while one of the
   trace's host-written inputs was never refreshed since the capture;
 * a non-blocking ``from_device`` converted before ``synchronize_device``,
-  or after a replay or copy overwrote the tensor it reads.
+  or after a replay or copy overwrote the tensor it reads;
+* an op, copy, capture or replay touching tensors of two meshes (a tensor
+  of one submesh used on another, ``emulated_mesh.placement``).
+
+``open_mesh_device(MeshShape(r, c))`` gives a mesh of ``r * c`` emulated
+chips and ``create_submeshes`` cuts it into submeshes, one per
+data-parallel lane; each tensor lives on the mesh it was placed on.
 
 Traces record every op and model call made between ``begin_trace_capture``
 and ``end_trace_capture`` and replay them against the current contents of
@@ -39,6 +45,7 @@ from typing import Any
 import torch
 
 from . import emulation_ops
+from .emulated_mesh import EmulatedMesh, placement
 
 __all__ = ["EmulatedMesh", "EmulatedTensor", "EmulationError", "HostRead", "ReferenceEmulation"]
 
@@ -66,23 +73,14 @@ class EmulationError(AssertionError):
     """A ttnn device rule the emulated call broke (an AssertionError: it is a bug in the caller)."""
 
 
-class EmulatedMesh:
-    """Stands where a one-chip ``MeshDevice`` would be."""
-
-    def get_num_devices(self) -> int:
-        return 1
-
-    def __repr__(self) -> str:
-        return "EmulatedMesh(1 device)"
-
-
 class EmulatedTensor:
     """A device tensor of the emulation: a real ttnn host tensor that ops and copies overwrite in place."""
 
     _ids = itertools.count(1)
 
-    def __init__(self, host: Any, origin: str):
+    def __init__(self, host: Any, origin: str, mesh: EmulatedMesh):
         self.host = host
+        self.mesh = mesh  # where it lives: ops, copies and traces may not mix meshes
         self.origin = origin  # "upload" (a host write made it) or the name of the op that made it
         self.tid = next(self._ids)
         self.version = 0  # bumped by every overwrite: a pending read checks it
@@ -124,9 +122,10 @@ class HostRead:
 
 
 class _Trace:
-    __slots__ = ("records", "inputs", "released", "replays")
+    __slots__ = ("mesh", "records", "inputs", "released", "replays")
 
-    def __init__(self):
+    def __init__(self, mesh: EmulatedMesh):
+        self.mesh = mesh
         self.records: list[tuple[Callable, tuple, dict, list[EmulatedTensor]]] = []
         self.inputs: dict[int, tuple[EmulatedTensor, int]] = {}  # host-written inputs: writes seen at capture
         self.released = False
@@ -174,9 +173,14 @@ class ReferenceEmulation:
     def run(self, name: str, op: Callable, args: tuple, kwargs: dict) -> Any:
         """Runs ``op`` (host tensors in, host tensors out) and wraps its outputs; records it when capturing."""
         self._check_live(name, (*args, *kwargs.values()))
+        device = kwargs.get("device")
+        meshes = [t.mesh for t in _tensors((*args, *kwargs.values()))]
+        mesh = placement(name, [*meshes, device if isinstance(device, EmulatedMesh) else None], self.mesh)
+        if self.capturing is not None:
+            placement(name, (mesh, self.capturing.mesh), self.mesh)  # a capture records one mesh's work
         self.counts[name] = self.counts.get(name, 0) + 1
         result = op(self.ttnn, *_unwrap(args), **_unwrap_kw(kwargs))
-        outputs = [self._new(host, name) for host in (result if isinstance(result, tuple) else (result,))]
+        outputs = [self._new(host, name, mesh) for host in (result if isinstance(result, tuple) else (result,))]
         if self.capturing is not None:
             self._record(op, args, kwargs, outputs, reads=(*args, *kwargs.values()))
         return tuple(outputs) if isinstance(result, tuple) else outputs[0]
@@ -197,8 +201,8 @@ class ReferenceEmulation:
 
         return self.run(name, op, tuple(inputs), {})
 
-    def _new(self, host: Any, origin: str) -> EmulatedTensor:
-        tensor = EmulatedTensor(host, origin)
+    def _new(self, host: Any, origin: str, mesh: EmulatedMesh) -> EmulatedTensor:
+        tensor = EmulatedTensor(host, origin, mesh)
         self.live[tensor.tid] = tensor
         return tensor
 
@@ -216,7 +220,7 @@ class ReferenceEmulation:
     def to_device(self, tensor: Any, device: Any = None, memory_config: Any = None) -> EmulatedTensor:
         self._no_capture("to_device")
         self.counts["to_device"] = self.counts.get("to_device", 0) + 1
-        out = self._new(tensor, "upload")
+        out = self._new(tensor, "upload", device if isinstance(device, EmulatedMesh) else self.mesh)
         out.host_writes = 1
         return out
 
@@ -230,6 +234,7 @@ class ReferenceEmulation:
     def copy(self, input_a: EmulatedTensor, input_b: EmulatedTensor) -> None:
         """ttnn.copy, the project's own: its golden writes nothing. Overwrites ``input_b`` with ``input_a``."""
         self._check_live("copy", (input_a, input_b))
+        placement("copy", (input_a.mesh, input_b.mesh), self.mesh)
         emulation_ops.require_same_spec("copy", input_a.host, input_b.host)
         self.counts["copy"] = self.counts.get("copy", 0) + 1
         input_b.overwrite(input_a.host)
@@ -274,10 +279,16 @@ class ReferenceEmulation:
         if self.capturing is not None:
             raise EmulationError(f"ttnn.{name} during a trace capture: host transfers are not traced")
 
-    # -- mesh (one chip: replication is the identity) -------------------------
+    # -- mesh (replication is the identity: every device holds the same copy) --
     def open_mesh_device(self, mesh_shape: Any = None, **options: Any) -> EmulatedMesh:
-        """The emulated chip, so code written for ``ttnn.open_mesh_device`` runs unchanged."""
-        return self.mesh
+        """The emulated chip (a 1x1 shape or none), else a mesh of ``mesh_shape`` emulated chips."""
+        if mesh_shape is None or tuple(int(d) for d in mesh_shape) == (1, 1):
+            return self.mesh
+        return EmulatedMesh(mesh_shape)
+
+    def get_device_tensors(self, tensor: HostRead) -> list[HostRead]:
+        """One copy per device of the tensor's mesh (replicated: each is the value)."""
+        return [tensor] * tensor.source.mesh.get_num_devices()
 
     def ReplicateTensorToMesh(self, mesh_device: Any) -> None:
         return None
@@ -290,7 +301,7 @@ class ReferenceEmulation:
         if self.capturing is not None:
             raise EmulationError("begin_trace_capture inside another capture")
         trace_id = next(self._trace_ids)
-        self.traces[trace_id] = self.capturing = _Trace()
+        self.traces[trace_id] = self.capturing = _Trace(mesh_device)
         return trace_id
 
     def end_trace_capture(self, mesh_device: Any, trace_id: int, *, cq_id: int = 0) -> None:
@@ -300,6 +311,7 @@ class ReferenceEmulation:
 
     def execute_trace(self, mesh_device: Any, trace_id: int, *, cq_id: int = 0, blocking: bool = True) -> None:
         trace = self._live_trace("execute_trace", trace_id)
+        placement("execute_trace", (trace.mesh, mesh_device), self.mesh)  # a trace replays on its own mesh
         for tensor, writes_at_capture in trace.inputs.values():
             if tensor.freed:
                 raise EmulationError(f"replay of trace {trace_id} reads {tensor!r}, which was deallocated")

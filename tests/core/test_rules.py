@@ -131,11 +131,11 @@ def test_slot_error_names_the_lane_count():
     assert "lane_size=32" in str(caught.value) and "0..32-1" in str(caught.value)
 
 
-def test_lane_groups_cover_the_rows_in_lane_sized_ranges():
-    """lane_groups(70) with lane 32 is rows 0-31, 32-63, 64-69; zero rows give no group."""
-    groups = PrefillPolicy().lane_groups(70)
+def test_sub_batches_cover_the_rows_in_ranges_of_lane_size():
+    """sub_batches(70) with lane_size 32 is rows 0-31, 32-63, 64-69; zero rows give no group."""
+    groups = PrefillPolicy().sub_batches(70)
     assert [(g.start, g.stop) for g in groups] == [(0, 32), (32, 64), (64, 70)]
-    assert PrefillPolicy().lane_groups(0) == ()
+    assert PrefillPolicy().sub_batches(0) == ()
 
 
 @pytest.mark.parametrize("limit", [0, -1, 1.5, "4000", True])

@@ -1,7 +1,7 @@
-"""Calls with more rows than one lane: split into lane-sized sub-batches, results in caller order.
+"""Calls with more rows than one lane's slots: split into sub-batches, results in caller order.
 
 A lane holds ``policy.lane_size`` KV slots. Without explicit slots any number
-of rows is valid (the runtime plans consecutive lane-sized groups with slots
+of rows is valid (the runtime plans consecutive sub-batches of ``lane_size`` rows with slots
 ``0..k-1`` and maps their rows back); with explicit slots the core's slot
 rule names the lane size.
 """
@@ -15,7 +15,7 @@ from prefill_core import PrefillPolicy, SamplingParams
 from prefill_core.errors import BlockConflictError, InvalidCachedLengthError, InvalidSlotError
 
 BS = 16
-LANE_POLICY = PrefillPolicy(max_chunk_length=256, chunk_quantum=128, length_ladder=(128, 256), lane_size=4)
+SUB_BATCH_POLICY = PrefillPolicy(max_chunk_length=256, chunk_quantum=128, length_ladder=(128, 256), lane_size=4)
 """Four slots per lane, so ten rows make three sub-batches (4, 4, 2)."""
 
 
@@ -41,9 +41,9 @@ def test_issue_reproducer_33_rows_without_slots_prefill_in_caller_order(tiny_mod
     assert rt.backend.ledger.live() == []
 
 
-def test_mixed_rows_across_lanes_match_each_row_alone(tiny_model, kit):
-    """Ten rows (waves, a chunked row, cached rows, every sampling path) over three lanes match each row run alone."""
-    rt = kit.build_runtime(tiny_model, num_blocks=96, block_size=BS, policy=LANE_POLICY)
+def test_mixed_rows_across_sub_batches_match_each_row_alone(tiny_model, kit):
+    """Ten rows (waves, a chunked row, cached rows, every sampling path) in three sub-batches match each row alone."""
+    rt = kit.build_runtime(tiny_model, num_blocks=96, block_size=BS, policy=SUB_BATCH_POLICY)
     lengths = [40, 300, 70, 33, 90, 64, 100, 20, 48, 130]
     cached = [0, 0, 0, 0, 32, 0, 64, 0, 48, 0]
     sampling = [
@@ -70,9 +70,9 @@ def test_mixed_rows_across_lanes_match_each_row_alone(tiny_model, kit):
     assert rt.backend.ledger.live() == []
 
 
-def test_streaming_across_lanes_yields_caller_rows_one_invocation_at_a_time(tiny_model, kit):
-    """invocations() stays lazy across lanes and stream() names caller rows, covering every row once."""
-    rt = kit.build_runtime(tiny_model, num_blocks=64, block_size=BS, policy=LANE_POLICY)
+def test_streaming_across_sub_batches_yields_caller_rows_one_invocation_at_a_time(tiny_model, kit):
+    """invocations() stays lazy across sub-batches and stream() names caller rows, covering every row once."""
+    rt = kit.build_runtime(tiny_model, num_blocks=64, block_size=BS, policy=SUB_BATCH_POLICY)
     lengths = [20] * 10
     rows = _rows(kit, lengths, seed=800)
     batch = rt.prepare(kit.token_matrix(rows), kit.page_table(kit.assign_blocks(lengths, BS, 64, seed=8)), lengths)
@@ -84,9 +84,9 @@ def test_streaming_across_lanes_yields_caller_rows_one_invocation_at_a_time(tiny
     assert rt.backend.ledger.live() == []
 
 
-def test_a_block_written_by_rows_in_two_lanes_is_a_conflict_naming_the_caller_row(tiny_model, kit):
-    """Rows 0 and 5 sit in different lanes; writing one block from both is refused naming caller row 5."""
-    rt = kit.build_runtime(tiny_model, num_blocks=64, block_size=BS, policy=LANE_POLICY)
+def test_a_block_written_by_rows_in_two_sub_batches_is_a_conflict_naming_the_caller_row(tiny_model, kit):
+    """Rows 0 and 5 sit in different sub-batches; writing one block from both is refused naming caller row 5."""
+    rt = kit.build_runtime(tiny_model, num_blocks=64, block_size=BS, policy=SUB_BATCH_POLICY)
     lengths = [20] * 6
     blocks = kit.assign_blocks(lengths, BS, 64, seed=9)
     blocks[5][0] = blocks[0][0]
@@ -95,9 +95,9 @@ def test_a_block_written_by_rows_in_two_lanes_is_a_conflict_naming_the_caller_ro
     assert rt.backend.ledger.allocations == 0
 
 
-def test_an_input_error_in_a_later_lane_names_the_caller_row(tiny_model, kit):
-    """A bad cached length at caller row 6 (second lane, local row 2) is reported as row 6."""
-    rt = kit.build_runtime(tiny_model, num_blocks=64, block_size=BS, policy=LANE_POLICY)
+def test_an_input_error_in_a_later_sub_batch_names_the_caller_row(tiny_model, kit):
+    """A bad cached length at caller row 6 (second sub-batch, its row 2) is reported as row 6."""
+    rt = kit.build_runtime(tiny_model, num_blocks=64, block_size=BS, policy=SUB_BATCH_POLICY)
     lengths = [40] * 8
     cached = [0] * 8
     cached[6] = 5
