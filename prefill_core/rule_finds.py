@@ -66,7 +66,7 @@ class Scope:
             return
         self.needs = ceil_div_column(batch.lengths, limits.block_size)
         self.prefixes = [blocks[:need] for blocks, need in zip(batch.blocks, self.needs)]
-        self.has_repeats = len(set().union(*self.prefixes)) != sum(self.needs)
+        self.has_repeats = len(set().union(*self.prefixes)) != sum(len(prefix) for prefix in self.prefixes)
 
     @cached_property
     def first_written(self) -> list[int]:
