@@ -9,7 +9,6 @@ over the rows (or their block ids) stating the rule.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
 from functools import cached_property
 
 import attrs
@@ -53,10 +52,16 @@ class Scope:
     * ``needs``: each row's mapped block count, ``ceil(length / block_size)``
       (the planner reads it too);
     * ``prefixes``: each row's mapped prefix, its first ``needs`` entries;
+    * ``mapped_ids``: the set of every mapped block id;
     * ``has_repeats``: whether any block id is mapped twice in the batch.
-      The three repeat rules can fire only then, so a batch without one
-      skips their walks: a 4096-block row pays one set instead of three
-      dict walks (the ``plan_131072_*`` rows of benchmarks/plan_overhead.py).
+
+    ``mapped_ids`` and ``has_repeats`` are the two fast paths of the block-id
+    rules, kept because a 4096-block row (the ``plan_131072_*`` rows of
+    benchmarks/plan_overhead.py) measurably pays for the walks they skip:
+    the set's min and max clear ``block_outside_pool`` (every prefix has an
+    entry once ``short_prefix`` passed), and the three repeat rules can fire
+    only when ``has_repeats``, so a batch without a repeat skips their dict
+    walks.
     """
 
     def __init__(self, batch, limits: Limits | None = None):
@@ -66,7 +71,8 @@ class Scope:
             return
         self.needs = ceil_div_column(batch.lengths, limits.block_size)
         self.prefixes = [blocks[:need] for blocks, need in zip(batch.blocks, self.needs)]
-        self.has_repeats = len(set().union(*self.prefixes)) != sum(self.needs)
+        self.mapped_ids = set().union(*self.prefixes)
+        self.has_repeats = len(self.mapped_ids) != sum(len(prefix) for prefix in self.prefixes)
 
     @cached_property
     def first_written(self) -> list[int]:
@@ -82,14 +88,6 @@ class Scope:
             if params is not None and id(params) not in first:
                 first[id(params)] = (row, params)
         return list(first.values())
-
-
-def _first_row(column: Iterable, field: str, broken: Callable[[object], bool]) -> Hit | None:
-    """A hit at the first row whose value in ``column`` breaks the rule (``broken(value)``), else None."""
-    for row, value in enumerate(column):
-        if broken(value):
-            return Hit(row, field, value)
-    return None
 
 
 # ---------------------------------------------------------------- batch stage
@@ -117,7 +115,10 @@ def empty(scope: Scope) -> Hit | None:
 
 
 def bad_length(scope: Scope) -> Hit | None:
-    return _first_row(scope.batch.lengths, "length", lambda n: type(n) is not int or n <= 0)
+    for row, length in enumerate(scope.batch.lengths):
+        if type(length) is not int or length <= 0:
+            return Hit(row, "length", length)
+    return None
 
 
 def bad_cached(scope: Scope) -> Hit | None:
@@ -129,7 +130,10 @@ def bad_cached(scope: Scope) -> Hit | None:
 
 
 def negative_slot(scope: Scope) -> Hit | None:
-    return _first_row(scope.batch.slots, "slot", lambda s: type(s) is not int or s < 0)
+    for row, slot in enumerate(scope.batch.slots):
+        if type(slot) is not int or slot < 0:
+            return Hit(row, "slot", slot)
+    return None
 
 
 def repeated_slot(scope: Scope) -> Hit | None:
@@ -157,7 +161,10 @@ def block_not_int(scope: Scope) -> Hit | None:
 
 
 def bad_sampling_type(scope: Scope) -> Hit | None:
-    return _first_row(scope.batch.sampling, "sampling", lambda s: s is not None and not isinstance(s, SamplingParams))
+    for row, params in enumerate(scope.batch.sampling):
+        if params is not None and not isinstance(params, SamplingParams):
+            return Hit(row, "sampling", params)
+    return None
 
 
 # ---------------------------------------------------------------- plan stage: rows
@@ -165,24 +172,36 @@ def bad_sampling_type(scope: Scope) -> Hit | None:
 
 def unaligned_cached(scope: Scope) -> Hit | None:
     bs = scope.limits.block_size
-    return _first_row(scope.batch.cached, "cached", lambda c: c % bs != 0)
+    for row, cached in enumerate(scope.batch.cached):
+        if cached % bs != 0:
+            return Hit(row, "cached", cached)
+    return None
 
 
 def slot_beyond_lane(scope: Scope) -> Hit | None:
     lane = scope.limits.lane_size
-    return _first_row(scope.batch.slots, "slot", lambda s: s >= lane)
+    for row, slot in enumerate(scope.batch.slots):
+        if slot >= lane:
+            return Hit(row, "slot", slot)
+    return None
 
 
 def beyond_capacity(scope: Scope) -> Hit | None:
     capacity = scope.limits.capacity
-    return _first_row(scope.batch.lengths, "length", lambda n: n > capacity)
+    for row, length in enumerate(scope.batch.lengths):
+        if length > capacity:
+            return Hit(row, "length", length)
+    return None
 
 
 def beyond_max_position(scope: Scope) -> Hit | None:
     limit = scope.limits.max_position
     if limit is None:
         return None
-    return _first_row(scope.batch.lengths, "length", lambda n: n > limit)
+    for row, length in enumerate(scope.batch.lengths):
+        if length > limit:
+            return Hit(row, "length", length)
+    return None
 
 
 def short_prefix(scope: Scope) -> Hit | None:
@@ -199,11 +218,9 @@ def short_prefix(scope: Scope) -> Hit | None:
 
 def block_outside_pool(scope: Scope) -> Hit | None:
     pool = scope.limits.num_blocks
+    if 0 <= min(scope.mapped_ids) and max(scope.mapped_ids) < pool:  # fast path (see Scope)
+        return None
     for row, prefix in enumerate(scope.prefixes):
-        # Fast path: min and max clear a whole row in two C scans where the loop below takes a bytecode
-        # step an id (the plan_131072_* rows of benchmarks/plan_overhead.py); every prefix has an entry.
-        if 0 <= min(prefix) and max(prefix) < pool:
-            continue
         for column, block in enumerate(prefix):
             if not 0 <= block < pool:
                 return Hit(row, f"blocks[{column}]", block)

@@ -85,9 +85,9 @@ def classify_sampling(
     sampling: tuple[SamplingParams | None, ...], *, device_top_k_cap: int, allow_forced_argmax: bool
 ) -> SamplingPath:
     """The one sampling path of a wave whose active rows carry ``sampling``."""
-    distinct = distinct_params(sampling)
-    if distinct == [None]:
+    if all(s is None for s in sampling):
         return SamplingPath.LOGITS
+    distinct = distinct_params(sampling)
     if any(s is None for s in distinct):
         # The planner never mixes logits rows with sampled rows in one wave.
         raise AssertionError("a wave mixes rows with and without sampling params")
