@@ -842,6 +842,7 @@ def histograms(draw, block_size: int, max_length: int = 6000, max_entries: int =
         entries.append(HistogramEntry(length, draw(st.integers(1, 5)), _cached_offset(draw, length, block_size)))
     return tuple(entries)
 
+
 @st.composite
 def lane_calls(draw, max_lanes: int = 4, max_per_lane: int = 16) -> tuple[int, int, int, tuple[int, ...] | None]:
     """``(num_lanes, per_lane_batch, num_rows, slots)``: a valid call on a lane group, slots unique or None."""

@@ -19,7 +19,7 @@ from prefill_shell.tt.backend import TtnnBackend
 
 mesh = ttnn.open_mesh_device(ttnn.MeshShape(1, 1), trace_region_size=32 << 20)
 backend = TtnnBackend(mesh)  # one lane; a lane group runs one per submesh (see "Lanes")
-model = TtModelAdapter(tt_model, spec, mesh_device=mesh)  # tt_model: a TTTv2 model (embed_prefill, prefill_forward, ...)
+model = TtModelAdapter(tt_model, spec, mesh_device=mesh)  # a TTTv2 model (embed_prefill, prefill_forward, ...)
 kv = TtKVCache(block_size=32, num_blocks=num_blocks)  # the geometry of the paged KV pool bound in tt_model
 runtime = PrefillRuntime(PrefillRuntimeConfig.resolve(model, backend, kv, policy=PrefillPolicy()))
 results = runtime.prefill(tokens, page_table, prompt_lengths=lengths)
