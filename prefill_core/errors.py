@@ -19,6 +19,7 @@ __all__ = [
     "BlockConflictError",
     "RepeatedBlockError",
     "SharedBlockColumnError",
+    "BlockDependencyCycleError",
     "CapacityError",
     "PositionLimitError",
     "InvalidSamplingError",
@@ -69,7 +70,7 @@ class InvalidLengthError(PrefillInputError):
 
 
 class InvalidCachedLengthError(PrefillInputError):
-    """A cached-prefix length is negative, beyond the prompt, or not block aligned."""
+    """A cached-prefix length is negative or beyond the prompt."""
 
 
 class InvalidSlotError(PrefillInputError):
@@ -81,7 +82,7 @@ class InvalidPageTableError(PrefillInputError):
 
 
 class BlockConflictError(PrefillInputError):
-    """One KV block would be written by two rows (or twice by one row)."""
+    """One KV block would be written by two rows (or twice by one row), or read before it is whole."""
 
 
 class RepeatedBlockError(BlockConflictError):
@@ -97,6 +98,15 @@ class SharedBlockColumnError(BlockConflictError):
 
     Prefix sharing is legal only for the same positions: a shared block
     holds the KV of one run of positions, so it must sit at one column.
+    """
+
+
+class BlockDependencyCycleError(BlockConflictError):
+    """Rows read as cached blocks that each other write, so no run order serves them all.
+
+    A request that reads a block another request of the call writes runs
+    after it (``block_order``); a cycle of such reads has no order. The rule
+    table keeps the planner from producing one.
     """
 
 

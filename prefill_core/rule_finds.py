@@ -15,7 +15,7 @@ from array import array
 from collections.abc import Sequence
 from functools import cached_property
 from itertools import chain, repeat
-from operator import ge, gt, indexOf, is_, lt, mod, truth
+from operator import ge, gt, indexOf, is_, lt, truth
 
 import attrs
 
@@ -88,9 +88,14 @@ class Scope:
 
     @cached_property
     def first_written(self) -> list[int]:
-        """Each row's first written column, ``cached // block_size``."""
+        """Each row's first written column (``computed_positions.written_columns``).
+
+        ``cached // block_size``, or the mapped width for a fully cached row,
+        which writes nothing and reads every mapped block.
+        """
         bs = self.limits.block_size
-        return [c // bs for c in self.batch.cached]
+        batch = self.batch
+        return [c // bs if c < n else need for c, n, need in zip(batch.cached, batch.lengths, self.needs)]
 
 
 def _distinct_sampling(sampling: tuple) -> list[tuple[int, SamplingParams]]:
@@ -226,13 +231,6 @@ def bad_sampling_type(scope: Scope) -> Hit | None:
 # ---------------------------------------------------------------- plan stage: rows
 
 
-def unaligned_cached(scope: Scope) -> Hit | None:
-    cached = scope.batch.cached
-    if not any(cached):  # nothing cached (the common batch): aligned
-        return None
-    return _hit_at(cached, "cached", map(mod, cached, repeat(scope.limits.block_size)))
-
-
 def slot_beyond_lane(scope: Scope) -> Hit | None:
     slots = scope.batch.slots
     if max(slots) < scope.limits.lane_size:  # one C pass proves every row; the scan finds the first
@@ -308,16 +306,31 @@ def two_writers(scope: Scope) -> Hit | None:
     return None
 
 
-def cached_overwritten(scope: Scope) -> Hit | None:
+def cached_block_not_written_whole(scope: Scope) -> Hit | None:
+    """A block one row reads as cached while another writes it: legal only written whole, at the same column.
+
+    Such a pair is served by running the writer first (``block_order``), so
+    the reader must find the same positions there (the same column) and all
+    of them written (the writer's prompt covers the whole block).
+    """
     if not scope.has_repeats or not any(scope.first_written):
         return None
-    pairs = zip(scope.prefixes, scope.first_written)
-    writer = {block: row for row, (prefix, lo) in enumerate(pairs) for block in prefix[lo:]}
+    writer: dict[int, tuple[int, int]] = {}
+    for row, (prefix, lo) in enumerate(zip(scope.prefixes, scope.first_written)):
+        for column in range(lo, len(prefix)):
+            writer[prefix[column]] = (row, column)
+    lengths, bs = scope.batch.lengths, scope.limits.block_size
     for row, (prefix, lo) in enumerate(zip(scope.prefixes, scope.first_written)):
         for column in range(lo):
-            other = writer.get(prefix[column])
-            if other is not None:
-                return Hit(row, f"blocks[{column}]", prefix[column], f"; row {other} writes it")
+            found = writer.get(prefix[column])
+            if found is None:
+                continue
+            other, at = found
+            if at != column:
+                return Hit(row, f"blocks[{column}]", prefix[column], f"; row {other} writes it at column {at}")
+            if lengths[other] < (column + 1) * bs:
+                detail = f"; row {other} writes only its first {lengths[other] - column * bs} positions"
+                return Hit(row, f"blocks[{column}]", prefix[column], detail)
     return None
 
 
