@@ -23,6 +23,7 @@ __all__ = [
     "CapacityError",
     "PositionLimitError",
     "InvalidSamplingError",
+    "KVCacheMismatchError",
     "InvalidPolicyError",
     "InvalidLayoutError",
     "PrefillConfigError",
@@ -124,6 +125,10 @@ class PositionLimitError(CapacityError):
 
 class InvalidSamplingError(PrefillInputError):
     """A sampling parameter is out of its domain."""
+
+
+class KVCacheMismatchError(PrefillInputError):
+    """A call names a KV pool other than the one the runtime was resolved with."""
 
 
 class InvalidPolicyError(PrefillInputError):
