@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from vllm_like_scheduler import BlockPool, Scheduler, SimRequest
+from vllm_like_scheduler import BlockPool, Scheduler, SimRequest, drive
 
 from prefill_core import PrefillPolicy
 from prefill_shell.backends import TorchBackend
@@ -65,54 +65,11 @@ def _plugin_sampling(rows: list[SimRequest]):
     )
 
 
-def _own_blocks(scheduled) -> set[int]:
-    """The blocks a step writes: each row's, from the block holding its start to its chunk's end."""
-    own = set()
-    for request, n in scheduled:
-        end = request.computed + n
-        own.update(request.blocks[request.computed // BLOCK : -(-end // BLOCK)])
-    return own
-
-
 def run(facade: ServingFacade, requests: list[SimRequest], *, budget: int, traced: bool, sampled: bool) -> dict:
-    """Drives every request to its end; checks each step's KV writes; returns the scheduler's counts."""
+    """Drives every request to its end (``drive`` checks each step's KV writes); the scheduler's counts."""
     pool = BlockPool(NUM_BLOCKS[budget], BLOCK)
     scheduler = Scheduler(requests, pool, budget=budget, max_num_seqs=MAX_SEQS, decode_steps=DECODE_STEPS)
-    kv, rng, now = facade.kv, random.Random(budget), 0
-    while not scheduler.idle:
-        scheduled = scheduler.step(now)
-        now += 1
-        assert now < 1000, "the scheduler made no progress"
-        if not scheduled:
-            continue
-        rng.shuffle(scheduled)  # the plugin's row order is its persistent batch's, not the scheduling order
-        rows = [r for r, _ in scheduled]
-        width = max(len(r.tokens) for r in rows)
-        tokens = torch.zeros(len(rows), width, dtype=torch.int64)
-        table = torch.full((len(rows), 32), -1, dtype=torch.int32)
-        for i, r in enumerate(rows):
-            tokens[i, : len(r.tokens)] = r.tokens
-            table[i, : len(r.blocks)] = torch.tensor(r.blocks, dtype=torch.int32)
-        before = [t.clone() for t in kv.keys + kv.values]
-        out = facade.prefill_forward(
-            tokens,
-            table,
-            kv_cache=kv,
-            enable_trace=traced,
-            prompt_lens=torch.tensor([r.computed + n for r, n in scheduled]),
-            start_pos=torch.tensor([r.computed for r in rows]),
-            empty_slots=[r.slot for r in rows],
-            sampling_params=_plugin_sampling(rows) if sampled else None,
-        )
-        own = _own_blocks(scheduled) | {kv.sink_block}  # the sink absorbs -1 writes; no row maps it
-        for old, new in zip(before, kv.keys + kv.values):
-            changed = (old != new).reshape(old.shape[0], -1).any(1).nonzero().flatten().tolist()
-            assert set(changed) <= own, f"step {now}: blocks {sorted(set(changed) - own)} changed"
-        for i, (r, n) in enumerate(scheduled):
-            r.computed += n
-            if r.computed == len(r.tokens):
-                r.results.append((int(out[0][i]), float(out[1][i])) if sampled else out[i, 0].clone())
-                scheduler.prefilled(r)
+    drive(facade, scheduler, traced=traced, sampling=_plugin_sampling if sampled else None, seed=budget)
     return scheduler.stats
 
 

@@ -24,6 +24,7 @@ Each step is one ``prefill_forward`` call with the plugin's keywords:
 
 from __future__ import annotations
 
+import random
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -216,3 +217,59 @@ class Scheduler:
         if request.slot >= 0:
             self.slots.append(request.slot)
             request.slot = -1
+
+
+def _own_blocks(scheduled, block_size: int) -> set[int]:
+    """The blocks a step writes: each row's, from the block holding its start to its chunk's end."""
+    own = set()
+    for request, n in scheduled:
+        end = request.computed + n
+        own.update(request.blocks[request.computed // block_size : -(-end // block_size)])
+    return own
+
+
+def drive(facade, scheduler: Scheduler, *, traced: bool, sampling=None, seed: int = 0, max_steps: int = 1000) -> None:
+    """Runs ``scheduler`` to idle, one ``prefill_forward`` per step with the plugin's keywords.
+
+    ``sampling(rows)`` builds the step's sampling parameters (None: logits).
+    A request's result (its final-chunk logits ``[V]``, or ``(token,
+    log-prob)``) is appended when its prefill completes. After every step,
+    no byte of the pool outside the step's own blocks (and the write-only
+    sink) may have changed.
+    """
+    kv, rng, bs = facade.kv, random.Random(seed), scheduler.pool.block_size
+    width = facade.runtime.config.layout.max_num_blocks_per_seq
+    for now in range(max_steps):
+        if scheduler.idle:
+            return
+        scheduled = scheduler.step(now)
+        if not scheduled:
+            continue
+        rng.shuffle(scheduled)  # the plugin's row order is its persistent batch's, not the scheduling order
+        rows = [r for r, _ in scheduled]
+        tokens = torch.zeros(len(rows), max(len(r.tokens) for r in rows), dtype=torch.int64)
+        table = torch.full((len(rows), width), -1, dtype=torch.int32)
+        for i, r in enumerate(rows):
+            tokens[i, : len(r.tokens)] = r.tokens
+            table[i, : len(r.blocks)] = torch.tensor(r.blocks, dtype=torch.int32)
+        before = [t.clone() for t in kv.keys + kv.values]
+        out = facade.prefill_forward(
+            tokens,
+            table,
+            kv_cache=kv,
+            enable_trace=traced,
+            prompt_lens=torch.tensor([r.computed + n for r, n in scheduled]),
+            start_pos=torch.tensor([r.computed for r in rows]),
+            empty_slots=[r.slot for r in rows],
+            sampling_params=None if sampling is None else sampling(rows),
+        )
+        own = _own_blocks(scheduled, bs) | {kv.sink_block}  # the sink absorbs -1 writes; no row maps it
+        for old, new in zip(before, kv.keys + kv.values):
+            changed = (old != new).reshape(old.shape[0], -1).any(1).nonzero().flatten().tolist()
+            assert set(changed) <= own, f"step {now}: blocks {sorted(set(changed) - own)} changed"
+        for i, (r, n) in enumerate(scheduled):
+            r.computed += n
+            if r.computed == len(r.tokens):
+                r.results.append(out[i, 0].clone() if sampling is None else (int(out[0][i]), float(out[1][i])))
+                scheduler.prefilled(r)
+    raise AssertionError(f"the scheduler is not idle after {max_steps} steps")
