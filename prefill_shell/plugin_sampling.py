@@ -133,13 +133,18 @@ def rows_from_plugin(sampling: Any, num_rows: int, vocab_size: int) -> list[RowS
             msg = f"sampling_params has no {name}: it must carry temperature, top_k and top_p (TTSamplingParams)"
             raise InvalidSamplingError(msg, field=f"sampling_params.{name}")
     columns = [_column(sampling, name, num_rows) for name in names]
+    # Rows usually share a few value tuples: each is mapped (and checked) once, and rows that share one share
+    # its objects, so the core judges each distinct parameter object once.
+    mapped: dict[tuple, RowSampling] = {}
     rows = []
-    for row, (t, k, p, presence, frequency, repetition, seed, num_logprobs, enabled) in enumerate(zip(*columns)):
-        rows.append(
-            RowSampling(
+    for row, values in enumerate(zip(*columns)):
+        found = mapped.get(values)
+        if found is None:
+            t, k, p, presence, frequency, repetition, seed, num_logprobs, enabled = values
+            found = mapped[values] = RowSampling(
                 _core_params(t, k, p, seed, vocab_size),
                 _penalties(row, presence, frequency, repetition),
                 _wants_logprob(row, num_logprobs, enabled),
             )
-        )
+        rows.append(found)
     return rows

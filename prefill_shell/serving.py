@@ -214,28 +214,26 @@ class ServingFacade:
         return self._sampled(results, rows, tokens, prompt_lens, output_tokens)
 
     def _sampled(self, results, rows: list[RowSampling], tokens, prompt_lens, output_tokens):
-        lengths = prompt_lens.tolist() if isinstance(prompt_lens, torch.Tensor) else list(prompt_lens)
-        sampled, logprobs = [], []
-        for row, (result, sampling) in enumerate(zip(results, rows)):
-            if sampling.penalties.neutral:
-                sampled.append(result.token)
-                logprobs.append(result.logprob)
-                continue
+        sampled = [result.token for result in results]
+        logprobs = [result.logprob for result in results]
+        penalised = [row for row, sampling in enumerate(rows) if not sampling.penalties.neutral]
+        if penalised:
+            lengths = prompt_lens.tolist() if isinstance(prompt_lens, torch.Tensor) else list(prompt_lens)
+        for row in penalised:  # sampled here, from the device's logits
+            sampling = rows[row]
             seed = sampling.params.seed
             seed = self._rng.getrandbits(63) if seed is None else seed
             prompt = torch.as_tensor(tokens[row][: lengths[row]], dtype=torch.int64)
-            token, logprob = sample_penalised(
-                result.logits, prompt, _output_row(output_tokens, row), sampling.penalties, sampling.params, seed
+            sampled[row], logprobs[row] = sample_penalised(
+                results[row].logits, prompt, _output_row(output_tokens, row), sampling.penalties, sampling.params, seed
             )
-            sampled.append(token)
-            logprobs.append(logprob)
         out_tokens = torch.tensor(sampled, dtype=torch.int64)
-        if not any(r.wants_logprob for r in rows):
+        wanted = [row for row, sampling in enumerate(rows) if sampling.wants_logprob]
+        if not wanted:
             return out_tokens, None
         log_probs = torch.ones(len(rows), dtype=torch.float32)
-        for row, (sampling, value) in enumerate(zip(rows, logprobs)):
-            if sampling.wants_logprob:
-                log_probs[row] = value
+        for row in wanted:
+            log_probs[row] = logprobs[row]
         return out_tokens, log_probs
 
     def _check_call(self, kv_cache: Any, enable_trace: Any) -> None:
@@ -259,9 +257,11 @@ class ServingFacade:
 
 def _cast(value, dtype: torch.dtype):
     """An integer tensor cast to ``dtype`` (as the adapter does); anything else as it is, for named checks."""
-    if isinstance(value, torch.Tensor) and not value.is_floating_point() and value.dtype is not torch.bool:
-        return value.to(dtype)
-    return value
+    if not isinstance(value, torch.Tensor) or value.dtype is dtype:
+        return value
+    if value.is_floating_point() or value.dtype is torch.bool:
+        return value
+    return value.to(dtype)
 
 
 def _output_row(output_tokens, row: int) -> torch.Tensor:
