@@ -19,9 +19,11 @@ __all__ = [
     "BlockConflictError",
     "RepeatedBlockError",
     "SharedBlockColumnError",
+    "BlockDependencyCycleError",
     "CapacityError",
     "PositionLimitError",
     "InvalidSamplingError",
+    "KVCacheMismatchError",
     "InvalidPolicyError",
     "InvalidLayoutError",
     "TraceBudgetError",
@@ -64,7 +66,7 @@ class InvalidLengthError(PrefillInputError):
 
 
 class InvalidCachedLengthError(PrefillInputError):
-    """A cached-prefix length is negative, beyond the prompt, or not block aligned."""
+    """A cached-prefix length is negative or beyond the prompt."""
 
 
 class InvalidSlotError(PrefillInputError):
@@ -76,7 +78,7 @@ class InvalidPageTableError(PrefillInputError):
 
 
 class BlockConflictError(PrefillInputError):
-    """One KV block would be written by two rows (or twice by one row)."""
+    """One KV block would be written by two rows (or twice by one row), or read before it is whole."""
 
 
 class RepeatedBlockError(BlockConflictError):
@@ -95,6 +97,15 @@ class SharedBlockColumnError(BlockConflictError):
     """
 
 
+class BlockDependencyCycleError(BlockConflictError):
+    """Rows read as cached blocks that each other write, so no run order serves them all.
+
+    A request that reads a block another request of the call writes runs
+    after it (``block_order``); a cycle of such reads has no order. The rule
+    table keeps the planner from producing one.
+    """
+
+
 class CapacityError(PrefillInputError):
     """A prompt does not fit the page-table layout."""
 
@@ -109,6 +120,10 @@ class PositionLimitError(CapacityError):
 
 class InvalidSamplingError(PrefillInputError):
     """A sampling parameter is out of its domain."""
+
+
+class KVCacheMismatchError(PrefillInputError):
+    """A call names a KV pool other than the one the runtime was resolved with."""
 
 
 class InvalidPolicyError(PrefillInputError):

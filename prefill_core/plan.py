@@ -18,25 +18,30 @@ tests/core/test_chunk_rules.py.
    policy pads partial waves, a partial wave splits into exact supported
    sizes). Every other row is a sequential single request: a planning
    fallback that changes geometry, never results.
-4. A chunked row's work is ``P = rung(length - cached)`` (what is left to
-   compute, not the whole prompt). Its chunk length is ``P`` when ``P <=
+4. A chunked row's work is ``P = rung(length - start)`` where ``start =
+   computed_start(length, cached, bs)`` (``computed_positions``: the start
+   of the block holding the cached offset, so a start inside a block
+   recomputes that block's cached part). Its chunk length is ``P`` when ``P <=
    max_chunk_length``; otherwise the largest multiple of ``chunk_quantum``
    that is <= ``max_chunk_length`` and divides ``P``; failing that, the
    largest such multiple of ``bs`` (``PrefillPolicy.chunk_length``).
-   Chunks start at ``cached``, step at absolute positions and stop after
+   Chunks start at ``start``, step at absolute positions and stop after
    the chunk holding the last token, so a row computes at most ``P``
    positions and no step is longer than ``max_chunk_length``.
 5. A fully cached row (``cached == length``) still owes its last-token
    output: it re-runs its final block, read-only (its fill table is all
    -1), in one step of ``min(rung(bs), max_chunk_length)`` starting at
-   ``length - bs`` (vLLM recomputes the last token the same way).
+   the start of the block holding its last token (vLLM recomputes the last
+   token the same way).
 6. Table widths (``geometry.py``): regular ``table_width(rung(length) /
    bs)``; a chunked row's read table the layout's, ``table_width(ceil(
    (capacity + chunk - 1) / bs))`` whatever its length or cached offset
    (one trace per chunk length), and its fill table ``table_width(chunk /
    bs)``.
 7. Output order: batched waves first (by their first source row), then
-   singles by source row.
+   singles by source row; then ``block_order.order_writers_first`` moves a
+   request that reads as cached a block another request of the call writes
+   after that writer (the order is otherwise kept).
 
 Planning reads lengths, offsets and block ids, never token contents, and
 its cost grows with rows and mapped blocks, never with tokens.
@@ -47,6 +52,8 @@ from __future__ import annotations
 from collections import defaultdict
 
 from .batch import PrefillBatch
+from .block_order import order_writers_first
+from .computed_positions import computed_start
 from .geometry import chunked_fill_width, chunked_read_width, regular_table_width
 from .intmath import ceil_div
 from .layout import PageTableLayout
@@ -87,7 +94,8 @@ def plan_prefill(
                     waves.append(_regular_request(batch, needs, group, padded_length, policy, layout))
     waves.sort(key=lambda request: request.source_rows[0])
     singles.sort()
-    return tuple(waves) + tuple(_single_request(batch, needs, index, policy, layout) for index in singles)
+    planned = tuple(waves) + tuple(_single_request(batch, needs, index, policy, layout) for index in singles)
+    return order_writers_first(planned, layout.block_size)
 
 
 def _bucket_rows(batch: PrefillBatch, policy: PrefillPolicy) -> tuple[dict[tuple[int, bool], list[int]], list[int]]:
@@ -160,12 +168,17 @@ def _regular_request(
 
 
 def chunk_plan(length: int, cached: int, policy: PrefillPolicy, block_size: int) -> tuple[int, int, int]:
-    """``(chunk length, first start, number of chunks)`` of a chunked row (rules 4 and 5)."""
+    """``(chunk length, first start, number of chunks)`` of a chunked row (rules 4 and 5).
+
+    The first start is ``computed_positions.computed_start``: the start of
+    the block holding the cached offset (or, fully cached, the last token).
+    """
+    start = computed_start(length, cached, block_size)
     if cached == length:
-        return policy.fully_cached_step(block_size), length - block_size, 1
-    chunk = policy.chunk_length(policy.padded_length(length - cached), block_size)
+        return policy.fully_cached_step(block_size), start, 1
+    chunk = policy.chunk_length(policy.padded_length(length - start), block_size)
     # Stop after the chunk holding the last token: arithmetic, never a walk over tokens.
-    return chunk, cached, ceil_div(length - cached, chunk)
+    return chunk, start, ceil_div(length - start, chunk)
 
 
 def _chunked_request(batch: PrefillBatch, index: int, policy: PrefillPolicy, layout: PageTableLayout) -> PrefillRequest:
@@ -177,7 +190,7 @@ def _chunked_request(batch: PrefillBatch, index: int, policy: PrefillPolicy, lay
     read_table = PageTableView(TableRole.CHUNKED_FULL, read_width, (ceil_div(length, bs),), CHUNKED_FILLER)
     fill_width = chunked_fill_width(policy, bs, chunk_length)
     final_start = first_start + (num_chunks - 1) * chunk_length
-    final_written = ceil_div(length - final_start, bs) if final_start >= cached else 0
+    final_written = ceil_div(length - final_start, bs) if cached < length else 0  # fully cached: read-only
     return PrefillRequest(
         kind=RequestKind.CHUNKED,
         source_rows=(index,),

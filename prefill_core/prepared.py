@@ -9,6 +9,7 @@ from __future__ import annotations
 import attrs
 
 from .batch import PrefillBatch
+from .block_order import order_writers_first
 from .layout import PageTableLayout
 from .plan import plan_prefill
 from .policy import PrefillPolicy
@@ -66,7 +67,9 @@ def prepare_in_sub_batches(
     twice, a shared cached block at two columns) hold and errors name caller
     rows. Each sub-batch of consecutive rows is then planned with slots
     ``0..k-1``, and its requests' source rows are mapped back to caller rows,
-    so staging, assembly and every later message see caller rows only.
+    so staging, assembly and every later message see caller rows only; the
+    requests of every sub-batch are then put in one writer-before-reader
+    order (``block_order``).
     """
     check_inputs(batch, attrs.evolve(policy, lane_size=len(batch)), layout, max_position=max_position)
     prepared: list[PreparedPrefill] = []
@@ -82,4 +85,7 @@ def prepare_in_sub_batches(
         for p in prepare_prefill(sub, policy, layout, max_position=max_position):
             rows = tuple(sub_batch.start + r for r in p.request.source_rows)
             prepared.append(attrs.evolve(p, request=attrs.evolve(p.request, source_rows=rows)))
-    return tuple(prepared)
+    # A row of a later sub-batch may write a block a row of an earlier one reads: writers first, call-wide.
+    by_request = {id(p.request): p for p in prepared}
+    ordered = order_writers_first(tuple(p.request for p in prepared), layout.block_size)
+    return tuple(by_request[id(request)] for request in ordered)

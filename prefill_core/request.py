@@ -6,6 +6,7 @@ import enum
 
 import attrs
 
+from .computed_positions import recomputed_positions
 from .sampling import SamplingParams
 from .tables import PageTableView, materialize_table
 
@@ -133,6 +134,17 @@ class PrefillRequest:
     def real_tokens(self) -> int:
         """Prompt tokens this request must process (a fully cached row recomputes one)."""
         return sum(max(length - cached, 1) for length, cached in zip(self.lengths, self.cached))
+
+    @property
+    def recomputed_tokens(self) -> int:
+        """Positions the device computes although the cache held them (a start inside a block).
+
+        ``computed_positions.recomputed_positions`` summed over the rows: the
+        cached part of the block holding each row's cached offset, or a fully
+        cached row's whole final block.
+        """
+        bs = self.block_size
+        return sum(recomputed_positions(n, c, bs) for n, c in zip(self.lengths, self.cached))
 
     @property
     def computed_tokens(self) -> int:

@@ -76,9 +76,14 @@ class Scope:
 
     @cached_property
     def first_written(self) -> list[int]:
-        """Each row's first written column, ``cached // block_size``."""
+        """Each row's first written column (``computed_positions.written_columns``).
+
+        ``cached // block_size``, or the mapped width for a fully cached row,
+        which writes nothing and reads every mapped block.
+        """
         bs = self.limits.block_size
-        return [c // bs for c in self.batch.cached]
+        batch = self.batch
+        return [c // bs if c < n else need for c, n, need in zip(batch.cached, batch.lengths, self.needs)]
 
     @cached_property
     def distinct_sampling(self) -> list[tuple[int, SamplingParams]]:
@@ -170,14 +175,6 @@ def bad_sampling_type(scope: Scope) -> Hit | None:
 # ---------------------------------------------------------------- plan stage: rows
 
 
-def unaligned_cached(scope: Scope) -> Hit | None:
-    bs = scope.limits.block_size
-    for row, cached in enumerate(scope.batch.cached):
-        if cached % bs != 0:
-            return Hit(row, "cached", cached)
-    return None
-
-
 def slot_beyond_lane(scope: Scope) -> Hit | None:
     lane = scope.limits.lane_size
     for row, slot in enumerate(scope.batch.slots):
@@ -252,16 +249,31 @@ def two_writers(scope: Scope) -> Hit | None:
     return None
 
 
-def cached_overwritten(scope: Scope) -> Hit | None:
-    if not scope.has_repeats:
+def cached_block_not_written_whole(scope: Scope) -> Hit | None:
+    """A block one row reads as cached while another writes it: legal only written whole, at the same column.
+
+    Such a pair is served by running the writer first (``block_order``), so
+    the reader must find the same positions there (the same column) and all
+    of them written (the writer's prompt covers the whole block).
+    """
+    if not scope.has_repeats or not any(scope.first_written):
         return None
-    pairs = zip(scope.prefixes, scope.first_written)
-    writer = {block: row for row, (prefix, lo) in enumerate(pairs) for block in prefix[lo:]}
+    writer: dict[int, tuple[int, int]] = {}
+    for row, (prefix, lo) in enumerate(zip(scope.prefixes, scope.first_written)):
+        for column in range(lo, len(prefix)):
+            writer[prefix[column]] = (row, column)
+    lengths, bs = scope.batch.lengths, scope.limits.block_size
     for row, (prefix, lo) in enumerate(zip(scope.prefixes, scope.first_written)):
         for column in range(lo):
-            other = writer.get(prefix[column])
-            if other is not None:
-                return Hit(row, f"blocks[{column}]", prefix[column], f"; row {other} writes it")
+            found = writer.get(prefix[column])
+            if found is None:
+                continue
+            other, at = found
+            if at != column:
+                return Hit(row, f"blocks[{column}]", prefix[column], f"; row {other} writes it at column {at}")
+            if lengths[other] < (column + 1) * bs:
+                detail = f"; row {other} writes only its first {lengths[other] - column * bs} positions"
+                return Hit(row, f"blocks[{column}]", prefix[column], detail)
     return None
 
 

@@ -108,14 +108,6 @@ RULES: tuple[Rule, ...] = (
     ),
     # -- plan: the rows against the layout and policy --------------------
     Rule(
-        "cached block aligned",
-        InvalidCachedLengthError,
-        "cached",
-        "must be a multiple of block_size={block_size}",
-        "plan",
-        find.unaligned_cached,
-    ),
-    Rule(
         "slot < lane_size",
         InvalidSlotError,
         "slot",
@@ -161,12 +153,13 @@ RULES: tuple[Rule, ...] = (
         "one writer per block", BlockConflictError, "blocks[j]", "one block takes one writer", "plan", find.two_writers
     ),
     Rule(
-        "cached blocks are not written",
+        "a block read as cached is written whole at its column",
         BlockConflictError,
         "blocks[j]",
-        "a cached block is only read; writing it would corrupt every reader",
+        "a block one row reads as cached while another row of the call writes it must be written whole, "
+        "at the column where it is read (the writer then runs first)",
         "plan",
-        find.cached_overwritten,
+        find.cached_block_not_written_whole,
     ),
     Rule(
         "shared cached block at one column",

@@ -4,8 +4,9 @@
 * ``policies``: valid, generated policies (power-of-two waves, block-aligned
   ladders and chunk lengths, a lane large enough for the batch).
 * ``case_specs`` / ``cases``: valid ``(batch, policy, layout)`` triples of
-  1-80 rows, lengths 1..131072 biased towards boundary values, block-aligned
-  cached offsets (fully cached rows included), unique slots, disjoint written
+  1-80 rows, lengths 1..131072 biased towards boundary values, cached
+  offsets anywhere (block-aligned ones and fully cached rows favoured),
+  unique slots, disjoint written
   blocks, cached prefixes that may be shared between rows, junk stale tails
   after each mapped prefix and optional sampling parameters.
 * ``invalid_cases``: a valid spec with exactly one rule broken, labelled with
@@ -47,6 +48,7 @@ from prefill_core import (
     SharedBlockColumnError,
     prepare_prefill,
 )
+from prefill_core.computed_positions import written_columns
 from prefill_core.histogram import HistogramEntry
 
 __all__ = [
@@ -254,13 +256,15 @@ def row_lengths(block_size: int, max_length: int = MAX_LENGTH) -> st.SearchStrat
     )
 
 
-CACHED_MODES = st.sampled_from(("none", "none", "full", "any"))
+CACHED_MODES = st.sampled_from(("none", "none", "full", "any", "unaligned"))
 
 
 def _cached_offset(draw, length: int, block_size: int) -> int:
-    """0, the whole block-aligned prefix (the full prompt when aligned), or any aligned offset."""
+    """0, the whole block-aligned prefix (the full prompt when aligned), any aligned offset, or any offset."""
     whole = length // block_size
     mode = draw(CACHED_MODES)
+    if mode == "unaligned":
+        return draw(st.integers(0, length))
     if mode == "none" or not whole:
         return 0
     return block_size * (whole if mode == "full" else draw(st.integers(0, whole)))
@@ -306,7 +310,7 @@ def case_specs(
             length, offset, params = rnd.choice(shapes[:EXPLICIT_ROWS])
         if -(-length // bs) > budget:  # over the block budget: fold the row back in
             length = 1 + length % max(budget * bs, 1)
-            offset = min(offset, length // bs * bs)
+            offset = min(offset, length)
         budget -= -(-length // bs)
         shapes.append((length, offset, params))
 
@@ -314,7 +318,7 @@ def case_specs(
     # cached blocks) or the row's own blocks. Written blocks are all distinct.
     offsets = [c for _, c, _ in shapes]
     shared_len = max(c // bs for c in offsets)
-    share = [bool(c) and rnd.random() < 0.5 for c in offsets]
+    share = [bool(c // bs) and rnd.random() < 0.5 for c in offsets]
     own_cached = sum(c // bs for c, s in zip(offsets, share) if not s)
     written = sum(-(-length // bs) - c // bs for length, c, _ in shapes)
     order = draw(st.sampled_from(("contiguous", "reversed", "shuffled")))
@@ -363,7 +367,13 @@ def _with_block(spec: CaseSpec, index: int, column: int, block: int) -> CaseSpec
 
 
 def _written(row: PrefillRow, bs: int) -> range:
-    return range(row.cached // bs, -(-row.length // bs))
+    return written_columns(row.length, row.cached, bs)
+
+
+def _num_read(row: PrefillRow, bs: int) -> int:
+    """How many leading columns the row reads as cached (every column before its first written one)."""
+    written = _written(row, bs)
+    return written.start if written else -(-row.length // bs)
 
 
 def _breakers(spec: CaseSpec) -> dict[str, Callable]:
@@ -375,7 +385,7 @@ def _breakers(spec: CaseSpec) -> dict[str, Callable]:
     lane = spec.policy_kwargs["lane_size"]
     capacity = bs * spec.layout_kwargs["max_num_blocks_per_seq"]
     writers = [i for i, r in enumerate(rows) if len(_written(r, bs))]
-    readers = [i for i, r in enumerate(rows) if r.cached]
+    readers = [i for i, r in enumerate(rows) if _num_read(r, bs)]
     out: dict[str, Callable] = {}
 
     def any_row(draw):
@@ -400,13 +410,6 @@ def _breakers(spec: CaseSpec) -> dict[str, Callable]:
         value = (rows[i].length // bs + draw(st.integers(1, 4))) * bs
         return InvalidCase(
             "cached > length", InvalidCachedLengthError, i, "cached", value, _with_row(spec, i, cached=value)
-        )
-
-    def cached_unaligned(draw):
-        i = draw(st.sampled_from([k for k, r in enumerate(rows) if r.length > 1]))
-        value = draw(st.integers(1, rows[i].length - 1).filter(lambda v: v % bs))
-        return InvalidCase(
-            "cached not block aligned", InvalidCachedLengthError, i, "cached", value, _with_row(spec, i, cached=value)
         )
 
     def duplicate_slot(draw):
@@ -468,23 +471,27 @@ def _breakers(spec: CaseSpec) -> dict[str, Callable]:
             _with_block(spec, i, second, value),
         )
 
-    def overwrite_targets() -> list[tuple[int, int, int]]:
-        """``(reader, cached column, writer)`` where the writer does not itself read that block."""
-        reads = {w: set(rows[w].blocks[: rows[w].cached // bs]) for w in writers}
+    def overwrite_targets() -> list[tuple[int, int, int, int]]:
+        """``(reader, cached column, writer, written column)`` where the writer does not itself read that block
+        and does not fill it whole at the reader's column (the one legal way to write a block another row reads)."""
+        reads = {w: set(rows[w].blocks[: _num_read(rows[w], bs)]) for w in writers}
         found = []
         for i in readers:
-            for column in sorted({0, rows[i].cached // bs - 1}):
+            for column in sorted({0, _num_read(rows[i], bs) - 1}):
                 block = rows[i].blocks[column]
-                found += [(i, column, w) for w in writers if w != i and block not in reads[w]]
-        return found
+                for w in writers:
+                    if w == i or block in reads[w]:
+                        continue
+                    whole = rows[w].length >= (column + 1) * bs
+                    found += [(i, column, w, t) for t in _written(rows[w], bs) if t != column or not whole]
+        return found[:64]
 
     def overwrites_cached(draw):
-        i, column, j = draw(st.sampled_from(overwrite_targets()))
+        i, column, j, target = draw(st.sampled_from(overwrite_targets()))
         value = rows[i].blocks[column]
-        target = draw(st.sampled_from(_written(rows[j], bs)))
         changed = _with_block(spec, j, target, value)
         # Cached prefixes may be shared: the first row reading that block is reported.
-        reader = next(k for k, r in enumerate(changed.rows) if value in r.blocks[: r.cached // bs])
+        reader = next(k for k, r in enumerate(changed.rows) if value in r.blocks[: _num_read(r, bs)])
         column = changed.rows[reader].blocks.index(value)
         return InvalidCase(
             "written block is another row's cached block",
@@ -511,7 +518,7 @@ def _breakers(spec: CaseSpec) -> dict[str, Callable]:
         holders = [
             (r, row.blocks.index(value))
             for r, row in enumerate(changed.rows)
-            if value in row.blocks[: row.cached // bs]
+            if value in row.blocks[: _num_read(row, bs)]
         ]
         first_column = holders[0][1]
         row, column = next((r, c) for r, c in holders[1:] if c != first_column)
@@ -595,8 +602,6 @@ def _breakers(spec: CaseSpec) -> dict[str, Callable]:
             "block size not a power of two": block_size_not_power,
         }
     )
-    if any(r.length > 1 for r in rows):
-        out["cached not block aligned"] = cached_unaligned
     if n >= 2:
         out["duplicate slot"] = duplicate_slot
     if len(writers) >= 2:
@@ -622,10 +627,10 @@ def _shared_column_targets(rows: tuple[PrefillRow, ...], bs: int) -> list[tuple[
     found = []
     for i, a in enumerate(rows):
         for k, b in enumerate(rows):
-            if i == k or not a.cached or not b.cached:
+            if i == k or not _num_read(a, bs) or not _num_read(b, bs):
                 continue
-            for c_i in sorted({0, a.cached // bs - 1}):
-                for c_k in sorted({0, b.cached // bs - 1} - {c_i}):
+            for c_i in sorted({0, _num_read(a, bs) - 1}):
+                for c_k in sorted({0, _num_read(b, bs) - 1} - {c_i}):
                     if a.blocks[c_i] not in b.blocks[: -(-b.length // bs)]:
                         found.append((i, c_i, k, c_k))
     return found[:16]
@@ -636,7 +641,6 @@ INVALID_RULES = (
     "length <= 0",
     "cached < 0",
     "cached > length",
-    "cached not block aligned",
     "duplicate slot",
     "slot >= lane_size",
     "mapped prefix too short",
@@ -881,3 +885,49 @@ def lane_group_rows(draw, num_lanes: int, per_lane: int, block_size: int = 16, m
     if draw(st.booleans(), label="without slots"):
         return rows, None
     return rows, tuple(draw(st.permutations(range(capacity)))[:num_rows])
+
+
+# ---------------------------------------------------------------- rows reading blocks other rows of the call write
+
+
+@st.composite
+def same_step_prefix_specs(draw) -> CaseSpec:
+    """A valid spec in which rows read as cached whole blocks that other rows of the same call write.
+
+    vLLM's prefix cache registers a full block when it allocates it, before
+    the step that fills it: a later request of that step may map it as
+    cached. Each reader takes a source row (any earlier row, so chains
+    occur), maps the source's first ``m`` blocks, of which at least the last
+    is one the source writes whole, and caches up to somewhere inside its own
+    block ``m``; rows are then shuffled.
+    """
+    bs = draw(st.sampled_from(BLOCK_SIZES))
+    num_rows = draw(st.integers(2, 8))
+    next_id = 0
+    rows: list[PrefillRow] = []
+    for index in range(num_rows):
+        sources = [r for r in rows if r.length // bs > _first_written_column(r, bs)]
+        if index and sources and draw(st.booleans()):
+            source = draw(st.sampled_from(sources))
+            m = draw(st.integers(_first_written_column(source, bs) + 1, source.length // bs))
+            cached = m * bs + draw(st.integers(0, bs - 1))
+            length = draw(st.integers(cached + 1, cached + 12 * bs))
+            prefix = source.blocks[:m]
+        else:
+            length = draw(st.integers(1, 20 * bs))
+            cached = draw(st.one_of(st.just(0), st.integers(0, length - 1)))
+            prefix = ()
+        need = -(-length // bs)
+        own = tuple(range(next_id, next_id + need - len(prefix)))
+        next_id += len(own)
+        rows.append(PrefillRow(length, cached, index, prefix + own))
+    order = draw(st.permutations(range(num_rows)))
+    rows = [attrs.evolve(rows[i], slot=slot) for slot, i in enumerate(order)]
+    width = max(-(-r.length // bs) for r in rows) + draw(st.integers(0, 8))
+    pkw = draw(policy_kwargs(bs, num_rows))
+    return CaseSpec(tuple(rows), pkw, dict(block_size=bs, max_num_blocks_per_seq=width, num_blocks=next_id + 1))
+
+
+def _first_written_column(row: PrefillRow, bs: int) -> int:
+    written = written_columns(row.length, row.cached, bs)
+    return written.start if written else -(-row.length // bs)

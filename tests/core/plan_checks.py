@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from prefill_core import SKIP, PrefillBatch, PrefillRequest
+from prefill_core.computed_positions import written_columns
 
 
 def written_entries(request: PrefillRequest) -> Iterator[tuple[int, int, int]]:
@@ -33,9 +34,9 @@ def writes_by_source_row(requests: tuple[PrefillRequest, ...]) -> dict[int, list
 
 
 def expected_writes(batch: PrefillBatch, block_size: int) -> dict[int, list[tuple[int, int]]]:
-    """What each row must write: its mapped blocks from the cached offset to its last block."""
+    """What each row must write: its mapped blocks from the one holding the cached offset to its last block."""
     return {
-        i: [(j, row.blocks[j]) for j in range(row.cached // block_size, -(-row.length // block_size))]
+        i: [(j, row.blocks[j]) for j in written_columns(row.length, row.cached, block_size)]
         for i, row in enumerate(batch.rows)
     }
 

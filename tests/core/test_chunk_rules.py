@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 
 from prefill_core import SKIP, PageTableLayout, PrefillBatch, PrefillPolicy, PrefillRow, RequestKind, plan_prefill
+from prefill_core.computed_positions import computed_start
 from prefill_core.manifest import length_buckets, reachable_chunks
 from tests.strategies import cases
 
@@ -92,16 +93,20 @@ def test_no_step_is_longer_than_the_max_chunk(case):
 
 @given(cases())
 def test_chunked_rows_tile_their_work_and_stop_after_the_last_token(case):
-    """Rule 4: a partly cached or long row's chunks tile [cached, cached + P) and stop after its last token."""
+    """Rule 4: a partly cached or long row's chunks tile [start, start + P) and stop after its last token.
+
+    ``start`` is the start of the block holding the cached offset (``computed_positions``).
+    """
     policy, bs = case.policy, case.layout.block_size
     for request in _plan(case):
         length, cached = request.lengths[0], request.cached[0]
         if not request.kind.is_chunked or cached == length:
             continue
-        work = policy.padded_length(length - cached)
+        start = computed_start(length, cached, bs)
+        work = policy.padded_length(length - start)
         chunks = request.chunks
-        assert chunks[0].start == cached and chunks[-1].start <= length - 1 < chunks[-1].end
-        assert chunks[-1].end <= cached + work  # computes at most P positions
+        assert chunks[0].start == start and chunks[-1].start <= length - 1 < chunks[-1].end
+        assert chunks[-1].end <= start + work  # computes at most P positions
         assert work % request.chunk_length == 0  # chunks tile the padded work exactly
         assert request.chunk_length == policy.chunk_length(work, bs)
 

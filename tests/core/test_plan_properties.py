@@ -24,6 +24,7 @@ from prefill_core import (
     prepare_prefill,
     to_json,
 )
+from prefill_core.computed_positions import computed_start, written_columns
 from tests.strategies import cases, fully_cached_cases
 
 from .plan_checks import expected_writes, source_of, writes_by_source_row
@@ -31,6 +32,12 @@ from .plan_checks import expected_writes, source_of, writes_by_source_row
 
 def _plan(case):
     return plan_prefill(case.batch, case.policy, case.layout)
+
+
+def _first_written(row, bs: int) -> int:
+    """The row's first written column, or its mapped width when it writes nothing (fully cached)."""
+    written = written_columns(row.length, row.cached, bs)
+    return written.start if written else -(-row.length // bs)
 
 
 def _batchable(row, policy: PrefillPolicy) -> bool:
@@ -183,7 +190,8 @@ def test_write_tables_never_carry_stale_tails_or_padding(case):
                     assert set(entries) == {SKIP}
                     continue
                 row = case.batch.rows[request.source_rows[physical]]
-                allowed = set(row.blocks[row.cached // bs : -(-row.length // bs)]) | {SKIP}
+                written = written_columns(row.length, row.cached, bs)
+                allowed = set(row.blocks[written.start : written.stop]) | {SKIP}
                 assert set(entries) <= allowed
                 # Once an entry is -1, the rest of the row is too (no holes, no tail).
                 first_skip = entries.index(SKIP) if SKIP in entries else len(entries)
@@ -217,8 +225,9 @@ def test_fill_only_tables_hold_exactly_the_blocks_each_chunk_writes(case):
         for chunk in request.chunks:
             assert chunk.fill_table.role is TableRole.FILL_ONLY
             (entries,) = request.fill_table_of(chunk)
-            lo = max(row.cached // bs, chunk.start // bs)
-            hi = min(-(-row.length // bs), chunk.end // bs)
+            written = written_columns(row.length, row.cached, bs)
+            lo = max(written.start, chunk.start // bs)
+            hi = min(written.stop, chunk.end // bs)
             for column, block in enumerate(entries):
                 index = chunk.first_block + column
                 assert block == (row.blocks[index] if lo <= index < hi else SKIP)
@@ -229,7 +238,7 @@ def test_fill_only_tables_hold_exactly_the_blocks_each_chunk_writes(case):
 
 @given(cases())
 def test_written_blocks_are_exactly_cached_to_length(case):
-    """Every row writes each block of [cached, length) exactly once, and nothing else."""
+    """Every row writes each block of its written columns (cached // bs to its last) exactly once, nothing else."""
     written = writes_by_source_row(_plan(case))
     expected = expected_writes(case.batch, case.layout.block_size)
     assert {row: sorted(w) for row, w in written.items()} == expected
@@ -237,7 +246,7 @@ def test_written_blocks_are_exactly_cached_to_length(case):
 
 @given(cases())
 def test_chunks_are_ordered_contiguous_and_only_the_last_is_final(case):
-    """Chunks tile [first start, end) back to back from the cached offset; only the last is final."""
+    """Chunks tile [first start, end) back to back from the block holding the cached offset; only the last is final."""
     bs = case.layout.block_size
     for request in _plan(case):
         chunks = request.chunks
@@ -251,7 +260,9 @@ def test_chunks_are_ordered_contiguous_and_only_the_last_is_final(case):
             assert chunk.length == request.chunk_length > 0
         if request.kind.is_chunked:
             length, cached = request.lengths[0], request.cached[0]
-            assert chunks[0].start == (cached if cached < length else length - bs)
+            assert chunks[0].start == computed_start(length, cached, bs)
+            assert chunks[0].start <= min(cached, length - 1) < chunks[0].start + bs
+            assert request.recomputed_tokens == cached - chunks[0].start
             assert request.chunk_length % bs == 0 and request.chunk_length <= case.policy.max_chunk_length
         assert {case.policy.padded_length(n) for n in request.lengths} == {request.padded_length}
 
@@ -279,11 +290,11 @@ def test_last_token_lies_in_the_final_chunk(case):
 
 @given(cases())
 def test_no_block_is_written_twice_or_over_a_cached_block(case):
-    """Across a batch, each block is written at most once and never one any row reads as cached."""
+    """Across a batch, each block is written at most once and (no row writing another's) never one read as cached."""
     bs = case.layout.block_size
     blocks = [block for writes in writes_by_source_row(_plan(case)).values() for _, block in writes]
     assert len(blocks) == len(set(blocks))
-    cached = {b for row in case.batch.rows for b in row.blocks[: row.cached // bs]}
+    cached = {b for row in case.batch.rows for b in row.blocks[: _first_written(row, bs)]}
     assert cached.isdisjoint(blocks)
 
 
@@ -332,7 +343,7 @@ def test_fallback_to_singles_keeps_every_rows_writes_and_last_token(case):
 
 @given(fully_cached_cases())
 def test_fully_cached_row_reruns_its_final_block_read_only(case_and_row):
-    """A fully cached row runs one min(rung(bs), max chunk) step at length-bs, writing nothing, reading its blocks."""
+    """A fully cached row runs one step of min(rung(bs), max chunk) from its last block's start, writing nothing."""
     case, index = case_and_row
     bs = case.layout.block_size
     row = case.batch.rows[index]
@@ -340,12 +351,12 @@ def test_fully_cached_row_reruns_its_final_block_read_only(case_and_row):
     assert request.kind is RequestKind.CHUNKED
     (chunk,) = request.chunks
     assert chunk.length == min(case.policy.padded_length(bs), case.policy.max_chunk_length)
-    assert chunk.is_final and chunk.start == row.length - bs
+    assert chunk.is_final and chunk.start == (row.length - 1) // bs * bs
     assert chunk.start <= request.last_token_positions[0] == row.length - 1 < chunk.end
     (fill,) = request.fill_table_of(chunk)
     assert set(fill) == {SKIP}
     (read,) = request.read_table_values()
-    real = row.length // bs
+    real = -(-row.length // bs)
     assert read[:real] == row.blocks[:real]
 
 

@@ -64,7 +64,6 @@ RULE_EXAMPLES = {
     "blocks is a tuple": (lambda: plan_rows(changed(0, blocks=[0, 1, 2, 3])), 0, "blocks", None),
     "block ids are ints": (lambda: plan_rows(changed(0, blocks=(0, 1, 2.0, 3))), 0, "blocks[2]", 2.0),
     "sampling type": (lambda: plan_rows(changed(0, sampling={"top_k": 1})), 0, "sampling", {"top_k": 1}),
-    "cached block aligned": (lambda: plan_rows(changed(1, cached=40)), 1, "cached", 40),
     "slot < lane_size": (lambda: plan_rows(changed(1, slot=32)), 1, "slot", 32),
     "length <= capacity": (lambda: plan_rows(changed(0, length=2049, blocks=tuple(range(65)))), 0, "length", 2049),
     "length <= max_position": (lambda: plan_rows(BASE, max_position=99), 0, "length", 100),
@@ -77,7 +76,12 @@ RULE_EXAMPLES = {
         20,
     ),
     "one writer per block": (lambda: plan_rows(changed(1, blocks=(20, 21, 3))), 1, "blocks[2]", 3),
-    "cached blocks are not written": (lambda: plan_rows(changed(0, blocks=(0, 1, 20, 3))), 1, "blocks[0]", 20),
+    "a block read as cached is written whole at its column": (
+        lambda: plan_rows(changed(0, blocks=(0, 1, 20, 3))),
+        1,
+        "blocks[0]",
+        20,
+    ),
     "shared cached block at one column": (lambda: plan_rows(shared_prefix_rows((31, 30, 41))), 1, "blocks[0]", 31),
     "temperature": (
         lambda: plan_rows(changed(1, sampling=SamplingParams(temperature=-1e-9))),

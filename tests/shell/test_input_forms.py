@@ -235,7 +235,7 @@ HOSTILE = {
     "prompt_lengths one short": ("prompt_lengths", [40], None),
     "cached_lengths float": ("cached_lengths", [16.0, 0], 0),
     "cached_lengths negative": ("cached_lengths", [-16, 0], 0),
-    "cached_lengths unaligned": ("cached_lengths", [15, 0], 0),
+    "cached_lengths past the prompt": ("cached_lengths", [41, 0], 0),
     "cached_lengths huge": ("cached_lengths", [2**70, 0], 0),
     "slots bool": ("slots", [True, False], 0),
     "slots negative": ("slots", [0, -1], 1),

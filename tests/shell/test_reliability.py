@@ -124,7 +124,7 @@ def _mutations(call: dict):
     yield "lengths count", None, "prompt_lengths", with_(prompt_lengths=call["prompt_lengths"] + [5])
     yield "zero length", last, "length", at("prompt_lengths", 0)
     yield "negative cached", last, "cached", at("cached_lengths", -BLOCK)
-    yield "unaligned cached", last, "cached", at("cached_lengths", 1)
+    yield "cached past the prompt", last, "cached", at("cached_lengths", call["prompt_lengths"][last] + 1)
     yield "slot beyond lane", last, "slot", at("slots", POLICY.lane_size)
     bad = table.clone()
     bad[last, 0] = -1

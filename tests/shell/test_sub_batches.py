@@ -100,7 +100,7 @@ def test_an_input_error_in_a_later_sub_batch_names_the_caller_row(tiny_model, ki
     rt = kit.build_runtime(tiny_model, num_blocks=64, block_size=BS, policy=SUB_BATCH_POLICY)
     lengths = [40] * 8
     cached = [0] * 8
-    cached[6] = 5
+    cached[6] = 41  # past its 40-token prompt
     blocks = kit.assign_blocks(lengths, BS, 64, seed=10)
     with pytest.raises(InvalidCachedLengthError, match="row 6"):
         rt.prepare(kit.token_matrix(_rows(kit, lengths, seed=1000)), kit.page_table(blocks), lengths, cached)

@@ -1,0 +1,84 @@
+"""Writer before reader: the run order of a call whose rows read blocks other rows of it write.
+
+vLLM's prefix cache registers a full block when it allocates it, before the
+step that fills it has run, so within one step a later request may map as
+cached a block an earlier request of the same step is still writing (vLLM's
+own flattened pass writes each layer's KV before any attention reads it).
+Here requests run one after another, so the call is served by running every
+request that writes such a block before every request that reads it.
+
+The rule table (``rules.RULES``, rule "a block read as cached is written
+whole at its column") admits such a pair only when the writer fills the
+whole block at the column where the reader reads it. With that rule a cycle
+cannot come out of the planner: a reader's cached columns lie before its
+first written column and a writer's written ones at or after it, so two rows
+reading each other's blocks would need a column both before and after the
+other. ``order_writers_first`` still checks, because it takes any requests.
+"""
+
+from __future__ import annotations
+
+from .computed_positions import written_columns
+from .errors import BlockDependencyCycleError
+from .intmath import ceil_div
+from .request import PrefillRequest
+
+__all__ = ["order_writers_first", "request_dependencies"]
+
+
+def _reads_and_writes(request: PrefillRequest, block_size: int) -> tuple[set[int], set[int]]:
+    """Block ids the request reads as cached and block ids it writes."""
+    reads: set[int] = set()
+    writes: set[int] = set()
+    for length, cached, blocks in zip(request.lengths, request.cached, request.blocks):
+        mapped = blocks[: ceil_div(length, block_size)]
+        written = written_columns(length, cached, block_size)
+        first_written = written.start if written else len(mapped)
+        reads.update(mapped[:first_written])
+        writes.update(mapped[first_written:])
+    return reads, writes
+
+
+def request_dependencies(requests: tuple[PrefillRequest, ...], block_size: int) -> list[set[int]]:
+    """For each request, the indices of the other requests that write a block it reads as cached."""
+    if not any(any(request.cached) for request in requests):  # nothing is read as cached: no order to keep
+        return [set() for _ in requests]
+    sides = [_reads_and_writes(request, block_size) for request in requests]
+    writer_of = {block: index for index, (_, writes) in enumerate(sides) for block in writes}
+    return [
+        {writer_of[block] for block in reads if block in writer_of} - {index} for index, (reads, _) in enumerate(sides)
+    ]
+
+
+def order_writers_first(requests: tuple[PrefillRequest, ...], block_size: int) -> tuple[PrefillRequest, ...]:
+    """``requests`` with each one after every request that writes a block it reads; otherwise in order.
+
+    Stable: among requests whose writers have all run, the earliest in
+    ``requests`` goes next, so a call without such pairs keeps its order.
+    Raises ``BlockDependencyCycleError`` when no order serves every request.
+    """
+    needs = request_dependencies(requests, block_size)
+    if not any(needs):
+        return requests
+    ordered: list[int] = []
+    done: set[int] = set()
+    while len(ordered) < len(requests):
+        ready = next((i for i in range(len(requests)) if i not in done and needs[i] <= done), None)
+        if ready is None:
+            raise _cycle_error(requests, needs, done)
+        ordered.append(ready)
+        done.add(ready)
+    return tuple(requests[i] for i in ordered)
+
+
+def _cycle_error(
+    requests: tuple[PrefillRequest, ...], needs: list[set[int]], done: set[int]
+) -> BlockDependencyCycleError:
+    waiting = [i for i in range(len(requests)) if i not in done]
+    first = requests[waiting[0]]
+    others = sorted({row for i in needs[waiting[0]] - done for row in requests[i].source_rows})
+    msg = (
+        f"row {first.source_rows[0]}: blocks is invalid: it reads as cached a block that rows {others} write, "
+        "and they read a block it (or a row waiting on it) writes: no run order serves both"
+    )
+    return BlockDependencyCycleError(msg, row=first.source_rows[0], field="blocks")

@@ -1,0 +1,150 @@
+"""Sampling parameters as vLLM's Tenstorrent plugin sends them -> one ``RowSampling`` per row.
+
+The plugin's ``TTSamplingParams`` carries, per row (a list, a 1-D tensor, or
+one scalar for every row): ``temperature``, ``top_k``, ``top_p``,
+``presence_penalty``, ``frequency_penalty``, ``repetition_penalty``,
+``seed``, ``num_logprobs`` and ``enable_log_probs``. Its encodings
+(vllm-tt-plugin ``input_batch.py``), and what each becomes here:
+
+* ``top_k <= 0`` (or ``>= vocab``) means the whole vocabulary: the core's
+  ``top_k = 0``.
+* A greedy row arrives as ``top_k == 1`` with ``top_p = 0.0`` (temperature 0
+  is sent the same way). Greedy is never refused: ``SamplingParams.greedy``.
+  ``top_p == 0`` on its own keeps the single most likely token, as the device
+  sampler's nucleus does: greedy too.
+* ``seed == -1`` (or ``None``) means no seed: the runtime's generator draws one.
+* ``num_logprobs``: ``-2`` (or ``None``) none, ``0`` the sampled token's
+  log-prob. ``-1`` (the whole vocabulary) and ``k > 0`` (top-k lists) cannot
+  be honoured: the prefill return holds one log-prob per row, so they are a
+  named error, never silently cut. ``enable_log_probs``, when given, says
+  per row whether the sampled token's log-prob is wanted.
+* Penalties keep vLLM's domains (presence and frequency in [-2, 2],
+  repetition > 0); a row with any non-neutral penalty is sampled on the host
+  (``penalties.py``) from the device's logits.
+
+Every other value goes to the core's ``SamplingParams`` as it is, so the
+rule table names a bad temperature or top-p with its row.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import attrs
+import torch
+
+from prefill_core import SamplingParams
+from prefill_core.errors import InvalidSamplingError, row_error
+
+__all__ = ["Penalties", "RowSampling", "rows_from_plugin"]
+
+_NO_LOGPROBS = -2
+_NO_SEED = -1
+_DEFAULTS = {
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "repetition_penalty": 1.0,
+    "seed": _NO_SEED,
+    "num_logprobs": None,
+    "enable_log_probs": None,
+}
+
+
+@attrs.frozen
+class Penalties:
+    """vLLM's three penalties for one row (``repetition`` 1.0, the others 0.0: none)."""
+
+    repetition: float = 1.0
+    presence: float = 0.0
+    frequency: float = 0.0
+
+    @property
+    def neutral(self) -> bool:
+        return self.repetition == 1.0 and self.presence == 0.0 and self.frequency == 0.0
+
+
+@attrs.frozen
+class RowSampling:
+    """One row's sampling: the core's params, its penalties, and whether its token's log-prob is wanted."""
+
+    params: SamplingParams
+    penalties: Penalties
+    wants_logprob: bool
+
+
+def _column(sampling: Any, name: str, num_rows: int) -> list:
+    """The field ``name`` as one Python value per row (a scalar is every row's value)."""
+    value = getattr(sampling, name, _DEFAULTS.get(name))
+    if isinstance(value, torch.Tensor):
+        value = value.item() if value.dim() == 0 else value.tolist()
+    if isinstance(value, (list, tuple)):
+        if len(value) < num_rows:
+            msg = f"sampling_params.{name}=<{len(value)} values> is invalid: must hold one value per row ({num_rows})"
+            raise InvalidSamplingError(msg, field=f"sampling_params.{name}")
+        return list(value[:num_rows])  # the plugin may pad rows past the batch: they are not rows here
+    return [value] * num_rows
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _penalties(row: int, presence: Any, frequency: Any, repetition: Any) -> Penalties:
+    for name, value in (("presence_penalty", presence), ("frequency_penalty", frequency)):
+        if not _is_number(value) or not -2.0 <= value <= 2.0:
+            raise row_error(InvalidSamplingError, row, f"sampling_params.{name}", value, "must be a number in [-2, 2]")
+    if not _is_number(repetition) or not math.isfinite(repetition) or repetition <= 0:
+        rule = "must be a finite number > 0 (1.0: none)"
+        raise row_error(InvalidSamplingError, row, "sampling_params.repetition_penalty", repetition, rule)
+    return Penalties(float(repetition), float(presence), float(frequency))
+
+
+def _wants_logprob(row: int, num_logprobs: Any, enabled: Any) -> bool:
+    if num_logprobs is None or num_logprobs == _NO_LOGPROBS:
+        wanted = False
+    elif num_logprobs == 0 and not isinstance(num_logprobs, bool):
+        wanted = True
+    else:
+        rule = (
+            "must be -2 (none) or 0 (the sampled token's log-prob): the prefill return holds one log-prob per "
+            "row, so -1 (whole vocabulary) and top-k lists cannot be returned"
+        )
+        raise row_error(InvalidSamplingError, row, "sampling_params.num_logprobs", num_logprobs, rule)
+    return wanted if enabled is None else bool(enabled)
+
+
+def _core_params(temperature: Any, top_k: Any, top_p: Any, seed: Any, vocab_size: int) -> SamplingParams:
+    """The core's parameters; values outside the encodings pass through for the rule table to name."""
+    seed = None if seed is None or seed == _NO_SEED else seed
+    if type(top_k) is int and top_k == 1 or _is_number(top_p) and top_p == 0.0:
+        return SamplingParams(temperature=0.0, top_k=1, top_p=1.0, seed=seed)
+    if type(top_k) is int and (top_k <= 0 or top_k >= vocab_size):
+        top_k = 0
+    return SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+
+
+def rows_from_plugin(sampling: Any, num_rows: int, vocab_size: int) -> list[RowSampling]:
+    """One ``RowSampling`` per row from a ``TTSamplingParams``-like object (attributes read by name)."""
+    names = ("temperature", "top_k", "top_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
+    names += ("seed", "num_logprobs", "enable_log_probs")
+    for name in names[:3]:
+        if not hasattr(sampling, name):
+            msg = f"sampling_params has no {name}: it must carry temperature, top_k and top_p (TTSamplingParams)"
+            raise InvalidSamplingError(msg, field=f"sampling_params.{name}")
+    columns = [_column(sampling, name, num_rows) for name in names]
+    # Rows usually share a few value tuples: each is mapped (and checked) once, and rows that share one share
+    # its objects, so the core judges each distinct parameter object once.
+    mapped: dict[tuple, RowSampling] = {}
+    rows = []
+    for row, values in enumerate(zip(*columns)):
+        found = mapped.get(values)
+        if found is None:
+            t, k, p, presence, frequency, repetition, seed, num_logprobs, enabled = values
+            found = mapped[values] = RowSampling(
+                _core_params(t, k, p, seed, vocab_size),
+                _penalties(row, presence, frequency, repetition),
+                _wants_logprob(row, num_logprobs, enabled),
+            )
+        rows.append(found)
+    return rows

@@ -1,0 +1,272 @@
+"""``ServingFacade``: the runtime behind a serving engine, called as vLLM's Tenstorrent plugin calls a model.
+
+The plugin reaches a TTTv2 model through its generator facade: it reads the
+class-level ``model_capabilities``, calls ``allocate_kv_cache`` with vLLM's
+KV shape, ``warmup_model_prefill``, then ``prefill_forward`` step after
+step. This module is that facade over a ``PrefillExecutor``:
+
+* **Normalisation and refusals** (tt-metal's ``VLLMAdapter.normalize_prefill``):
+  ``enable_trace`` must be a bool (``TypeError``); ``enable_trace=True`` when
+  prefill traces are off is a ``ValueError`` (``PrefillConfigError``); of the
+  extra keywords only ``page_tables_per_layer``, ``prompt_tokens``,
+  ``output_tokens``, ``slot_remap`` and ``rope_deltas_all_users`` are
+  accepted, any other is a ``TypeError`` naming it. Integer tensors are cast
+  (tokens, ``prompt_lens``, ``start_pos`` to int64, the page table to
+  int32); a float or bool tensor is left for the runtime to refuse by name,
+  where the adapter would truncate it.
+* **Chunks**: ``start_pos`` (tokens already computed, anywhere in
+  ``[0, prompt_lens]``) becomes the cached length and ``prompt_lens`` (the
+  end of this step's chunk) the prompt length (``computed_positions``).
+  ``empty_slots`` are the rows' slots.
+* **One call, one mode**: ``enable_trace`` picks traced or eager per call; a
+  traced call is preflighted whole (``TraceCoverageError`` before any body
+  runs, never an eager fallback). ``kv_cache`` must be the pool
+  ``allocate_kv_cache`` returned (``None`` means that pool).
+* **Returns** (tt-metal's result collector): without ``sampling_params``,
+  float32 logits ``[B, 1, vocab]``; with them, ``(tokens int64 [B],
+  log_probs)`` where ``log_probs`` is None when no row asked for one, else
+  float32 ``[B]`` in caller order holding each asking row's sampled-token
+  log-prob and 1.0 elsewhere.
+* **Sampling** (``plugin_sampling``): the plugin's encodings map onto the
+  core's ``SamplingParams``; a row with penalties asks the device for logits
+  and is sampled here (``penalties``), its prompt being its tokens up to
+  ``prompt_lens`` and its output tokens those of ``output_tokens`` (none
+  unless passed).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from prefill_core import PageTableLayout, PrefillPolicy, SamplingPath, ceil_div, manifest_for
+from prefill_core.errors import KVCacheMismatchError, PrefillConfigError, PrefillStateError
+
+from .backends.base import Backend
+from .config import PrefillRuntimeConfig
+from .executor import PrefillExecutor
+from .model import PrefillModel
+from .penalties import sample_penalised
+from .plugin_sampling import RowSampling, rows_from_plugin
+from .runtime import PrefillRuntime
+
+__all__ = ["ServingFacade", "IGNORED_KEYWORDS"]
+
+IGNORED_KEYWORDS = frozenset(
+    {"page_tables_per_layer", "prompt_tokens", "output_tokens", "slot_remap", "rope_deltas_all_users"}
+)
+"""The plugin's keywords a text-only model accepts (``output_tokens`` feeds the penalties)."""
+
+_PROVISIONAL_BLOCK_SIZE = 32
+
+
+class ServingFacade:
+    """``prefill_forward`` and its set-up calls, as the plugin makes them, over one runtime lane.
+
+    ``kv_factory(num_blocks, block_size)`` builds a KV pool (default: the
+    model's ``new_kv_cache``); the pool is built by ``allocate_kv_cache``,
+    at vLLM's block size, so nothing runs before it.
+    """
+
+    model_capabilities = {
+        "supports_prefix_caching": True,
+        "supports_async_decode": False,  # prefill only: there is no decode here
+        "supports_sample_on_device": True,
+        "accepts_trace_mode": True,
+        "supports_chunked_prefill": True,
+    }
+
+    def __init__(
+        self,
+        model: PrefillModel,
+        backend: Backend,
+        *,
+        max_seq_len: int,
+        max_batch_size: int = 32,
+        policy: PrefillPolicy | None = None,
+        kv_factory: Callable[[int, int], Any] | None = None,
+        kv_dtype: torch.dtype | None = None,
+        prefill_traces: bool = True,
+        seed: int = 0,
+    ):
+        self.model = model
+        self.backend = backend
+        self.max_seq_len = max_seq_len
+        self.max_batch_size = max_batch_size
+        self.policy = policy
+        self.prefill_traces = prefill_traces
+        self._kv_factory = kv_factory or model.new_kv_cache
+        self._kv_dtype = kv_dtype or model.dtype
+        self._seed = seed
+        self._rng = random.Random(seed)
+        self.kv: Any = None
+        self.executor: PrefillExecutor | None = None
+
+    @property
+    def runtime(self) -> PrefillRuntime:
+        if self.executor is None:
+            raise PrefillStateError("call allocate_kv_cache before any prefill: no KV pool is allocated yet")
+        return self.executor.runtime
+
+    # -- set-up ---------------------------------------------------------
+    def allocate_kv_cache(self, kv_cache_shape=None, dtype=None, num_layers=None) -> Any:
+        """Builds the KV pool and the runtime over it; returns the pool (pass it back as ``kv_cache``).
+
+        All three arguments or none (``TypeError``). Without them the pool is
+        the provisional one (block size 32, the longest sequence plus one
+        block per row). With them, ``kv_cache_shape`` is vLLM's rank-4
+        ``(num_blocks, kv_heads, block_size, head_dim)``, checked against the
+        model (``PrefillConfigError``), and vLLM's block size replaces the
+        provisional one: the layout is rebuilt before any warm-up.
+        """
+        supplied = (kv_cache_shape is not None, dtype is not None, num_layers is not None)
+        if any(supplied) and not all(supplied):
+            raise TypeError("kv_cache_shape, dtype, and num_layers must be supplied together")
+        if all(supplied):
+            num_blocks, block_size = self._checked_shape(kv_cache_shape, dtype, num_layers)
+        else:
+            block_size = _PROVISIONAL_BLOCK_SIZE
+            num_blocks = ceil_div(self.max_seq_len, block_size) + self.max_batch_size
+        if self.executor is not None:
+            self.executor.close()  # the old pool's traces and workspaces go with it
+            self.executor = None
+        kv = self._kv_factory(num_blocks, block_size)
+        layout = PageTableLayout(block_size, ceil_div(self.max_seq_len, block_size), num_blocks)
+        config = PrefillRuntimeConfig.resolve(self.model, self.backend, kv, layout=layout, policy=self.policy)
+        self.executor = PrefillExecutor(PrefillRuntime(config, seed=self._seed))
+        self.kv = kv
+        return kv
+
+    def _checked_shape(self, shape, dtype, num_layers) -> tuple[int, int]:
+        spec = self.model.spec
+        dims = tuple(shape)
+        if len(dims) != 4 or not all(type(d) is int for d in dims):
+            msg = f"kv_cache_shape={dims!r} is invalid: must be 4 ints (num_blocks, kv_heads, block_size, head_dim)"
+            raise PrefillConfigError(msg)
+        num_blocks, kv_heads, block_size, head_dim = (int(d) for d in dims)
+        expected = (
+            ("num_blocks", num_blocks, num_blocks if num_blocks > 0 else "> 0"),
+            ("block_size", block_size, block_size if block_size > 0 else "> 0"),
+            ("kv_heads", kv_heads, spec.num_kv_heads),
+            ("head_dim", head_dim, spec.head_dim),
+            ("num_layers", num_layers, spec.num_layers),
+            ("dtype", dtype, self._kv_dtype),
+        )
+        for name, got, want in expected:
+            if got != want:
+                raise PrefillConfigError(f"vLLM's KV {name}={got!r} is invalid: the model needs {want}")
+        return num_blocks, block_size
+
+    def warmup_model_prefill(self, *, kv_cache: Any, can_sample_on_device: bool, enable_trace: bool) -> None:
+        """Compiles every program the layout can plan (and captures every trace when ``enable_trace``).
+
+        The logits and host paths always; the argmax and device top-k paths
+        when ``can_sample_on_device``.
+        """
+        self._check_call(kv_cache, enable_trace)
+        paths = [SamplingPath.LOGITS, SamplingPath.HOST]
+        if can_sample_on_device:
+            paths += [SamplingPath.ARGMAX, SamplingPath.TOPK]
+        config = self.runtime.config
+        manifest = manifest_for(config.policy, config.layout, paths)
+        if enable_trace:
+            self.executor.warm_up(manifest)
+        else:
+            for signature in manifest.program_signatures:
+                self.executor.compile(signature)
+
+    # -- the call -------------------------------------------------------
+    def prefill_forward(
+        self,
+        tokens,
+        page_table,
+        *,
+        enable_trace: bool,
+        prompt_lens=None,
+        start_pos=None,
+        empty_slots=None,
+        kv_cache=None,
+        sampling_params=None,
+        **compatibility_kwargs: Any,
+    ):
+        """One prefill step as the plugin submits it; see the module docstring for the returns."""
+        unknown = sorted(key for key in compatibility_kwargs if key not in IGNORED_KEYWORDS)
+        if unknown:
+            raise TypeError(f"prefill got an unexpected keyword argument {unknown[0]!r}")
+        self._check_call(kv_cache, enable_trace)
+        tokens, page_table = _cast(tokens, torch.int64), _cast(page_table, torch.int32)
+        prompt_lens, start_pos = _cast(prompt_lens, torch.int64), _cast(start_pos, torch.int64)
+        num_rows = len(tokens)
+        if prompt_lens is None:
+            prompt_lens = [len(row) for row in tokens]
+        rows = None
+        if sampling_params is not None:
+            rows = rows_from_plugin(sampling_params, num_rows, self.model.spec.vocab_size)
+        core = None if rows is None else [None if not r.penalties.neutral else r.params for r in rows]
+        mode = "traced" if enable_trace else "eager"
+        results = self.executor.prefill(tokens, page_table, prompt_lens, start_pos, empty_slots, core, mode=mode)
+        if rows is None:
+            return torch.stack([r.logits for r in results]).float().unsqueeze(1)  # [B, 1, V]
+        output_tokens = compatibility_kwargs.get("output_tokens")
+        return self._sampled(results, rows, tokens, prompt_lens, output_tokens)
+
+    def _sampled(self, results, rows: list[RowSampling], tokens, prompt_lens, output_tokens):
+        sampled = [result.token for result in results]
+        logprobs = [result.logprob for result in results]
+        penalised = [row for row, sampling in enumerate(rows) if not sampling.penalties.neutral]
+        if penalised:
+            lengths = prompt_lens.tolist() if isinstance(prompt_lens, torch.Tensor) else list(prompt_lens)
+        for row in penalised:  # sampled here, from the device's logits
+            sampling = rows[row]
+            seed = sampling.params.seed
+            seed = self._rng.getrandbits(63) if seed is None else seed
+            prompt = torch.as_tensor(tokens[row][: lengths[row]], dtype=torch.int64)
+            sampled[row], logprobs[row] = sample_penalised(
+                results[row].logits, prompt, _output_row(output_tokens, row), sampling.penalties, sampling.params, seed
+            )
+        out_tokens = torch.tensor(sampled, dtype=torch.int64)
+        wanted = [row for row, sampling in enumerate(rows) if sampling.wants_logprob]
+        if not wanted:
+            return out_tokens, None
+        log_probs = torch.ones(len(rows), dtype=torch.float32)
+        for row in wanted:
+            log_probs[row] = logprobs[row]
+        return out_tokens, log_probs
+
+    def _check_call(self, kv_cache: Any, enable_trace: Any) -> None:
+        if not isinstance(enable_trace, bool):
+            raise TypeError("enable_trace must be bool")
+        if enable_trace and not self.prefill_traces:
+            raise PrefillConfigError("enable_trace=True for prefill disagrees with this facade: prefill traces are off")
+        runtime = self.runtime
+        if kv_cache is not None and kv_cache is not runtime.config.kv:
+            msg = (
+                f"kv_cache={type(kv_cache).__name__} is invalid: it must be the pool allocate_kv_cache returned "
+                "(the one this runtime was resolved with), or None"
+            )
+            raise KVCacheMismatchError(msg, field="kv_cache")
+
+    def cleanup(self) -> None:
+        """Releases traces, workspaces and orphans."""
+        if self.executor is not None:
+            self.executor.close()
+
+
+def _cast(value, dtype: torch.dtype):
+    """An integer tensor cast to ``dtype`` (as the adapter does); anything else as it is, for named checks."""
+    if not isinstance(value, torch.Tensor) or value.dtype is dtype:
+        return value
+    if value.is_floating_point() or value.dtype is torch.bool:
+        return value
+    return value.to(dtype)
+
+
+def _output_row(output_tokens, row: int) -> torch.Tensor:
+    """Row ``row``'s output token ids: none unless passed; ids outside [0, vocab) are padding (vLLM pads)."""
+    if output_tokens is None:
+        return torch.zeros(0, dtype=torch.int64)
+    ids = torch.as_tensor(output_tokens[row], dtype=torch.int64).reshape(-1)
+    return ids[ids >= 0]
