@@ -51,6 +51,12 @@ class PrefillInputError(PrefillError, ValueError):
         self.field = field
 
 
+def row_error(cls: type[PrefillInputError], row: int, field: str, value: object, rule: str) -> PrefillInputError:
+    """Builds ``cls`` with the one message shape every row error uses."""
+    msg = f"row {row}: {field}={value!r} is invalid: {rule}"
+    return cls(msg, row=row, field=field)
+
+
 def field_error(cls: type[PrefillInputError], owner: str, field: str, value: object, rule: str) -> PrefillInputError:
     """Builds ``cls`` for a field of a non-row value (policy, layout, batch)."""
     msg = f"{owner}.{field}={value!r} is invalid: {rule}"
