@@ -107,9 +107,47 @@ class ServingFacade:
 
     @property
     def runtime(self) -> PrefillRuntime:
+        return self._executors()[0].runtime
+
+    # -- what a subclass serving several lanes replaces -------------------
+    def _executors(self) -> list[PrefillExecutor]:
+        """The lanes' executors, in lane order (here: the one lane)."""
         if self.executor is None:
             raise PrefillStateError("call allocate_kv_cache before any prefill: no KV pool is allocated yet")
-        return self.executor.runtime
+        return [self.executor]
+
+    def _prefill_target(self) -> PrefillExecutor:
+        """What runs a normalised call: anything with ``PrefillExecutor.prefill``'s signature."""
+        return self.executor
+
+    def _pool_rows(self) -> int:
+        """Rows one provisional pool holds a block of tail for."""
+        return self.max_batch_size
+
+    def _build(self, num_blocks: int, block_size: int) -> Any:
+        """Builds the pool and the runtime over it; returns what the plugin passes back as ``kv_cache``."""
+        kv = self._kv_factory(num_blocks, block_size)
+        self.executor = self._lane_executor(self.model, self.backend, kv, num_blocks, block_size, self._seed)
+        return kv
+
+    def _release(self) -> None:
+        """Closes the lane (its pool's traces and workspaces go with it); the next call needs a new pool."""
+        if self.executor is not None:
+            self.executor.close()
+        self.executor, self.kv = None, None
+
+    def _check_kv(self, kv_cache: Any) -> None:
+        if kv_cache is not None and kv_cache is not self.runtime.config.kv:
+            msg = (
+                f"kv_cache={type(kv_cache).__name__} is invalid: it must be the pool allocate_kv_cache returned "
+                "(the one this runtime was resolved with), or None"
+            )
+            raise KVCacheMismatchError(msg, field="kv_cache")
+
+    def _lane_executor(self, model, backend, kv, num_blocks: int, block_size: int, seed: int) -> PrefillExecutor:
+        layout = PageTableLayout(block_size, ceil_div(self.max_seq_len, block_size), num_blocks)
+        config = PrefillRuntimeConfig.resolve(model, backend, kv, layout=layout, policy=self.policy)
+        return PrefillExecutor(PrefillRuntime(config, seed=seed))
 
     # -- set-up ---------------------------------------------------------
     def allocate_kv_cache(self, kv_cache_shape=None, dtype=None, num_layers=None) -> Any:
@@ -129,16 +167,10 @@ class ServingFacade:
             num_blocks, block_size = self._checked_shape(kv_cache_shape, dtype, num_layers)
         else:
             block_size = _PROVISIONAL_BLOCK_SIZE
-            num_blocks = ceil_div(self.max_seq_len, block_size) + self.max_batch_size
-        if self.executor is not None:
-            self.executor.close()  # the old pool's traces and workspaces go with it
-            self.executor = None
-        kv = self._kv_factory(num_blocks, block_size)
-        layout = PageTableLayout(block_size, ceil_div(self.max_seq_len, block_size), num_blocks)
-        config = PrefillRuntimeConfig.resolve(self.model, self.backend, kv, layout=layout, policy=self.policy)
-        self.executor = PrefillExecutor(PrefillRuntime(config, seed=self._seed))
-        self.kv = kv
-        return kv
+            num_blocks = ceil_div(self.max_seq_len, block_size) + self._pool_rows()
+        self._release()
+        self.kv = self._build(num_blocks, block_size)
+        return self.kv
 
     def _checked_shape(self, shape, dtype, num_layers) -> tuple[int, int]:
         spec = self.model.spec
@@ -164,19 +196,20 @@ class ServingFacade:
         """Compiles every program the layout can plan (and captures every trace when ``enable_trace``).
 
         The logits and host paths always; the argmax and device top-k paths
-        when ``can_sample_on_device``.
+        when ``can_sample_on_device``. Every lane, in lane order.
         """
         self._check_call(kv_cache, enable_trace)
         paths = [SamplingPath.LOGITS, SamplingPath.HOST]
         if can_sample_on_device:
             paths += [SamplingPath.ARGMAX, SamplingPath.TOPK]
-        config = self.runtime.config
-        manifest = manifest_for(config.policy, config.layout, paths)
-        if enable_trace:
-            self.executor.warm_up(manifest)
-        else:
-            for signature in manifest.program_signatures:
-                self.executor.compile(signature)
+        for executor in self._executors():
+            config = executor.runtime.config
+            manifest = manifest_for(config.policy, config.layout, paths)
+            if enable_trace:
+                executor.warm_up(manifest)
+            else:
+                for signature in manifest.program_signatures:
+                    executor.compile(signature)
 
     # -- the call -------------------------------------------------------
     def prefill_forward(
@@ -207,7 +240,8 @@ class ServingFacade:
             rows = rows_from_plugin(sampling_params, num_rows, self.model.spec.vocab_size)
         core = None if rows is None else [None if not r.penalties.neutral else r.params for r in rows]
         mode = "traced" if enable_trace else "eager"
-        results = self.executor.prefill(tokens, page_table, prompt_lens, start_pos, empty_slots, core, mode=mode)
+        target = self._prefill_target()
+        results = target.prefill(tokens, page_table, prompt_lens, start_pos, empty_slots, core, mode=mode)
         if rows is None:
             return torch.stack([r.logits for r in results]).float().unsqueeze(1)  # [B, 1, V]
         output_tokens = compatibility_kwargs.get("output_tokens")
@@ -241,18 +275,12 @@ class ServingFacade:
             raise TypeError("enable_trace must be bool")
         if enable_trace and not self.prefill_traces:
             raise PrefillConfigError("enable_trace=True for prefill disagrees with this facade: prefill traces are off")
-        runtime = self.runtime
-        if kv_cache is not None and kv_cache is not runtime.config.kv:
-            msg = (
-                f"kv_cache={type(kv_cache).__name__} is invalid: it must be the pool allocate_kv_cache returned "
-                "(the one this runtime was resolved with), or None"
-            )
-            raise KVCacheMismatchError(msg, field="kv_cache")
+        self._executors()  # nothing runs before allocate_kv_cache
+        self._check_kv(kv_cache)
 
     def cleanup(self) -> None:
-        """Releases traces, workspaces and orphans."""
-        if self.executor is not None:
-            self.executor.close()
+        """Releases traces, workspaces and orphans; a later call needs ``allocate_kv_cache`` again."""
+        self._release()
 
 
 def _cast(value, dtype: torch.dtype):
