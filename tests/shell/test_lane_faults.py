@@ -41,7 +41,7 @@ def _group(model, plan, threaded: bool, mode: str):
         call = group_call(ROWS, SLOTS, 2)
         for route in call.routes:
             lane = group.lanes[route.lane]
-            lane.warm_up(WarmupManifest().observe(lane.runtime.prepare(**call.lane_kwargs(route)).prepared))
+            lane.warm_up(WarmupManifest().observe(lane.runtime.prepare(**call.lane_kwargs(route)).requests))
         plan.arm(fail_at)  # count from the call on
     return group
 

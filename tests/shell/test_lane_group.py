@@ -125,12 +125,12 @@ def test_vllm_data_parallel_empty_slots_reach_their_ranks_lane(tiny_model, threa
 
 
 def test_an_input_error_names_the_caller_row_and_the_lane_and_runs_nothing(tiny_model):
-    """A bad cached length at caller row 2 (lane 1's row 0) is refused naming row 2 and lane 1; no pool changes."""
+    """A cached length past its prompt at caller row 2 (lane 1's row 0) is refused naming both; no pool changes."""
     group = make_group(tiny_model, 2)
     call = group_call([(40, 0, None), (20, 0, None), (50, 0, None)], (0, 1, PER_LANE), 2)
     before = [pool_of(lane.runtime) for lane in group.lanes]
     with pytest.raises(InvalidCachedLengthError, match=r"row 2: \(lane 1, its row 0\)") as caught:
-        group.prefill(**{**call.kwargs(), "cached_lengths": [0, 0, 7]})
+        group.prefill(**{**call.kwargs(), "cached_lengths": [0, 0, 51]})
     assert caught.value.row == 2
     assert [changed_blocks(b, pool_of(lane.runtime)) for b, lane in zip(before, group.lanes)] == [set(), set()]
 
@@ -152,14 +152,14 @@ def test_a_traced_call_is_preflighted_on_every_lane_before_any_runs(tiny_model):
     group = make_group(tiny_model, 2)
     call = group_call([(40, 0, None), (100, 0, SamplingParams.greedy()), (20, 0, None)], (0, PER_LANE, 1), 2)
     lane0 = group.lanes[0]
-    lane0.warm_up(WarmupManifest().observe(lane0.runtime.prepare(**call.lane_kwargs(call.routes[0])).prepared))
+    lane0.warm_up(WarmupManifest().observe(lane0.runtime.prepare(**call.lane_kwargs(call.routes[0])).requests))
     before = pool_of(lane0.runtime)
     with pytest.raises(TraceCoverageError, match=r"lane 1 \(caller rows \[1\]\).*no lane ran"):
         group.prefill(**call.kwargs(), mode="traced")
     assert [t.replays for t in lane0.runtime.captured_traces()] == [0] * len(lane0.runtime.captured_traces())
     assert changed_blocks(before, pool_of(lane0.runtime)) == set()
     lane1 = group.lanes[1]
-    lane1.warm_up(WarmupManifest().observe(lane1.runtime.prepare(**call.lane_kwargs(call.routes[1])).prepared))
+    lane1.warm_up(WarmupManifest().observe(lane1.runtime.prepare(**call.lane_kwargs(call.routes[1])).requests))
     eager = make_group(tiny_model, 2).prefill(**call.kwargs(), mode="eager")
     assert group.prefill(**call.kwargs(), mode="traced") == eager
     group.close()
