@@ -3,7 +3,10 @@
 The plugin reaches a TTTv2 model through its generator facade: it reads the
 class-level ``model_capabilities``, calls ``allocate_kv_cache`` with vLLM's
 KV shape, ``warmup_model_prefill``, then ``prefill_forward`` step after
-step. This module is that facade over a ``PrefillExecutor``:
+step. This module is that facade over a ``PrefillExecutor``
+(``serving_lanes.LaneGroupFacade`` is the same facade over a lane group: it
+replaces only the lane-shaped steps, the methods under "what a subclass
+serving several lanes replaces"):
 
 * **Normalisation and refusals** (tt-metal's ``VLLMAdapter.normalize_prefill``):
   ``enable_trace`` must be a bool (``TypeError``); ``enable_trace=True`` when
