@@ -126,8 +126,8 @@ def positions(budget: int, num_blocks: int) -> dict[str, float]:
             table[i, : len(r.blocks)] = torch.tensor(r.blocks, dtype=torch.int32)
         ends, starts = [r.computed + n for r, n in step], [r.computed for r in rows]
         batch = facade.runtime.prepare(matrix, table, ends, starts, [r.slot for r in rows])  # plans, runs nothing
-        computed += sum(p.request.computed_tokens for p in batch.prepared)
-        recomputed += sum(p.request.recomputed_tokens for p in batch.prepared)
+        computed += sum(p.request.computed_tokens for p in batch.requests)
+        recomputed += sum(p.request.recomputed_tokens for p in batch.requests)
         scheduled_tokens += sum(n for _, n in step)
         for r, n in step:
             r.computed += n

@@ -13,7 +13,7 @@ from prefill_core import (
     PrefillPolicy,
     PrefillRow,
     plan_prefill,
-    prepare_in_lanes,
+    prepare_in_sub_batches,
 )
 from prefill_core.block_order import order_writers_first
 from prefill_core.computed_positions import computed_start, recomputed_positions, written_columns
@@ -97,7 +97,7 @@ def test_lanes_keep_the_writer_first_order_across_sub_batches(spec: CaseSpec):
     """Split into one-row lanes, the call still runs every writer before its readers."""
     case = spec.build()
     policy = PrefillPolicy(lane_size=1)
-    prepared = prepare_in_lanes(case.batch, policy, case.layout)
+    prepared = prepare_in_sub_batches(case.batch, policy, case.layout)
     position = {row: at for at, p in enumerate(prepared) for row in p.request.source_rows}
     reads, writer = _read_and_written(case)
     for row, blocks in reads.items():
