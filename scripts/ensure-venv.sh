@@ -71,6 +71,6 @@ rm -rf "$venv"
 printf '%s\n' "$reqs" > "$venv/requirements.txt"
 "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$venv/requirements.txt" 2>&1 \
     | grep -v "is ignored: it is neither a file nor a directory" >&2 || true
-"$venv/bin/python" -c 'import attrs, cattrs, torch, numpy, safetensors, hypothesis, pytest, transformers, gguf, accelerate, importlinter, ttnn; import sys; sys.version_info[:2] != (3, 12) or __import__("lm_eval")' >&2
+"$venv/bin/python" -c 'import attrs, cattrs, torch, numpy, safetensors, hypothesis, pytest, transformers, gguf, accelerate, importlinter, ttnn; import sys; sys.version_info[:2] != (3, 12) or __import__("lm_eval.evaluator")' >&2
 touch "$venv/.ready"
 echo "$venv"
