@@ -69,7 +69,7 @@ def _plain_records() -> None:
 
 
 def _chosen_records() -> None:
-    [result_record((row, None, token, lp, ())) for row, token, lp in zip(VALUES, VALUES, LOGPROBS)]
+    [result_record((row, None, token, lp, (), ())) for row, token, lp in zip(VALUES, VALUES, LOGPROBS)]
 
 
 _GEN = torch.Generator().manual_seed(0)

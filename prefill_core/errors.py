@@ -22,6 +22,7 @@ __all__ = [
     "CapacityError",
     "PositionLimitError",
     "InvalidSamplingError",
+    "InvalidScoringRequestError",
     "InvalidPolicyError",
     "InvalidLayoutError",
     "PrefillConfigError",
@@ -114,6 +115,10 @@ class PositionLimitError(CapacityError):
 
 class InvalidSamplingError(PrefillInputError):
     """A sampling parameter is out of its domain."""
+
+
+class InvalidScoringRequestError(PrefillInputError):
+    """A scoring request (a context and continuation, or a document) cannot be scored as given."""
 
 
 class InvalidPolicyError(PrefillInputError):

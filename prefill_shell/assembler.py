@@ -25,7 +25,7 @@ from .torch_sampling import sample_row, top_logprobs
 __all__ = ["PrefillResultAssembler", "result_record"]
 
 result_record = functools.partial(tuple.__new__, PrefillResult)
-"""``result_record((row, logits, token, logprob, top_logprobs))``: a ``PrefillResult`` from all five fields.
+"""``result_record((row, logits, token, logprob, top_logprobs, prompt_logprobs))``: a ``PrefillResult`` of all six.
 
 One C call per row where ``PrefillResult(row, token=..., logprob=...)``
 parses keywords in Python (``benchmarks/host_forms.py``, row
@@ -67,7 +67,10 @@ class PrefillResultAssembler:
             self._release(invocation.owned, primary=primary)
             raise
         self._release(invocation.owned)
-        return self._normalize(invocation, host)
+        results = self._normalize(invocation, host)
+        if invocation.prompt is None:
+            return results
+        return [r._replace(prompt_logprobs=tuple(invocation.prompt.get(b, ()))) for b, r in enumerate(results)]
 
     def _normalize(self, invocation: InvocationResult, host: dict[TensorSpec, torch.Tensor]) -> list[PrefillResult]:
         prepared = invocation.prepared
@@ -76,17 +79,17 @@ class PrefillResultAssembler:
             host = self._sample_on_host(invocation, host[LOGITS])
         if prepared.sampling_path is SamplingPath.LOGITS:
             rows = zip(request.source_rows, host[LOGITS].unbind(0))
-            return [result_record((row, logits, None, None, ())) for row, logits in rows]
+            return [result_record((row, logits, None, None, (), ())) for row, logits in rows]
         tokens, token_lp = host[SAMPLED_TOKENS].tolist(), host[TOKEN_LOGPROB].tolist()
         if TOP_IDS not in host:  # no row of the wave asked for top log-probs
             rows = zip(request.source_rows, tokens, token_lp)
-            return [result_record((row, None, token, logprob, ())) for row, token, logprob in rows]
+            return [result_record((row, None, token, logprob, (), ())) for row, token, logprob in rows]
         top_ids, top_values = host[TOP_IDS].tolist(), host[TOP_LOGPROBS].tolist()
         results = []
         for b, row in enumerate(request.source_rows):
             n = request.sampling[b].num_logprobs
             top = tuple(zip(top_ids[b][:n], top_values[b][:n])) if n else ()
-            results.append(result_record((row, None, tokens[b], token_lp[b], top)))
+            results.append(result_record((row, None, tokens[b], token_lp[b], top, ())))
         return results
 
     @staticmethod

@@ -26,7 +26,10 @@ class PrefillResult(NamedTuple):
     ``logits`` (float32 ``[V]``, a host copy the caller owns) when the row
     asked for no sampling; otherwise ``token``, its ``logprob`` under the
     model's raw distribution, and ``top_logprobs``: the row's
-    ``num_logprobs`` best ``(token, logprob)``. Results compare with ``==``
+    ``num_logprobs`` best ``(token, logprob)``. ``prompt_logprobs``: when the
+    row asked for them (``SamplingParams.prompt_logprobs``), one
+    ``prompt_logprobs.PromptLogprob`` per scored prompt token, in position
+    order. Results compare with ``==``
     (logits by value), so eager and traced results can be compared directly.
     A named tuple rather than a frozen attrs class: the assembler builds one
     per row of every call, and a tuple is the cheapest immutable value.
@@ -37,6 +40,7 @@ class PrefillResult(NamedTuple):
     token: int | None = None
     logprob: float | None = None
     top_logprobs: tuple[tuple[int, float], ...] = ()
+    prompt_logprobs: tuple = ()
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, PrefillResult):
@@ -54,11 +58,19 @@ class PrefillResult(NamedTuple):
 class InvocationResult:
     """One request's device outputs plus the transients that stay owned until collection."""
 
-    __slots__ = ("prepared", "outputs", "owned", "seeds", "consumed")
+    __slots__ = ("prepared", "outputs", "owned", "seeds", "consumed", "prompt")
 
-    def __init__(self, prepared: PreparedPrefill, outputs: dict, owned: list[DeviceTensor], seeds: tuple[int, ...]):
+    def __init__(
+        self,
+        prepared: PreparedPrefill,
+        outputs: dict,
+        owned: list[DeviceTensor],
+        seeds: tuple[int, ...],
+        prompt: dict[int, list] | None = None,
+    ):
         self.prepared = prepared
         self.outputs = outputs
         self.owned = owned
         self.seeds = seeds
         self.consumed = False
+        self.prompt = prompt  # physical row -> its PromptLogprob entries (host values, already read)

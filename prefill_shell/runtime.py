@@ -45,6 +45,7 @@ from .ledger import DeviceTensor
 from .notes import add_note
 from .postprocess import PrefillPostprocessor, wave_params
 from .progress import ProgressCallback, ProgressCounter, StepLog, note_partial_writes
+from .prompt_logprobs import PromptLogprobCollector, PromptPiece, prompt_steps, top_n_of
 from .result import InvocationResult, PrefillResult
 from .sequence_runner import PrefillSequenceRunner
 from .trace import CapturedTrace, PrefillTraceLifecycle, warmup_step
@@ -69,6 +70,9 @@ class PreparedBatch:
     num_rows: int
     runtime: object = attrs.field(repr=False)
     layout: PageTableLayout
+    # Per request, per step: the prompt log-prob pieces (``prompt_logprobs.prompt_steps``);
+    # None for a request whose program computes none.
+    prompt_steps: tuple[tuple[tuple[PromptPiece, ...], ...] | None, ...] = ()
 
     @property
     def num_steps(self) -> int:
@@ -126,6 +130,7 @@ class PrefillRuntime:
             self._release_handles,
         )
         self._assembler = PrefillResultAssembler(self.backend, self._release_handles)
+        self._prompt = PromptLogprobCollector(self.backend, self._run_lm_head, self._release_handles)
 
     def hold(self) -> contextlib.AbstractContextManager[None]:
         """Holds this runtime for the calling thread until the block exits (re-entrant on that thread).
@@ -181,7 +186,11 @@ class PrefillRuntime:
         else:
             prepared = prepare_prefill(batch, config.policy, config.layout, max_position=max_position)
         steps = tuple(tuple(build_host_steps(matrix, p.request, table)) for p in prepared)
-        return PreparedBatch(prepared, steps, len(batch), self, config.layout)
+        prompt = tuple(
+            prompt_steps(matrix, p.request, s) if p.program_signature.prompt_logprobs else None
+            for p, s in zip(prepared, steps)
+        )
+        return PreparedBatch(prepared, steps, len(batch), self, config.layout, prompt)
 
     @exclusive
     def invoke(
@@ -208,16 +217,32 @@ class PrefillRuntime:
 
         steps = StepLog(batch.steps[index], finished)
         seeds = self._resolve_seeds(prepared)
+        prompt, on_hidden = self._prompt_hook(batch, index)
         try:
             with torch.inference_mode():
                 if traced:
-                    return self._traces.replay(prepared, steps, seeds)
-                outputs, owned = self._runner.run(prepared.program_signature, wave_params(prepared), steps, seeds)
+                    result = self._traces.replay(prepared, steps, seeds, on_hidden)
+                    result.prompt = prompt
+                    return result
+                signature = prepared.program_signature
+                outputs, owned = self._runner.run(signature, wave_params(prepared), steps, seeds, on_hidden)
         except BaseException as error:
             if steps.started:
                 note_partial_writes(error, steps.written_blocks(rows))
             raise
-        return InvocationResult(prepared, outputs, owned, seeds)
+        return InvocationResult(prepared, outputs, owned, seeds, prompt)
+
+    def _prompt_hook(self, batch: PreparedBatch, index: int):
+        """(entries by physical row, the step loop's ``on_hidden``) for a request with prompt log-probs, else Nones."""
+        pieces = batch.prompt_steps[index] if batch.prompt_steps else None
+        if pieces is None:
+            return None, None
+        top_n, entries = top_n_of(batch.prepared[index].request), {}
+
+        def on_hidden(hidden: Any, step: int) -> None:
+            self._prompt.collect(hidden, pieces[step], top_n, entries)
+
+        return entries, on_hidden
 
     @exclusive_stream
     def invocations(

@@ -50,19 +50,29 @@ class PrefillSequenceRunner:
         self._release = release
 
     def run(
-        self, signature: PrefillProgramSignature, params: tuple, steps: list[HostStep], seeds: tuple[int, ...]
+        self,
+        signature: PrefillProgramSignature,
+        params: tuple,
+        steps: list[HostStep],
+        seeds: tuple[int, ...],
+        on_hidden: Callable[[object, int], None] | None = None,
     ) -> tuple[dict[TensorSpec, DeviceTensor], list[DeviceTensor]]:
-        """Runs ``steps`` and postprocesses the last; returns the outputs and the handles they keep alive."""
+        """Runs ``steps`` and postprocesses the last; returns the outputs and the handles they keep alive.
+
+        ``on_hidden(hidden, i)`` (prompt log-probs) sees each step's hidden output before it is released.
+        """
         owned: list[DeviceTensor] = []
         try:
             hidden = inputs = None
-            for step in steps:
+            for index, step in enumerate(steps):
                 if hidden is not None:
                     # A non-final chunk's output and last-token index are never read.
                     self._release(_hand_off(owned, [hidden, inputs[LAST_TOKEN_INDEX]]))
                 inputs = self._stager.stage(step, owned)
                 hidden = self._backend.adopt(self._body(inputs), HIDDEN, Ownership.INVOCATION)
                 owned.append(hidden)
+                if on_hidden is not None:
+                    on_hidden(hidden.value, index)
                 self._release(_hand_off(owned, [h for h in inputs.handles() if h is not inputs[LAST_TOKEN_INDEX]]))
             outputs = self._postprocessor.finish(signature, params, hidden, inputs[LAST_TOKEN_INDEX], seeds, owned)
             kept = set(map(id, outputs.values()))

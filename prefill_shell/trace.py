@@ -164,17 +164,29 @@ class PrefillTraceLifecycle:
             return f"no workspace was allocated for program {prepared.program_signature.key}"
         return None
 
-    def replay(self, prepared: PreparedPrefill, steps: list[HostStep], seeds: tuple[int, ...]) -> InvocationResult:
-        """Refreshes and replays every chunk; finishes the last into the alias workspace."""
+    def replay(
+        self,
+        prepared: PreparedPrefill,
+        steps: list[HostStep],
+        seeds: tuple[int, ...],
+        on_hidden: Callable[[object, int], None] | None = None,
+    ) -> InvocationResult:
+        """Refreshes and replays every chunk; finishes the last into the alias workspace.
+
+        ``on_hidden(hidden, i)`` (prompt log-probs) sees each replayed step's hidden output before the
+        next replay overwrites it; what it allocates is its own and released by it.
+        """
         reason = self.gap(prepared)
         if reason is not None:
             raise TraceCoverageError(f"cannot replay request {prepared.request.source_rows}: {reason}")
         trace = self.traces[prepared.trace_signature]
         workspace = self.workspaces[workspace_key(prepared.program_signature)]
-        for step in steps:
+        for index, step in enumerate(steps):
             self._stager.refresh(step, trace.inputs)
             self._backend.replay(trace.handle)
             trace.replays += 1
+            if on_hidden is not None:
+                on_hidden(trace.hidden.value, index)
         self._backend.refresh(steps[-1][LAST_TOKEN_INDEX], workspace[LAST_TOKEN_INDEX])
         outputs = self._postprocessor.finish(
             prepared.program_signature,
