@@ -1,4 +1,5 @@
-"""``python -m prefill_shell run``: prompts in, next tokens out, on the torch backend.
+"""``python -m prefill_shell run``: prompts in, next tokens out, on the torch backend
+(``python -m prefill_shell score``: log-likelihoods, see ``score_cli``).
 
 With prompts (``--prompt``, ``--prompts FILE``, ``--token-ids FILE``) it
 prefills them as one batch (rows that start with the same whole blocks
@@ -27,6 +28,7 @@ from .prefix_sharing import SharedPrefixBatch, largest_sharing_group, share_pref
 from .progress import Progress
 from .result import PrefillResult
 from .runtime import PrefillRuntime
+from .score_cli import add_score_parser, run_score
 from .text import (
     Prompt,
     PromptError,
@@ -135,10 +137,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     run.add_argument("--device", default="cpu", help="torch device (cpu or cuda)")
     run.add_argument("--block-size", type=int, default=32)
     run.add_argument("--seed", type=int, default=0)
+    add_score_parser(sub)
     args = parser.parse_args(argv)
-    torch.manual_seed(args.seed)
+    torch.manual_seed(getattr(args, "seed", 0))
     try:
-        if args.prompt or args.prompts or args.token_ids:
+        if args.command == "score":
+            run_score(args)
+        elif args.prompt or args.prompts or args.token_ids:
             run_prompts(args)
         else:
             from .demo import run_demo  # the demo imports this module's helpers
