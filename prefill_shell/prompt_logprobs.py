@@ -126,6 +126,15 @@ class PromptLogprobCollector:
         self._lm_head = lm_head
         self._release = release
 
+    def hook(self, pieces: tuple[tuple[PromptPiece, ...], ...], request: PrefillRequest):
+        """(entries by physical row, filled as steps run; ``on_hidden(hidden, step)`` for the step loop)."""
+        top_n, entries = top_n_of(request), {}
+
+        def on_hidden(hidden: Any, step: int) -> None:
+            self.collect(hidden, pieces[step], top_n, entries)
+
+        return entries, on_hidden
+
     def collect(self, hidden: Any, pieces: tuple[PromptPiece, ...], top_n: int, into: dict[int, list]) -> None:
         """Appends each scored position of ``pieces`` to ``into[physical row]`` as a ``PromptLogprob``.
 

@@ -45,7 +45,7 @@ from .ledger import DeviceTensor
 from .notes import add_note
 from .postprocess import PrefillPostprocessor, wave_params
 from .progress import ProgressCallback, ProgressCounter, StepLog, note_partial_writes
-from .prompt_logprobs import PromptLogprobCollector, PromptPiece, prompt_steps, top_n_of
+from .prompt_logprobs import PromptLogprobCollector, PromptPiece, prompt_steps
 from .result import InvocationResult, PrefillResult
 from .sequence_runner import PrefillSequenceRunner
 from .trace import CapturedTrace, PrefillTraceLifecycle, warmup_step
@@ -235,14 +235,7 @@ class PrefillRuntime:
     def _prompt_hook(self, batch: PreparedBatch, index: int):
         """(entries by physical row, the step loop's ``on_hidden``) for a request with prompt log-probs, else Nones."""
         pieces = batch.prompt_steps[index] if batch.prompt_steps else None
-        if pieces is None:
-            return None, None
-        top_n, entries = top_n_of(batch.prepared[index].request), {}
-
-        def on_hidden(hidden: Any, step: int) -> None:
-            self._prompt.collect(hidden, pieces[step], top_n, entries)
-
-        return entries, on_hidden
+        return (None, None) if pieces is None else self._prompt.hook(pieces, batch.prepared[index].request)
 
     @exclusive_stream
     def invocations(

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import lm_eval.models  # noqa: F401 (lm-eval fills its registry from this import only while the registry is empty)
 import torch
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
