@@ -24,6 +24,7 @@ __all__ = [
     "PositionLimitError",
     "InvalidSamplingError",
     "KVCacheMismatchError",
+    "InvalidScoringRequestError",
     "InvalidPolicyError",
     "InvalidLayoutError",
     "TraceBudgetError",
@@ -130,6 +131,10 @@ class InvalidSamplingError(PrefillInputError):
 
 class KVCacheMismatchError(PrefillInputError):
     """A call names a KV pool other than the one the runtime was resolved with."""
+
+
+class InvalidScoringRequestError(PrefillInputError):
+    """A scoring request (a context and continuation, or a document) cannot be scored as given."""
 
 
 class InvalidPolicyError(PrefillInputError):

@@ -347,3 +347,24 @@ def bad_num_logprobs(scope: Scope) -> Hit | None:
         if type(n) is not int or not 0 <= n <= limit:
             return Hit(row, "sampling.num_logprobs", n)
     return None
+
+
+def bad_prompt_logprobs(scope: Scope) -> Hit | None:
+    limit = scope.limits.max_logprobs
+    for row, params in scope.distinct_sampling:
+        n = params.prompt_logprobs
+        if n is not None and (type(n) is not int or not 0 <= n <= limit):
+            return Hit(row, "sampling.prompt_logprobs", n)
+    return None
+
+
+def bad_prompt_start(scope: Scope) -> Hit | None:
+    # Judged per row, not per parameter object: the range depends on each row's cached offset and length.
+    batch = scope.batch
+    for row, params in enumerate(batch.sampling):
+        start = None if params is None else params.prompt_start
+        if start is None:
+            continue
+        if type(start) is not int or not batch.cached[row] <= start <= batch.lengths[row] - 1:
+            return Hit(row, "sampling.prompt_start", start)
+    return None

@@ -188,6 +188,22 @@ RULES: tuple[Rule, ...] = (
         "plan",
         find.bad_num_logprobs,
     ),
+    Rule(
+        "prompt_logprobs",
+        InvalidSamplingError,
+        "sampling.prompt_logprobs",
+        "must be None or an int in [0, {max_logprobs}] (the policy's max_logprobs)",
+        "plan",
+        find.bad_prompt_logprobs,
+    ),
+    Rule(
+        "prompt_start",
+        InvalidSamplingError,
+        "sampling.prompt_start",
+        "must be None or an int in [cached, length - 1] (the first position whose next token is scored)",
+        "plan",
+        find.bad_prompt_start,
+    ),
 )
 
 _BY_STAGE = {stage: tuple(rule for rule in RULES if rule.stage == stage) for stage in ("batch", "plan")}

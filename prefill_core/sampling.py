@@ -51,9 +51,17 @@ class SamplingParams:
     (1/T is inf in bfloat16 and float32 alike). ``top_k == 0`` means no
     top-k limit; ``top_p == 1`` no nucleus limit; ``seed None`` draws from
     the runtime's generator. ``num_logprobs`` is how many top log-probs to
-    return beside the sampled token's own. Values are checked against their
-    domains by the planner's rule table (``rules.RULES``), not here, so a bad
-    value always names its row.
+    return beside the sampled token's own.
+
+    ``prompt_logprobs`` asks for the log-probs of the row's own prompt
+    tokens (``None``: none; ``n >= 0``: each scored token's log-prob plus
+    the ``n`` most likely alternatives, as vLLM's ``prompt_logprobs=n``).
+    The range is the request's, not the step geometry's: positions
+    ``[prompt_start, length - 1)`` score tokens ``prompt_start + 1 ..
+    length - 1``; ``prompt_start`` ``None`` means the row's cached offset,
+    and it may lie anywhere in ``[cached, length - 1]``. Values are checked
+    against their domains by the planner's rule table (``rules.RULES``), not
+    here, so a bad value always names its row.
     """
 
     temperature: float = 1.0
@@ -61,6 +69,8 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int | None = None
     num_logprobs: int = 0
+    prompt_logprobs: int | None = None
+    prompt_start: int | None = None
 
     @property
     def is_greedy(self) -> bool:
@@ -68,8 +78,16 @@ class SamplingParams:
         return is_greedy(self.temperature, self.top_k)
 
     @classmethod
-    def greedy(cls, num_logprobs: int = 0) -> SamplingParams:
-        return cls(temperature=0.0, top_k=1, num_logprobs=num_logprobs)
+    def greedy(
+        cls, num_logprobs: int = 0, *, prompt_logprobs: int | None = None, prompt_start: int | None = None
+    ) -> SamplingParams:
+        return cls(
+            temperature=0.0,
+            top_k=1,
+            num_logprobs=num_logprobs,
+            prompt_logprobs=prompt_logprobs,
+            prompt_start=prompt_start,
+        )
 
 
 def distinct_params(sampling: tuple[SamplingParams | None, ...]) -> list[SamplingParams | None]:

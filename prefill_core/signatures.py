@@ -2,8 +2,9 @@
 
 * ``PrefillProgramSignature``: every material choice of one eager program:
   variant, padded batch, invocation length, both page-table widths, sampling
-  path, log-probs on/off and (only where a program bakes it in) the static
-  last-token tile. Active rows, cached offsets, chunk starts, slots and table
+  path, log-probs on/off, prompt log-probs on/off (the program then also
+  runs the LM head over the requested positions of every step) and (only
+  where a program bakes it in) the static last-token tile. Active rows, cached offsets, chunk starts, slots and table
   contents are device inputs, never identity.
 * ``PrefillTraceSignature``: the sampling-free hidden body a trace captures:
   variant, padded batch, chunk length, table widths. Sampling is excluded,
@@ -17,10 +18,11 @@ Builders are pure functions of a planned request.
 from __future__ import annotations
 
 import attrs
+from cattrs.gen import make_dict_unstructure_fn, override
 
 from .request import PrefillRequest, RequestKind
 from .sampling import SamplingPath, distinct_params
-from .serialize import digest
+from .serialize import converter, digest
 
 __all__ = [
     "PrefillProgramSignature",
@@ -57,6 +59,9 @@ class PrefillProgramSignature:
     sampling_path: SamplingPath
     logprobs: bool
     last_token_tile: int | None = None
+    # Last, and left out of the canonical JSON when False (``serialize``), so
+    # every key of a program without prompt log-probs stays what it was.
+    prompt_logprobs: bool = False
 
     @property
     def key(self) -> str:
@@ -68,6 +73,12 @@ class PrefillProgramSignature:
         return PrefillTraceSignature(
             self.variant, self.padded_batch, self.invocation_length, self.page_table_width, self.read_table_width
         )
+
+
+converter.register_unstructure_hook(
+    PrefillProgramSignature,
+    make_dict_unstructure_fn(PrefillProgramSignature, converter, prompt_logprobs=override(omit_if_default=True)),
+)
 
 
 def trace_signature(request: PrefillRequest) -> PrefillTraceSignature:
@@ -93,6 +104,7 @@ def program_signature(
     logprobs = sampling_path in (SamplingPath.ARGMAX, SamplingPath.TOPK) and any(
         s is not None and s.num_logprobs > 0 for s in distinct_params(request.sampling)
     )
+    prompt_logprobs = any(s is not None and s.prompt_logprobs is not None for s in distinct_params(request.sampling))
     tile = None
     if static_last_token_tile and request.kind is RequestKind.REGULAR_SINGLE:
         tile = (request.lengths[0] - 1) // tile_size * tile_size
@@ -105,4 +117,5 @@ def program_signature(
         sampling_path,
         logprobs,
         tile,
+        prompt_logprobs,
     )

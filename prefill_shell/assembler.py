@@ -109,7 +109,10 @@ class PrefillResultAssembler:
             self._release(invocation.owned, primary=primary)
             raise
         self._release(invocation.owned)
-        return self._normalize(invocation, host)
+        results = self._normalize(invocation, host)
+        if invocation.prompt is None:
+            return results
+        return [r._replace(prompt_logprobs=tuple(invocation.prompt.get(b, ()))) for b, r in enumerate(results)]
 
     def _normalize(self, invocation: InvocationResult, host: dict[TensorSpec, torch.Tensor]) -> list[PrefillResult]:
         prepared = invocation.prepared

@@ -1,4 +1,5 @@
-"""``python -m prefill_shell run``: prompts in, next tokens out, on the torch backend.
+"""``python -m prefill_shell run``: prompts in, next tokens out, on the torch backend
+(``python -m prefill_shell score``: log-likelihoods, see ``score_cli``).
 
 With prompts (``--prompt``, ``--prompts FILE``, ``--token-ids FILE``) it
 prefills them as one batch (rows that start with the same first block form
@@ -28,6 +29,7 @@ from .prefix_sharing import SharedPrefixBatch, share_prefixes, sharing_groups
 from .progress import Progress
 from .result import PrefillResult
 from .runtime import PrefillRuntime
+from .score_cli import run_score
 from .text import (
     Prompt,
     PromptError,
@@ -146,15 +148,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Runs the command line; every failure is one ``error:`` line on stderr (exit 2 for usage, 1 otherwise)."""
     args = build_parser().parse_args(argv)
     try:
-        torch.manual_seed(args.seed)
-        if args.prompt or args.prompts or args.token_ids:
+        torch.manual_seed(getattr(args, "seed", 0))
+        if args.command == "score":
+            run_score(args)
+        elif args.prompt or args.prompts or args.token_ids:
             run_prompts(args)
         else:
             from .demo import run_demo  # the demo imports this module's helpers
 
             run_demo(args)
     except (Exception, KeyboardInterrupt) as error:
-        if args.debug:
+        if getattr(args, "debug", False):
             raise
         print(f"error: {failure_message(error)}", file=sys.stderr, flush=True)
         raise SystemExit(130 if isinstance(error, KeyboardInterrupt) else 1) from None

@@ -16,6 +16,7 @@ from typing import NoReturn
 from prefill_core.errors import PrefillError
 
 from .backends import TorchBackend
+from .score_cli import add_score_parser
 from .text import PromptError
 
 __all__ = ["MAX_BLOCK_SIZE", "MAX_SEED", "build_parser", "failure_message"]
@@ -69,7 +70,7 @@ def _device(text: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """``python -m prefill_shell run`` and its options."""
+    """``python -m prefill_shell run`` and ``score`` (``score_cli``) with their options."""
     parser = _Parser(prog="python -m prefill_shell")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     run = sub.add_parser("run", help="prefill prompts (or, without any, the demo batch) and print next tokens")
@@ -95,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--block-size", type=_block_size, default=32, help="KV block size (a power of two)")
     run.add_argument("--seed", type=_seed, default=0, help="sampling seed (row i samples with seed + i)")
     run.add_argument("--debug", action="store_true", help="show the traceback of a failure")
+    add_score_parser(sub)
     return parser
 
 

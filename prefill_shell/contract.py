@@ -12,7 +12,8 @@ that produces it.
 
 Dimensions: ``B`` padded batch, ``S`` step (chunk) length, ``Wf`` / ``Wr``
 fill and read table widths, ``H`` hidden size, ``V`` vocabulary, ``N`` the
-policy's ``max_logprobs``.
+policy's ``max_logprobs``, ``P`` prompt positions scored by one LM-head call
+(at most ``prompt_logprobs.POSITIONS_PER_CALL``).
 
 ==================  ==================  ========  =========  =========================================
 spec                stage               host      shape      meaning
@@ -37,6 +38,14 @@ sampled_tokens      output              int64     B          argmax or sampled t
 token_logprob       output              float32   B          log-prob of the sampled token
 top_ids             output              int64     B, N       best ``N`` token ids per row
 top_logprobs        output              float32   B, N       their log-probs
+prompt_index        postprocess input   int64     P          prompt log-probs: step row ``b*S + i`` of
+                                                             each scored position
+prompt_targets      postprocess input   int64     P          the prompt token each position predicts
+prompt_hidden       output              model     P, H       those positions' hidden states
+prompt_logits       output              float32   P, V       LM head on ``prompt_hidden``
+prompt_logprob      output              float32   P          log-prob of each target token
+prompt_top_ids      output              int64     P, N       best ``N`` token ids per position
+prompt_top_logprobs output              float32   P, N       their log-probs
 ==================  ==================  ========  =========  =========================================
 
 Every input is refreshed in place before a replay (traced) or uploaded once
@@ -75,6 +84,14 @@ __all__ = [
     "TOKEN_LOGPROB",
     "TOP_IDS",
     "TOP_LOGPROBS",
+    "PROMPT_INDEX",
+    "PROMPT_TARGETS",
+    "PROMPT_HIDDEN",
+    "PROMPT_LOGITS",
+    "PROMPT_LOGPROB",
+    "PROMPT_TOP_IDS",
+    "PROMPT_TOP_LOGPROBS",
+    "PROMPT_SPECS",
     "BODY_INPUTS",
     "STEP_INPUTS",
     "SAMPLING_INPUTS",
@@ -148,6 +165,26 @@ SAMPLED_TOKENS = TensorSpec("sampled_tokens", Stage.OUTPUT, torch.int64, _B, "ar
 TOKEN_LOGPROB = TensorSpec("token_logprob", Stage.OUTPUT, torch.float32, _B, "log-prob of the sampled token")
 TOP_IDS = TensorSpec("top_ids", Stage.OUTPUT, torch.int64, ("B", "N"), "best N token ids")
 TOP_LOGPROBS = TensorSpec("top_logprobs", Stage.OUTPUT, torch.float32, ("B", "N"), "log-probs of the best N")
+_P = ("P",)
+PROMPT_INDEX = TensorSpec("prompt_index", Stage.POSTPROCESS_INPUT, torch.int64, _P, "step row of each scored position")
+PROMPT_TARGETS = TensorSpec("prompt_targets", Stage.POSTPROCESS_INPUT, torch.int64, _P, "token each position predicts")
+PROMPT_HIDDEN = TensorSpec("prompt_hidden", Stage.OUTPUT, None, ("P", "H"), "hidden state of each scored position")
+PROMPT_LOGITS = TensorSpec("prompt_logits", Stage.OUTPUT, torch.float32, ("P", "V"), "LM head on prompt_hidden")
+PROMPT_LOGPROB = TensorSpec("prompt_logprob", Stage.OUTPUT, torch.float32, _P, "log-prob of each target token")
+PROMPT_TOP_IDS = TensorSpec("prompt_top_ids", Stage.OUTPUT, torch.int64, ("P", "N"), "best N ids per position")
+PROMPT_TOP_LOGPROBS = TensorSpec(
+    "prompt_top_logprobs", Stage.OUTPUT, torch.float32, ("P", "N"), "log-probs of the best N per position"
+)
+PROMPT_SPECS = (
+    PROMPT_INDEX,
+    PROMPT_TARGETS,
+    PROMPT_HIDDEN,
+    PROMPT_LOGITS,
+    PROMPT_LOGPROB,
+    PROMPT_TOP_IDS,
+    PROMPT_TOP_LOGPROBS,
+)
+"""What a program with prompt log-probs stages and produces per LM-head call (all transient, eager and traced)."""
 
 BODY_INPUTS = (INPUT_TOKENS, CHUNK_START, SLOTS, FILL_TABLE, READ_TABLE)
 """What the model body reads, in the order a trace's persistent inputs are allocated."""
@@ -165,6 +202,7 @@ ALL_SPECS = (
     TOKEN_LOGPROB,
     TOP_IDS,
     TOP_LOGPROBS,
+    *PROMPT_SPECS,
 )
 
 

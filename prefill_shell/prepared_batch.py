@@ -8,6 +8,7 @@ from prefill_core import PageTableLayout, PreparedPrefill
 from prefill_core.errors import PrefillInputError, PrefillStateError
 
 from .inputs import HostStep
+from .prompt_logprobs import PromptPiece
 
 __all__ = ["PreparedBatch", "check_runnable", "checked_request"]
 
@@ -31,6 +32,9 @@ class PreparedBatch:
     num_rows: int
     runtime: object = attrs.field(repr=False)
     layout: PageTableLayout
+    # Per request, per step: the prompt log-prob pieces (``prompt_logprobs.prompt_steps``);
+    # None for a request whose program computes none.
+    prompt_steps: tuple[tuple[tuple[PromptPiece, ...], ...] | None, ...] = ()
 
     @property
     def num_steps(self) -> int:

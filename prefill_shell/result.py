@@ -28,7 +28,10 @@ class PrefillResult(NamedTuple):
     ``logits`` (float32 ``[V]``, a host copy the caller owns) when the row
     asked for no sampling; otherwise ``token``, its ``logprob`` under the
     model's raw distribution, and ``top_logprobs``: the row's
-    ``num_logprobs`` best ``(token, logprob)``. Results compare with ``==``
+    ``num_logprobs`` best ``(token, logprob)``. ``prompt_logprobs``: when the
+    row asked for them (``SamplingParams.prompt_logprobs``), one
+    ``prompt_logprobs.PromptLogprob`` per scored prompt token, in position
+    order. Results compare with ``==``
     (logits by value), so eager and traced results can be compared directly.
     A named tuple rather than a frozen attrs class: the assembler builds one
     per row of every call, and a tuple is the cheapest immutable value.
@@ -39,6 +42,7 @@ class PrefillResult(NamedTuple):
     token: int | None = None
     logprob: float | None = None
     top_logprobs: tuple[tuple[int, float], ...] = ()
+    prompt_logprobs: tuple = ()
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, PrefillResult):
@@ -73,7 +77,7 @@ class InvocationResult:
     workspace's generation is still the one it claimed.
     """
 
-    __slots__ = ("prepared", "outputs", "owned", "seeds", "state", "workspace", "generation")
+    __slots__ = ("prepared", "outputs", "owned", "seeds", "state", "workspace", "generation", "prompt")
 
     def __init__(
         self,
@@ -83,6 +87,7 @@ class InvocationResult:
         seeds: tuple[int, ...],
         workspace: Any = None,
         generation: int = 0,
+        prompt: dict[int, list] | None = None,
     ):
         self.prepared = prepared
         self.outputs = outputs
@@ -91,6 +96,7 @@ class InvocationResult:
         self.state = InvocationState.PENDING
         self.workspace = workspace  # a trace.AliasWorkspace for a traced invocation, else None
         self.generation = generation
+        self.prompt = prompt  # physical row -> its PromptLogprob entries (host values, already read)
 
     def check_readable(self) -> None:
         """Raises ``PrefillStateError`` unless this invocation's outputs are still its own and unread."""

@@ -46,6 +46,7 @@ from .partial_writes import StepLog, note_partial_writes
 from .postprocess import PrefillPostprocessor, wave_params
 from .prepared_batch import PreparedBatch, check_runnable, checked_request
 from .progress import ProgressCallback, ProgressCounter
+from .prompt_logprobs import PromptLogprobCollector, prompt_steps
 from .result import InvocationResult, PrefillResult
 from .step_loop import EagerSteps, PrefillStepLoop
 from .trace import CapturedTrace, PrefillTraceLifecycle, require_coverage, warmup_step
@@ -104,6 +105,7 @@ class PrefillRuntime:
             self._release_handles,
         )
         self._assembler = PrefillResultAssembler(self.backend, self._release_handles)
+        self._prompt = PromptLogprobCollector(self.backend, self._run_lm_head, self._release_handles)
 
     def hold(self) -> contextlib.AbstractContextManager[None]:
         """Holds this runtime for the calling thread until the block exits (re-entrant on that thread).
@@ -164,7 +166,11 @@ class PrefillRuntime:
         else:
             requests = prepare_prefill(batch, config.policy, config.layout, max_position=max_position)
         steps = tuple(tuple(build_host_steps(matrix, p.request, table)) for p in requests)
-        return PreparedBatch(requests, steps, len(batch), self, config.layout)
+        prompt = tuple(
+            prompt_steps(matrix, p.request, s) if p.program_signature.prompt_logprobs else None
+            for p, s in zip(requests, steps)
+        )
+        return PreparedBatch(requests, steps, len(batch), self, config.layout, prompt)
 
     @exclusive
     def invoke(
@@ -198,15 +204,22 @@ class PrefillRuntime:
         steps = StepLog(batch.steps[index], finished)
         mode, generation = self._traces.mode_for(prepared) if traced else (self._eager, 0)
         seeds = self._resolve_seeds(prepared)
+        prompt, on_hidden = self._prompt_hook(batch, index)
         try:
             with torch.inference_mode():
-                outputs, owned = self._loop.run(mode, prepared.program_signature, wave_params(prepared), steps, seeds)
+                signature = prepared.program_signature
+                outputs, owned = self._loop.run(mode, signature, wave_params(prepared), steps, seeds, on_hidden)
         except BaseException as error:
             if steps.started:
                 note_partial_writes(error, steps.written_blocks(rows))
             raise
-        invocation = InvocationResult(prepared, outputs, owned, seeds, mode.workspace, generation)
+        invocation = InvocationResult(prepared, outputs, owned, seeds, mode.workspace, generation, prompt)
         return self._assembler.produced(invocation)
+
+    def _prompt_hook(self, batch: PreparedBatch, index: int):
+        """(entries by physical row, the step loop's ``on_hidden``) for a request with prompt log-probs, else Nones."""
+        pieces = batch.prompt_steps[index] if batch.prompt_steps else None
+        return (None, None) if pieces is None else self._prompt.hook(pieces, batch.requests[index].request)
 
     @exclusive_stream
     def invocations(

@@ -96,18 +96,23 @@ class PrefillStepLoop:
         params: tuple,
         steps: Sequence[HostStep],
         seeds: tuple[int, ...],
+        on_hidden: Callable[[object, int], None] | None = None,
     ) -> tuple[dict[TensorSpec, DeviceTensor], list[DeviceTensor]]:
         """Runs ``steps`` and postprocesses the last; returns the outputs and the handles they keep alive.
 
-        ``params`` are per physical row (``postprocess.wave_params``).
+        ``params`` are per physical row (``postprocess.wave_params``). ``on_hidden(hidden, i)``
+        (prompt log-probs) sees step i's hidden output before the next step replaces it;
+        what it allocates is its own and released by it.
         """
         owned: list[DeviceTensor] = []
         try:
             hidden = None
-            for step in steps:
+            for index, step in enumerate(steps):
                 # The previous step's hidden output is never read again.
                 self._release(_hand_off(owned, list(owned)))
                 hidden = mode.run_step(step, owned)
+                if on_hidden is not None:
+                    on_hidden(hidden.value, index)
                 self._release(_hand_off(owned, [h for h in owned if h is not hidden]))
             last_index = mode.last_token_index(steps[-1], owned)
             finish = self._postprocessor.finish

@@ -84,6 +84,9 @@ class Backend(Protocol):
     def gather_rows(self, hidden: Any, index: Any) -> Any:
         """``hidden[b, index[b]]`` for every row b: ``[B, S, H] -> [B, H]``."""
 
+    def gather_positions(self, hidden: Any, index: Any) -> Any:
+        """Rows ``index[p]`` of ``hidden`` seen as ``[B*S, H]`` (row ``b*S + i`` is position i of row b): ``[P, H]``."""
+
     def argmax(self, logits: Any) -> Any:
         """Greedy tokens ``[B]`` from logits ``[B, V]``."""
 

@@ -110,6 +110,9 @@ class TorchBackend:
     def gather_rows(self, hidden: Any, index: Any) -> Any:
         return hidden[torch.arange(hidden.shape[0], device=hidden.device), index.long()]  # [B, H]
 
+    def gather_positions(self, hidden: Any, index: Any) -> Any:
+        return hidden.reshape(-1, hidden.shape[-1])[index.long()]  # [P, H]
+
     def argmax(self, logits: Any) -> Any:
         return torch.argmax(logits, dim=-1)
 

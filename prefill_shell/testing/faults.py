@@ -115,6 +115,10 @@ class FaultInjectingBackend:
         self.plan.tick("postprocess", "gather_rows")
         return self.inner.gather_rows(hidden, index)
 
+    def gather_positions(self, hidden, index):
+        self.plan.tick("postprocess", "gather_positions")
+        return self.inner.gather_positions(hidden, index)
+
     def argmax(self, logits):
         self.plan.tick("postprocess", "argmax")
         return self.inner.argmax(logits)

@@ -23,6 +23,9 @@ How each seam operation maps onto ttnn:
 * ``gather_rows``: untilizes ``hidden [B, 1, S, H]`` into a row table
   ``[B*S, H]`` and gathers rows ``b*S + index[b]`` with ``ttnn.embedding``
   (one program keyed on ``B*S``, whatever the per-row positions).
+* ``gather_positions``: the same row table, gathered at the step rows
+  ``b*S + i`` the prompt log-probs ask for (``[1, 1, P, H]``, at most one
+  32-row tile: the LM head's input).
 * ``argmax``: ``ttnn.argmax(dim=3)`` on row-major logits (the multi-core path).
 * ``sample``: ``ttnn.topk(k=32)`` then ``ttnn.sampling`` with the per-row K,
   P and T device tensors the postprocessor owns (staged as K uint32, P and
@@ -188,6 +191,16 @@ class TtnnBackend:
         gathered = tt.embedding(ids, table, layout=tt.TILE_LAYOUT)  # [1, B, H]
         self._free(ids, flat, positions, starts, rows)
         return tt.reshape(gathered, (1, 1, b, h))
+
+    def gather_positions(self, hidden: Any, index: Any) -> Any:
+        tt = self.tt
+        p, h = _volume(index.shape), hidden.shape[-1]
+        rows = tt.to_layout(hidden, tt.ROW_MAJOR_LAYOUT)  # untilize
+        table = tt.reshape(rows, (_volume(hidden.shape) // h, h))  # [B*S, H]
+        ids = tt.typecast(tt.reshape(index, (1, p)), tt.uint32)
+        gathered = tt.embedding(ids, table, layout=tt.TILE_LAYOUT)  # [1, P, H]
+        self._free(ids, rows)
+        return tt.reshape(gathered, (1, 1, p, h))
 
     def _full_vocab(self, logits: Any) -> tuple[Any, list]:
         if self.logits_composer is None:

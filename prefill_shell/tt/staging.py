@@ -67,6 +67,13 @@ from ..contract import (
     LAST_HIDDEN,
     LAST_TOKEN_INDEX,
     LOGITS,
+    PROMPT_HIDDEN,
+    PROMPT_INDEX,
+    PROMPT_LOGITS,
+    PROMPT_LOGPROB,
+    PROMPT_TARGETS,
+    PROMPT_TOP_IDS,
+    PROMPT_TOP_LOGPROBS,
     READ_TABLE,
     SAMPLED_TOKENS,
     SLOTS,
@@ -313,6 +320,13 @@ _STAGING: dict[TensorSpec, tuple[Callable, TensorContract]] = {
     TOKEN_LOGPROB: (_vector_out("float32"), TensorContract("float32", "ROW_MAJOR")),
     TOP_IDS: (_rows_out("uint32", "ROW_MAJOR"), TensorContract("uint32", "ROW_MAJOR")),
     TOP_LOGPROBS: (_rows_out("float32", "ROW_MAJOR"), TensorContract("float32", "ROW_MAJOR")),
+    PROMPT_INDEX: (_int_vector(PROMPT_INDEX), _ROW_MAJOR_INT32),
+    PROMPT_TARGETS: (_vector_out("uint32"), TensorContract("uint32", "ROW_MAJOR")),
+    PROMPT_HIDDEN: (_rows_out("bfloat16", "TILE"), TensorContract("bfloat16", "TILE")),
+    PROMPT_LOGITS: (_rows_out("float32", "TILE"), TensorContract("float32", "TILE")),
+    PROMPT_LOGPROB: (_vector_out("float32"), TensorContract("float32", "ROW_MAJOR")),
+    PROMPT_TOP_IDS: (_rows_out("uint32", "ROW_MAJOR"), TensorContract("uint32", "ROW_MAJOR")),
+    PROMPT_TOP_LOGPROBS: (_rows_out("float32", "ROW_MAJOR"), TensorContract("float32", "ROW_MAJOR")),
 }
 
 

@@ -98,6 +98,18 @@ RULE_EXAMPLES = {
         "sampling.num_logprobs",
         21,
     ),
+    "prompt_logprobs": (
+        lambda: plan_rows(changed(1, sampling=SamplingParams(prompt_logprobs=-1))),
+        1,
+        "sampling.prompt_logprobs",
+        -1,
+    ),
+    "prompt_start": (
+        lambda: plan_rows(changed(0, sampling=SamplingParams(prompt_logprobs=0, prompt_start=10**6))),
+        0,
+        "sampling.prompt_start",
+        10**6,
+    ),
 }
 
 

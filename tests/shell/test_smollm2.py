@@ -232,3 +232,36 @@ def test_capital_of_france_is_paris(smollm2, smollm2_tokenizer):
     )
     assert smollm2_tokenizer.decode([result.token]) == " Paris"
     assert [smollm2_tokenizer.decode([t]) for t, _ in result.top_logprobs] == [" Paris", " the", " London"]
+
+
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "traced"])
+def test_prompt_logprobs_match_transformers_log_softmax(smollm2, smollm2_hf, doc_tokens, traced):
+    """Prompt log-probs of a 160-token row with 64 cached, in 64-token chunks at block 16: transformers' within 1e-4."""
+    from prefill_core import PrefillPolicy
+
+    tokens = doc_tokens[:160]
+    with torch.no_grad():
+        want = torch.log_softmax(smollm2_hf(tokens[None]).logits[0].float(), dim=-1)  # [160, V]
+    layout = PageTableLayout(16, 10, 10)
+    config = PrefillRuntimeConfig.resolve(
+        smollm2,
+        TorchBackend(),
+        smollm2.new_kv_cache(10, 16),
+        layout=layout,
+        policy=PrefillPolicy.fine_rungs(16, max_chunk_length=64),
+    )
+    runtime = PrefillRuntime(config)
+    table = torch.arange(10, dtype=torch.int32)[None]
+    runtime.prefill(tokens[None, :64], table[:, :4], [64])  # the cached prefix
+    sampling = [SamplingParams.greedy(prompt_logprobs=1, prompt_start=70)]
+    batch = runtime.prepare(tokens[None], table, [160], [64], sampling=sampling)
+    if traced:
+        for prepared in batch.requests:
+            runtime.capture(prepared.trace_signature)
+            runtime.allocate_workspace(prepared.program_signature)
+    (result,) = runtime.assemble(runtime.invocations(batch, traced=traced), 1)
+    entries = result.prompt_logprobs
+    assert [e.position for e in entries] == list(range(71, 160))
+    worst = max(abs(e.logprob - want[e.position - 1, e.token].item()) for e in entries)
+    assert worst <= 1e-4, worst
+    assert all(e.top[0][0] == int(want[e.position - 1].argmax()) for e in entries)

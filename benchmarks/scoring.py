@@ -1,0 +1,161 @@
+"""Scoring through lm-eval: prefill-runtime vs lm-eval's own hf model, and the memory of a rolling document.
+
+1. The local multiple-choice task (``evals/prefill_mc.yaml``) through
+   lm-eval's ``simple_evaluate`` with ``prefill-runtime`` and with ``hf`` on
+   the same SmolLM2 GGUF, same ``max_length`` and ``batch_size``, one after
+   the other in this process (models loaded first, not timed). Positions
+   computed are counted in each model body: the runtime's ``forward_hidden``
+   (padding included) and the HF model's forward (its padded input ids).
+   Goal: the runtime at least 2x faster, shared contexts computed once.
+2. Peak RSS, each in a fresh process: a 4096-token document scored over
+   rolling windows (one window: max_length 4096) vs a 4096-token last-token
+   prefill on the same runtime set-up. Goal: under 1.5x.
+
+    python benchmarks/scoring.py [--threads N] [--batch-size N] [--max-length N]
+
+Needs Python 3.12 (lm-eval) and the pinned model (``make model``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks._report import Metric, report  # noqa: E402
+from prefill_shell.reference.smollm2 import smollm2_path  # noqa: E402
+
+DOCUMENT_TOKENS = 4096
+
+
+def _count_runtime_positions(lm) -> list[int]:
+    counter = [0]
+    model = lm.model
+    forward = model.forward_hidden
+
+    def counted(tokens, *args, **kwargs):
+        counter[0] += tokens.numel()
+        return forward(tokens, *args, **kwargs)
+
+    model.forward_hidden = counted
+    return counter
+
+
+def _count_hf_positions(lm) -> list[int]:
+    counter = [0]
+
+    def hook(_module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        counter[0] += ids.numel()
+
+    lm.model.register_forward_pre_hook(hook, with_kwargs=True)
+    return counter
+
+
+def compare_with_hf(args: argparse.Namespace) -> list[Metric]:
+    os.environ.update({"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"})
+    from lm_eval import evaluator
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    from prefill_shell.lm_eval import PrefillRuntimeLM
+
+    gguf = smollm2_path()
+    ours = PrefillRuntimeLM(model=str(gguf), max_length=args.max_length, batch_size=args.batch_size)
+    theirs = HFLM(
+        pretrained=str(gguf.parent),
+        gguf_file=gguf.name,
+        device="cpu",
+        dtype="float32",
+        max_length=args.max_length,
+        batch_size=args.batch_size,
+    )
+    counters = {"prefill-runtime": _count_runtime_positions(ours), "hf": _count_hf_positions(theirs)}
+    tasks = TaskManager(include_path=str(REPO / "evals"))
+    seconds, accuracy = {}, {}
+    for name, lm in (("prefill-runtime", ours), ("hf", theirs)):
+        start = time.perf_counter()
+        out = evaluator.simple_evaluate(model=lm, tasks=["prefill_mc"], task_manager=tasks, batch_size=args.batch_size)
+        seconds[name] = time.perf_counter() - start
+        accuracy[name] = out["results"]["prefill_mc"]["acc,none"]
+    speedup = seconds["hf"] / seconds["prefill-runtime"]
+    positions = {name: counter[0] for name, counter in counters.items()}
+    note = f"acc {accuracy['prefill-runtime']:.3f} vs {accuracy['hf']:.3f}"
+    return [
+        Metric("mc_seconds_prefill_runtime", seconds["prefill-runtime"], "s", note=note),
+        Metric("mc_seconds_hf", seconds["hf"], "s"),
+        Metric("mc_hf_over_runtime", speedup, "x", note="goal >= 2"),
+        Metric("mc_positions_prefill_runtime", positions["prefill-runtime"], "positions"),
+        Metric("mc_positions_hf", positions["hf"], "positions"),
+        Metric("mc_positions_hf_over_runtime", positions["hf"] / positions["prefill-runtime"], "x"),
+    ]
+
+
+def _child_rss(kind: str, threads: int) -> float:
+    command = [sys.executable, __file__, "--rss-child", kind, "--threads", str(threads)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+    return float(done.stdout.strip().splitlines()[-1])
+
+
+def _peak_rss_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def rss_child(kind: str) -> None:
+    """Runs one 4096-token job in this fresh process and prints its peak RSS in MiB.
+
+    The peak is reset after the model is loaded (Linux ``clear_refs`` 5), so it is the job's, not the
+    load's: loading the GGUF (dequantization) peaks higher than either job.
+    """
+    from prefill_shell.lm_eval import PrefillRuntimeLM
+
+    lm = PrefillRuntimeLM(model=str(smollm2_path()), max_length=DOCUMENT_TOKENS)
+    Path("/proc/self/clear_refs").write_text("5")
+    tokens = torch.randint(1, lm.model.spec.vocab_size, (DOCUMENT_TOKENS,), generator=torch.Generator().manual_seed(0))
+    if kind == "rolling":
+        lm.scorer.score_rolling([tokens.tolist()], lm.prefix_token_id)
+    else:
+        runtime = lm.scorer.runtime
+        bs = runtime.config.layout.block_size
+        table = torch.arange(DOCUMENT_TOKENS // bs, dtype=torch.int32)[None]
+        runtime.prefill(tokens[None], table, [DOCUMENT_TOKENS])
+    print(_peak_rss_mib())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: steady on a shared machine)")
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--max-length", type=int, default=256)
+    parser.add_argument("--rss-child", choices=("rolling", "last"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    if args.rss_child:
+        rss_child(args.rss_child)
+        return
+    os.chdir(REPO)  # the task files name their data relative to the repository root
+    metrics = compare_with_hf(args)
+    rolling, last = _child_rss("rolling", args.threads), _child_rss("last", args.threads)
+    metrics += [
+        Metric("rss_rolling_4096_mib", rolling, "MiB"),
+        Metric("rss_last_token_4096_mib", last, "MiB"),
+        Metric("rss_rolling_over_last_token", rolling / last, "x", target=1.5),
+    ]
+    report("scoring", metrics)
+
+
+if __name__ == "__main__":
+    main()

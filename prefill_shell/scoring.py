@@ -1,0 +1,304 @@
+"""Scoring: the log-likelihood of continuations given contexts, and of whole documents.
+
+``Scorer.score(pairs)`` takes ``(context, continuation)`` token-id pairs.
+Pairs are grouped by their contexts' shared whole blocks with the CLI's
+prefix sharing (``prefix_sharing``); each group's shared blocks are
+prefilled once, and each continuation then runs as a follow-up row that
+
+* maps the shared blocks read-only (its cached offset: the shared length,
+  never past ``len(context) - 1``, so it is at most the context length
+  rounded down to a block multiple),
+* maps private blocks of its own from that column on (so the context's last,
+  partly filled block is recomputed in the row's own block: no block another
+  row maps is ever written), and
+* asks for the prompt log-probs of its continuation only: positions
+  ``[len(context) - 1, len(context) + len(continuation) - 1)``.
+
+A continuation's log-likelihood is the sum of those log-probs; it is greedy
+when every continuation token is the most likely one at its position.
+``max_length`` truncates ``context + continuation`` from the left to
+``max_length + 1`` tokens first, as lm-eval's HF backend does.
+
+``score_rolling(documents)`` cuts each document into lm-eval's disjoint
+rolling windows (``rolling_windows``) and sums their scores.
+
+Blocks come from a ``BlockPool`` (the caller's, or one over the runtime's
+whole KV pool) and go back to it after each round, on failure too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import attrs
+import torch
+
+from prefill_core import SamplingParams, ceil_div
+from prefill_core.errors import CapacityError, InvalidScoringRequestError, row_error
+
+from .prefix_sharing import largest_sharing_group, share_prefix
+from .runtime import PrefillRuntime
+
+__all__ = ["BlockPool", "ContinuationScore", "Scorer", "encode_pair", "rolling_windows"]
+
+
+@attrs.frozen
+class ContinuationScore:
+    """One continuation's log-likelihood, whether it is the greedy continuation, and its length in tokens."""
+
+    logprob: float
+    is_greedy: bool
+    num_tokens: int
+
+
+class BlockPool:
+    """KV block ids a scorer may use: taken for a round, given back after it."""
+
+    def __init__(self, block_ids: Sequence[int]):
+        self._free = list(block_ids)
+        self.size = len(self._free)
+
+    @property
+    def available(self) -> int:
+        return len(self._free)
+
+    def take(self, count: int) -> list[int]:
+        if count > len(self._free):
+            raise CapacityError(f"the block pool has {len(self._free)} free blocks; {count} are needed")
+        taken, self._free = self._free[:count], self._free[count:]
+        return taken
+
+    def give_back(self, block_ids: Sequence[int]) -> None:
+        self._free.extend(block_ids)
+
+
+def rolling_windows(tokens: Sequence[int], prefix_token: int, max_length: int) -> list[tuple[list[int], list[int]]]:
+    """lm-eval's disjoint rolling windows (``context_len=1``): ``(context, continuation)`` pairs.
+
+    Every token is predicted exactly once; the first window conditions on
+    ``prefix_token``, each later one on the tokens just before it, so that
+    ``context + continuation`` is at most ``max_length + 1`` tokens.
+    """
+    tokens = list(tokens)
+    windows, done = [], 0
+    while done < len(tokens):
+        size = min(max_length, len(tokens) - done)
+        end = done + size
+        context = [prefix_token] if done == 0 else tokens[max(end - max_length - 1, 0) : done]
+        windows.append((context, tokens[done:end]))
+        done = end
+    return windows
+
+
+def encode_pair(tokenizer, context: str, continuation: str) -> tuple[list[int], list[int]]:
+    """Token ids of a text pair: trailing spaces of the context belong to the continuation; the
+    continuation's ids are those of the whole text past the context's."""
+    spaces = len(context) - len(context.rstrip())
+    if spaces:
+        context, continuation = context[:-spaces], context[-spaces:] + continuation
+    context_ids = tokenizer.encode(context)
+    return context_ids, tokenizer.encode(context + continuation)[len(context_ids) :]
+
+
+@attrs.frozen
+class _Row:
+    """One follow-up row: its pair, tokens, context length, shared length and shared block ids."""
+
+    pair: int
+    tokens: tuple[int, ...]
+    context_length: int
+    cached: int
+    shared_blocks: tuple[int, ...]
+
+
+class Scorer:
+    """Scores continuations and documents on one ``PrefillRuntime``.
+
+    ``pool``: the KV blocks it may use (default: every block of the
+    runtime's layout). ``max_rows``: follow-up rows per round (one prefill
+    call). ``traced``: run every request by trace replay (traces and
+    workspaces are captured on first use). ``positions_computed`` counts
+    the positions the model body ran, over every call.
+    """
+
+    def __init__(
+        self,
+        runtime: PrefillRuntime,
+        pool: BlockPool | None = None,
+        *,
+        max_length: int | None = None,
+        max_rows: int = 32,
+        traced: bool = False,
+    ):
+        layout = runtime.config.layout
+        self.runtime = runtime
+        self.pool = BlockPool(range(layout.num_blocks)) if pool is None else pool
+        self.block_size = layout.block_size
+        self.max_length = max_length
+        self.max_rows = max_rows
+        self.traced = traced
+        self.positions_computed = 0
+
+    # -- public API ---------------------------------------------------------
+    def score(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[ContinuationScore]:
+        """Each ``(context, continuation)`` pair's score, in the caller's order."""
+        rows = self._rows(pairs)
+        scores: list[ContinuationScore | None] = [None] * len(rows)
+        for group_rows in self._rounds(rows):
+            for row, score in zip(group_rows, self._run_round(group_rows)):
+                scores[row.pair] = score
+        return scores  # type: ignore[return-value]
+
+    def score_rolling(self, documents: Sequence[Sequence[int]], prefix_token: int) -> list[float]:
+        """Each document's log-likelihood over lm-eval's disjoint rolling windows of ``max_length``."""
+        if self.max_length is None:
+            raise InvalidScoringRequestError("score_rolling needs the Scorer's max_length (the window length)")
+        windows = [rolling_windows(doc, prefix_token, self.max_length) for doc in documents]
+        flat = self.score([w for doc in windows for w in doc])
+        totals, at = [], 0
+        for doc in windows:
+            totals.append(sum(s.logprob for s in flat[at : at + len(doc)]))
+            at += len(doc)
+        return totals
+
+    def score_text(self, tokenizer, pairs: Sequence[tuple[str, str]]) -> list[ContinuationScore]:
+        """``score`` on text pairs, encoded by ``encode_pair``."""
+        return self.score([encode_pair(tokenizer, c, x) for c, x in pairs])
+
+    # -- rows, groups, rounds -----------------------------------------------
+    def _rows(self, pairs) -> list[_Row]:
+        """Truncated token rows, laid out by group: shared lengths come from ``prefix_sharing``."""
+        rows: list[_Row | None] = [None] * len(pairs)
+        full, context_lengths = [], []
+        for i, (context, continuation) in enumerate(pairs):
+            tokens, length = self._truncated(i, list(context), list(continuation))
+            full.append(tokens)
+            context_lengths.append(length)
+        # What a row may share is its context without the last token: the row
+        # recomputes the position that predicts its first continuation token.
+        shareable = [tokens[: length - 1] for tokens, length in zip(full, context_lengths)]
+        for group in _sharing_groups(shareable, self.block_size):
+            layout = share_prefix([shareable[i] for i in group], self.block_size)
+            blocks = tuple(layout.prefix_blocks)
+            for i, cached in zip(group, layout.cached):
+                rows[i] = _Row(i, tuple(full[i]), context_lengths[i], cached, blocks if cached else ())
+        return rows  # type: ignore[return-value]
+
+    def _truncated(self, index: int, context: list[int], continuation: list[int]) -> tuple[list[int], int]:
+        if not continuation:
+            raise row_error(InvalidScoringRequestError, index, "continuation", continuation, "must hold >= 1 token")
+        if not context:
+            raise row_error(
+                InvalidScoringRequestError, index, "context", context, "must hold >= 1 token (use a prefix token)"
+            )
+        tokens = context + continuation
+        if self.max_length is not None:
+            if len(continuation) > self.max_length:
+                rule = f"must hold at most max_length={self.max_length} tokens"
+                raise row_error(InvalidScoringRequestError, index, "continuation", len(continuation), rule)
+            tokens = tokens[-(self.max_length + 1) :]
+        return tokens, len(tokens) - len(continuation)
+
+    def _rounds(self, rows: list[_Row]) -> Iterator[list[_Row]]:
+        """Rows in rounds of at most ``max_rows`` rows and the pool's free blocks; a group's rows stay
+        in one round (its shared blocks are filled once per round)."""
+        by_group: dict[tuple, list[_Row]] = {}
+        for row in rows:
+            key = row.tokens[: row.cached] if row.cached else ("single", row.pair)
+            by_group.setdefault(key, []).append(row)
+        batch: list[_Row] = []
+        blocks = 0
+        for members in by_group.values():
+            need = len(members[0].shared_blocks) + sum(self._own_blocks(r) for r in members)
+            if need > self.pool.available:
+                raise CapacityError(
+                    f"row {members[0].pair}: its group needs {need} KV blocks; the pool has {self.pool.available} free"
+                )
+            if batch and (len(batch) + len(members) > self.max_rows or blocks + need > self.pool.available):
+                yield batch
+                batch, blocks = [], 0
+            batch.extend(members)
+            blocks += need
+        if batch:
+            yield batch
+
+    def _own_blocks(self, row: _Row) -> int:
+        return ceil_div(len(row.tokens), self.block_size) - row.cached // self.block_size
+
+    # -- one round ------------------------------------------------------------
+    def _run_round(self, rows: list[_Row]) -> list[ContinuationScore]:
+        taken: list[int] = []
+        try:
+            shared: dict[tuple[int, ...], list[int]] = {}
+            for row in rows:  # local prefix block ids -> pool blocks, once per group
+                if row.shared_blocks and row.tokens[: row.cached] not in shared:
+                    shared[row.tokens[: row.cached]] = self._take(len(row.shared_blocks), taken)
+            own = [self._take(self._own_blocks(r), taken) for r in rows]
+            if shared:
+                self._prefill_contexts(shared)
+            return self._prefill_rows(rows, shared, own)
+        finally:
+            self.pool.give_back(taken)
+
+    def _take(self, count: int, taken: list[int]) -> list[int]:
+        blocks = self.pool.take(count)
+        taken.extend(blocks)
+        return blocks
+
+    def _prefill_contexts(self, shared: dict[tuple[int, ...], list[int]]) -> None:
+        """Fills each group's shared whole blocks once (their last-token output is not needed)."""
+        prefixes = list(shared)
+        tokens = _matrix(prefixes)
+        table = _matrix([shared[p] for p in prefixes], filler=-1).to(torch.int32)
+        self._prefill(tokens, table, [len(p) for p in prefixes], None, None)
+
+    def _prefill_rows(self, rows: list[_Row], shared, own) -> list[ContinuationScore]:
+        tables = [shared.get(r.tokens[: r.cached], []) + blocks for r, blocks in zip(rows, own)]
+        sampling = [SamplingParams.greedy(prompt_logprobs=1, prompt_start=r.context_length - 1) for r in rows]
+        results = self._prefill(
+            _matrix([r.tokens for r in rows]),
+            _matrix(tables, filler=-1).to(torch.int32),
+            [len(r.tokens) for r in rows],
+            [r.cached for r in rows],
+            sampling,
+        )
+        return [_continuation_score(result.prompt_logprobs) for result in results]
+
+    def _prefill(self, tokens, table, lengths, cached, sampling):
+        runtime = self.runtime
+        batch = runtime.prepare(tokens, table, lengths, cached, sampling=sampling)
+        for prepared in batch.requests:
+            self.positions_computed += prepared.request.computed_tokens
+            if self.traced and runtime.trace_gap(prepared) is not None:
+                runtime.capture(prepared.trace_signature)
+                runtime.allocate_workspace(prepared.program_signature)
+        return runtime.assemble(runtime.invocations(batch, traced=self.traced), batch.num_rows)
+
+
+def _sharing_groups(prompts: list[list[int]], block_size: int) -> list[list[int]]:
+    """Every row in one group: ``largest_sharing_group`` peeled off until no two rows share a block."""
+    left = list(range(len(prompts)))
+    groups = []
+    while left:
+        group = largest_sharing_group([prompts[i] for i in left], block_size)
+        if not group:
+            groups += [[i] for i in left]
+            break
+        members = [left[j] for j in group]
+        groups.append(members)
+        left = [i for i in left if i not in set(members)]
+    return groups
+
+
+def _matrix(rows: Sequence[Sequence[int]], filler: int = 0) -> torch.Tensor:
+    width = max(len(r) for r in rows)
+    out = torch.full((len(rows), width), filler, dtype=torch.int64)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = torch.tensor(list(row), dtype=torch.int64)
+    return out
+
+
+def _continuation_score(entries) -> ContinuationScore:
+    logprob = sum(e.logprob for e in entries)
+    greedy = all(e.top and e.top[0][0] == e.token for e in entries)
+    return ContinuationScore(logprob, greedy, len(entries))

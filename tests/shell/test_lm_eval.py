@@ -1,0 +1,161 @@
+"""lm-eval's simple_evaluate on prefill-runtime equals lm-eval's own hf model on the same SmolLM2 GGUF."""
+
+from __future__ import annotations
+
+import math
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from prefill_shell.reference.smollm2 import ENV_VAR, ModelFileMissingError, smollm2_path
+
+pytestmark = pytest.mark.skipif(sys.version_info[:2] != (3, 12), reason="lm-eval is tested on 3.12")
+
+REPO = Path(__file__).resolve().parents[2]
+MAX_LENGTH = 128
+"""Both models' lm-eval max_length: the rolling document (about 1,000 tokens) runs as several windows."""
+MAX_CHUNK = 64
+"""The runtime's longest step, below MAX_LENGTH: windows and contexts run in several chunks."""
+BATCH_SIZE = 8
+OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+
+
+@pytest.fixture(scope="module")
+def gguf_file() -> Path:
+    """The pinned SmolLM2 GGUF; skipped only when nothing points at it and the cache lacks it."""
+    try:
+        return smollm2_path()
+    except ModelFileMissingError as missing:
+        if os.environ.get(ENV_VAR):
+            raise
+        pytest.skip(f"{missing} (make test fetches it)")
+
+
+@pytest.fixture(scope="module")
+def lm_eval_modules():
+    os.environ.update(OFFLINE)
+    try:
+        from lm_eval import evaluator
+    except ImportError as error:  # lm-eval imports; its evaluator needs datasets -> pyarrow, which may want numpy 2
+        pytest.skip(f"lm-eval's evaluator does not import in this environment: {error}")
+    from lm_eval.tasks import TaskManager
+
+    import prefill_shell.lm_eval  # noqa: F401 (registers prefill-runtime)
+
+    return evaluator, TaskManager(include_path=str(REPO / "evals"))
+
+
+@pytest.fixture(scope="module")
+def both_runs(lm_eval_modules, gguf_file):
+    """(prefill-runtime results, hf results) of one simple_evaluate each: same tasks, max_length, batch size."""
+    evaluator, task_manager = lm_eval_modules
+    gguf = Path(gguf_file)
+    common = dict(
+        tasks=["prefill_mc", "prefill_rolling"],
+        batch_size=BATCH_SIZE,
+        task_manager=task_manager,
+        log_samples=True,
+    )
+    previous, threads = Path.cwd(), torch.get_num_threads()
+    os.chdir(REPO)  # the task files name their data relative to the repository root
+    torch.set_num_threads(1)  # on a shared 2-core machine, intra-op threads spin-wait and run several times slower
+    try:
+        ours = evaluator.simple_evaluate(
+            model="prefill-runtime",
+            model_args=f"model={gguf},max_length={MAX_LENGTH},max_chunk={MAX_CHUNK},block_size=16",
+            **common,
+        )
+        theirs = evaluator.simple_evaluate(
+            model="hf",
+            model_args=f"pretrained={gguf.parent},gguf_file={gguf.name},device=cpu,dtype=float32,max_length={MAX_LENGTH}",
+            **common,
+        )
+    finally:
+        os.chdir(previous)
+        torch.set_num_threads(threads)
+    return ours, theirs
+
+
+def _responses(results, task: str) -> list[list]:
+    samples = sorted(results["samples"][task], key=lambda s: s["doc_id"])
+    return [[tuple(r) if isinstance(r, (list, tuple)) else (r,) for r in s["resps"]] for s in samples]
+
+
+def test_multiple_choice_log_likelihoods_greedy_flags_and_accuracy_equal_hf(both_runs):
+    """Every request's log-likelihood within 1e-4, every is_greedy equal, the same accuracy, below 100%."""
+    ours, theirs = both_runs
+    mine, hf = _responses(ours, "prefill_mc"), _responses(theirs, "prefill_mc")
+    assert len(mine) == len(hf) >= 20
+    for doc, (a, b) in enumerate(zip(mine, hf)):
+        assert len(a) == len(b) == 4
+        for (ll_a, greedy_a), (ll_b, greedy_b) in (
+            (x[0] if isinstance(x[0], tuple) else x, y[0] if isinstance(y[0], tuple) else y) for x, y in zip(a, b)
+        ):
+            assert abs(ll_a - ll_b) <= 1e-4, (doc, ll_a, ll_b)
+            assert greedy_a == greedy_b, doc
+    acc = ours["results"]["prefill_mc"]["acc,none"]
+    assert acc == theirs["results"]["prefill_mc"]["acc,none"] and acc < 1.0
+
+
+def test_rolling_log_likelihood_equals_hf_over_several_windows(both_runs):
+    """The document's rolling log-likelihood within 1e-4 of hf's, with windows (max_length) and chunks (max_chunk)."""
+    ours, theirs = both_runs
+    (mine,), (hf,) = _responses(ours, "prefill_rolling"), _responses(theirs, "prefill_rolling")
+    ll_a, ll_b = mine[0][0], hf[0][0]
+    assert abs(ll_a - ll_b) <= 1e-4, (ll_a, ll_b)
+    assert math.isclose(
+        ours["results"]["prefill_rolling"]["word_perplexity,none"],
+        theirs["results"]["prefill_rolling"]["word_perplexity,none"],
+        rel_tol=1e-6,
+    )
+
+
+def test_rolling_windows_match_lm_evals_own(lm_eval_modules):
+    """scoring.rolling_windows (the API's own, for Pythons without lm-eval) cuts what lm-eval cuts."""
+    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+    from prefill_shell.scoring import rolling_windows
+
+    for length in (1, 5, 127, 128, 129, 300, 1000):
+        for max_length in (1, 2, 16, 128):
+            tokens = list(range(100, 100 + length))
+            want = [make_disjoint_window(w) for w in get_rolling_token_windows(tokens, 7, max_length, 1)]
+            assert rolling_windows(tokens, 7, max_length) == [(list(c), list(x)) for c, x in want]
+
+
+def test_generate_until_raises_a_clear_error(lm_eval_modules):
+    """prefill-runtime does not generate: generate_until names what it does instead."""
+    from prefill_shell.lm_eval import PrefillRuntimeLM
+
+    with pytest.raises(NotImplementedError, match="prefill engine"):
+        PrefillRuntimeLM.generate_until(None, [])
+
+
+def _readme_command() -> list[str]:
+    """The README's lm-eval command line, as argv (its environment assignments dropped, python this one)."""
+    text = (REPO / "README.md").read_text()
+    line = next(line for line in text.splitlines() if "python -m prefill_shell.lm_eval --model" in line)
+    words = shlex.split(line)
+    while "=" in words[0]:  # leading VAR=value assignments
+        words.pop(0)
+    return [sys.executable, *words[1:]]
+
+
+def test_the_readme_command_runs_lm_evals_cli_with_prefill_runtime(lm_eval_modules, gguf_file):
+    """The README's command (plus --limit 4) registers prefill-runtime and prints lm-eval's results table."""
+    command = _readme_command()
+    assert command[1:5] == ["-m", "prefill_shell.lm_eval", "--model", "prefill-runtime"]
+    env = {
+        **os.environ,
+        **OFFLINE,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+    done = subprocess.run([*command, "--limit", "4"], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "prefill_mc" in done.stdout and "acc" in done.stdout

@@ -1,0 +1,98 @@
+"""The scoring API: continuation log-likelihoods and is_greedy equal transformers', contexts computed once."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from prefill_core import PageTableLayout
+from prefill_core.errors import CapacityError, InvalidScoringRequestError
+from prefill_shell.backends import TorchBackend
+from prefill_shell.config import PrefillRuntimeConfig
+from prefill_shell.runtime import PrefillRuntime
+from prefill_shell.scoring import BlockPool, Scorer, rolling_windows
+
+
+def _scorer(model, block_size: int, **kwargs) -> Scorer:
+    """A scorer on the CPU backend's preferred policy (fine rungs: a short follow-up row computes little)."""
+    layout = PageTableLayout(block_size, 512 // block_size, 1024 // block_size)
+    kv = model.new_kv_cache(layout.num_blocks, layout.block_size)
+    runtime = PrefillRuntime(PrefillRuntimeConfig.resolve(model, TorchBackend(), kv, layout=layout))
+    return Scorer(runtime, **kwargs)
+
+
+def _hf_score(hf, context, continuation) -> tuple[float, bool]:
+    tokens = torch.tensor(list(context) + list(continuation))
+    with torch.no_grad():
+        logp = torch.log_softmax(hf(tokens[None]).logits[0].float(), dim=-1)
+    positions = range(len(context) - 1, len(tokens) - 1)
+    total = sum(logp[p, tokens[p + 1]].item() for p in positions)
+    return total, all(int(logp[p].argmax()) == int(tokens[p + 1]) for p in positions)
+
+
+def _pairs(kit):
+    """Contexts of 100, 64 (block aligned), 33 and 1 tokens, four continuations of 1..6 tokens each."""
+    pairs = []
+    for n, seed in ((100, 1), (64, 2), (33, 3), (1, 4)):
+        context = kit.make_tokens(n, seed).tolist()
+        for j in range(4):
+            pairs.append((context, kit.make_tokens(1 + (j * 5 + seed) % 6, 10 * seed + j).tolist()))
+    return pairs
+
+
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "traced"])
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_scores_equal_transformers_and_contexts_run_once(tiny_model, oracle, kit, block_size, traced):
+    """Every pair's log-likelihood within 1e-4 and is_greedy equal; fewer positions than one row per pair."""
+    pairs = _pairs(kit)
+    scorer = _scorer(tiny_model, block_size, traced=traced)
+    scores = scorer.score(pairs)
+    for (context, continuation), score in zip(pairs, scores):
+        logprob, greedy = _hf_score(oracle.hf, context, continuation)
+        assert abs(score.logprob - logprob) <= 1e-4 and score.is_greedy == greedy
+        assert score.num_tokens == len(continuation)
+    assert scorer.pool.available == scorer.pool.size  # every block went back
+    no_reuse = sum(len(c) + len(x) for c, x in pairs)
+    assert scorer.positions_computed < no_reuse
+
+
+def test_a_greedy_continuation_is_greedy(tiny_model, oracle, kit):
+    """A continuation built from the model's own argmax tokens is scored greedy."""
+    context = kit.make_tokens(40, 5).tolist()
+    tokens = list(context)
+    for _ in range(3):
+        with torch.no_grad():
+            tokens.append(int(oracle.hf(torch.tensor(tokens)[None]).logits[0, -1].argmax()))
+    (score,) = _scorer(tiny_model, 16).score([(context, tokens[40:])])
+    assert score.is_greedy and score.num_tokens == 3
+
+
+def test_max_length_truncates_from_the_left_like_lm_eval(tiny_model, oracle, kit):
+    """With max_length, context + continuation keeps its last max_length + 1 tokens."""
+    context, continuation = kit.make_tokens(90, 6).tolist(), kit.make_tokens(5, 7).tolist()
+    (score,) = _scorer(tiny_model, 16, max_length=50).score([(context, continuation)])
+    want, _ = _hf_score(oracle.hf, (context + continuation)[-51:-5], continuation)
+    assert abs(score.logprob - want) <= 1e-4
+
+
+def test_rolling_scores_sum_the_windows(tiny_model, oracle, kit):
+    """A document several windows long: the sum over lm-eval's windows, each scored as a pair."""
+    document = kit.make_tokens(150, 8).tolist()
+    scorer = _scorer(tiny_model, 16, max_length=40)
+    (total,) = scorer.score_rolling([document], prefix_token=1)
+    windows = rolling_windows(document, 1, 40)
+    assert len(windows) == 4 and [t for _, w in windows for t in w] == document
+    assert abs(total - sum(_hf_score(oracle.hf, c, w)[0] for c, w in windows)) <= 1e-4
+
+
+def test_bad_pairs_and_small_pools_raise_named_errors_and_return_blocks(tiny_model, kit):
+    """An empty continuation or context names its row; a pool too small raises before anything runs."""
+    scorer = _scorer(tiny_model, 16)
+    with pytest.raises(InvalidScoringRequestError, match="row 1: continuation"):
+        scorer.score([([1, 2], [3]), ([1, 2], [])])
+    with pytest.raises(InvalidScoringRequestError, match="row 0: context"):
+        scorer.score([([], [3])])
+    small = _scorer(tiny_model, 16, pool=BlockPool([5, 6]))
+    with pytest.raises(CapacityError, match="needs 4 KV blocks"):
+        small.score([(kit.make_tokens(60, 1).tolist(), [3])])
+    assert small.pool.available == 2
