@@ -78,7 +78,7 @@ def test_default_start_is_the_cached_offset_and_rows_without_a_request_get_none(
     runtime = _runtime(tiny_model, 32)
     table = kit.page_table(kit.assign_blocks([96, 96], 32, runtime.config.layout.num_blocks, 3))
     sampling = [SamplingParams.greedy(prompt_logprobs=0), SamplingParams.greedy()]
-    (wave,) = runtime.prepare(kit.token_matrix(rows), table, [96, 96], [0, 0], sampling=sampling).prepared
+    (wave,) = runtime.prepare(kit.token_matrix(rows), table, [96, 96], [0, 0], sampling=sampling).requests
     assert wave.request.active_batch_size == 2 and wave.program_signature.prompt_logprobs  # one wave, both rows
     results = _run(runtime, kit.token_matrix(rows), table, [96, 96], [0, 0], sampling, False)
     _check_row(results[0], rows[0], 0, _expected(oracle.hf, rows[0]), 0)

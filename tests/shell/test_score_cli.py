@@ -24,14 +24,17 @@ def smollm2_file():
         pytest.skip(f"{missing} (make test fetches it)")
 
 
-def test_a_malformed_pairs_file_names_its_line(tmp_path):
-    """A line without 'continuation' is an InvalidScoringRequestError naming the file and line."""
+def test_a_malformed_pairs_file_names_its_line(tmp_path, capsys):
+    """A line without 'continuation' is an InvalidScoringRequestError naming the file and line (one error line)."""
     path = tmp_path / "pairs.jsonl"
     path.write_text(json.dumps({"context": "a", "continuation": "b"}) + "\n" + json.dumps({"context": "a"}) + "\n")
     with pytest.raises(InvalidScoringRequestError, match=r"pairs.jsonl:2"):
         read_pairs(path)
-    with pytest.raises(SystemExit, match=r"pairs.jsonl:2"):
+    with pytest.raises(SystemExit) as exit_info:
         main(["score", "--model", "random:tiny", "--pairs", str(path)])
+    assert exit_info.value.code == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "pairs.jsonl:2" in err and "Traceback" not in err
 
 
 def test_pairs_print_scores_and_positions_against_no_reuse(tmp_path, capsys, smollm2_file):

@@ -49,7 +49,7 @@ def executor(tiny_model, kit, rows):
     runtime.configure_page_table_layout(LAYOUT)
     manifest = WarmupManifest()
     for _, call in _calls(kit, *rows):
-        manifest = manifest.observe(runtime.prepare(*call).prepared)
+        manifest = manifest.observe(runtime.prepare(*call).requests)
     executor = PrefillExecutor(runtime)
     executor.warm_up(manifest)
     yield executor

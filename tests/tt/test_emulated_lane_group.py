@@ -75,7 +75,7 @@ def _warm(group: LaneGroup, args: dict) -> None:
             list(route.slots),
             sampling,
         )
-        lane.warm_up(WarmupManifest().observe(prepared.prepared))
+        lane.warm_up(WarmupManifest().observe(prepared.requests))
 
 
 def test_eager_and_traced_group_calls_equal_the_torch_twin(lanes):

@@ -33,7 +33,7 @@ def test_chunked_and_cached_rows_score_their_requested_positions_like_torch(lane
         SamplingParams.greedy(prompt_logprobs=2),
     ]
     if mode == "traced":
-        lane.executor.warm_up(WarmupManifest().observe(lane.executor.runtime.prepare(**args).prepared))
+        lane.executor.warm_up(WarmupManifest().observe(lane.executor.runtime.prepare(**args).requests))
     got = lane.executor.prefill(**args, mode=mode)
     want = reference.prefill(**args, mode="eager")
     worst = 0.0
