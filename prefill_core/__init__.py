@@ -9,6 +9,7 @@ from .errors import *  # noqa: F403 (the hierarchy is public API)
 from .errors import __all__ as _error_names
 from .layout import PageTableLayout
 from .manifest import WarmupManifest, manifest_for
+from .packed import PackedRequest, PackedSegment, PackedStep, plan_packed, prepare_packed
 from .plan import plan_prefill
 from .policy import PrefillPolicy, ceil_div, round_up
 from .prepared import PreparedPrefill, prepare_in_lanes, prepare_prefill
@@ -22,6 +23,9 @@ from .tables import SKIP, PageTableView, TableRole, materialize_table
 __all__ = [
     "GREEDY_TEMPERATURE",
     "PageTableLayout",
+    "PackedRequest",
+    "PackedSegment",
+    "PackedStep",
     "PageTableView",
     "PrefillBatch",
     "PrefillChunk",
@@ -45,8 +49,10 @@ __all__ = [
     "is_greedy",
     "manifest_for",
     "materialize_table",
+    "plan_packed",
     "plan_prefill",
     "prepare_in_lanes",
+    "prepare_packed",
     "prepare_prefill",
     "round_up",
     "to_json",

@@ -30,6 +30,9 @@ top_k               postprocess input   int64     B          device sampling K p
 top_p               postprocess input   float64   B          device sampling P per row (1: greedy)
 temperature         postprocess input   float64   B          device sampling T per row (1: greedy);
                                                              ttnn stages it as the 1/T its sampler reads
+packed_*            body input          int64     T / G, .   packed steps only (``PACKED_INPUTS``): tokens,
+                                                             positions, write slots, segments, prefix
+                                                             tables; staged by the torch backend only
 hidden              body output         model     B, S, H    the body's output after the final norm
 last_hidden         output              model     B, H       each row's last-token hidden state
 logits              output              float32   B, V       LM head on ``last_hidden``
@@ -75,6 +78,12 @@ __all__ = [
     "TOKEN_LOGPROB",
     "TOP_IDS",
     "TOP_LOGPROBS",
+    "PACKED_TOKENS",
+    "PACKED_POSITIONS",
+    "PACKED_WRITE_SLOTS",
+    "PACKED_SEGMENTS",
+    "PACKED_PREFIX_TABLE",
+    "PACKED_INPUTS",
     "BODY_INPUTS",
     "STEP_INPUTS",
     "SAMPLING_INPUTS",
@@ -110,6 +119,8 @@ class TensorSpec:
     host_dtype: torch.dtype | None  # None: the model's dtype
     dims: tuple[str, ...]
     meaning: str
+    # The backends that stage this tensor (``Backend.name``); None: every backend.
+    staged_by: tuple[str, ...] | None = None
 
     @property
     def refreshed_in_place(self) -> bool:
@@ -121,6 +132,10 @@ class TensorSpec:
 
     def dtype(self, model_dtype: torch.dtype) -> torch.dtype:
         return model_dtype if self.host_dtype is None else self.host_dtype
+
+    def staged_on(self, backend_name: str) -> bool:
+        """Whether a backend named ``backend_name`` stages this tensor."""
+        return self.staged_by is None or backend_name in self.staged_by
 
     def __repr__(self) -> str:
         return f"TensorSpec({self.name})"
@@ -154,6 +169,37 @@ TOKEN_LOGPROB = TensorSpec("token_logprob", Stage.OUTPUT, torch.float32, _B, "lo
 TOP_IDS = TensorSpec("top_ids", Stage.OUTPUT, torch.int64, ("B", "N"), "best N token ids")
 TOP_LOGPROBS = TensorSpec("top_logprobs", Stage.OUTPUT, torch.float32, ("B", "N"), "log-probs of the best N")
 
+# Packed steps only (``prefill_core.packed``): staged by the backends that
+# declare ``packed_steps``. ``T``: the step's tokens, ``G``: its segments.
+_PACKED_BACKENDS = ("torch",)
+PACKED_TOKENS = TensorSpec(
+    "packed_tokens", Stage.BODY_INPUT, torch.int64, ("T",), "segment tokens end to end", _PACKED_BACKENDS
+)
+PACKED_POSITIONS = TensorSpec(
+    "packed_positions", Stage.BODY_INPUT, torch.int64, ("T",), "absolute position of each token", _PACKED_BACKENDS
+)
+PACKED_WRITE_SLOTS = TensorSpec(
+    "packed_write_slots",
+    Stage.BODY_INPUT,
+    torch.int64,
+    ("T",),
+    "pool slot (block * bs + offset) each token writes, -1 writes nothing",
+    _PACKED_BACKENDS,
+)
+PACKED_SEGMENTS = TensorSpec(
+    "packed_segments", Stage.BODY_INPUT, torch.int64, ("G", "3"), "offset, length, start per segment", _PACKED_BACKENDS
+)
+PACKED_PREFIX_TABLE = TensorSpec(
+    "packed_prefix_table",
+    Stage.BODY_INPUT,
+    torch.int32,
+    ("G", "Wp"),
+    "blocks of each segment's prefix [0, start), filler 0 past it",
+    _PACKED_BACKENDS,
+)
+PACKED_INPUTS = (PACKED_TOKENS, PACKED_POSITIONS, PACKED_WRITE_SLOTS, PACKED_SEGMENTS, PACKED_PREFIX_TABLE)
+"""What a packed step's body reads (eager only: never persistent, never traced)."""
+
 BODY_INPUTS = (INPUT_TOKENS, CHUNK_START, SLOTS, FILL_TABLE, READ_TABLE)
 """What the model body reads, in the order a trace's persistent inputs are allocated."""
 STEP_INPUTS = (*BODY_INPUTS, LAST_TOKEN_INDEX)
@@ -162,6 +208,7 @@ SAMPLING_INPUTS = (TOP_K, TOP_P, TEMPERATURE)
 """What device top-k sampling reads beside the logits, in the order of ``Backend.sample``'s arguments."""
 ALL_SPECS = (
     *STEP_INPUTS,
+    *PACKED_INPUTS,
     *SAMPLING_INPUTS,
     HIDDEN,
     LAST_HIDDEN,

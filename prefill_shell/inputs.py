@@ -15,7 +15,7 @@ from operator import sub
 
 import torch
 
-from prefill_core import PageTableView, PrefillChunk, PrefillRequest
+from prefill_core import PackedStep, PageTableView, PrefillChunk, PrefillRequest
 
 from .backends.base import Backend
 from .contract import (
@@ -24,6 +24,7 @@ from .contract import (
     FILL_TABLE,
     INPUT_TOKENS,
     LAST_TOKEN_INDEX,
+    PACKED_INPUTS,
     READ_TABLE,
     SLOTS,
     STEP_INPUTS,
@@ -37,12 +38,13 @@ __all__ = ["HostStep", "DeviceStep", "PrefillInputStager", "build_host_steps"]
 class HostStep(dict):
     """Host values of one model-body step (one chunk of one request), keyed by ``TensorSpec``.
 
-    ``READ_TABLE`` is present only for chunked steps.
+    ``READ_TABLE`` is present only for chunked steps; a packed step
+    (``packed_inputs.py``) holds ``PACKED_INPUTS`` and its ``PackedStep``.
     """
 
     __slots__ = ("chunk",)
 
-    def __init__(self, chunk: PrefillChunk | None, values: dict[TensorSpec, torch.Tensor]):
+    def __init__(self, chunk: PrefillChunk | PackedStep | None, values: dict[TensorSpec, torch.Tensor]):
         dict.__init__(self, values)
         self.chunk = chunk
 
@@ -179,7 +181,7 @@ class PrefillInputStager:
         caller's failure path releases exactly what was allocated.
         """
         handles = DeviceStep()
-        for spec in STEP_INPUTS:
+        for spec in (*STEP_INPUTS, *PACKED_INPUTS):
             host = step.get(spec)
             if host is not None:
                 handles[spec] = self.backend.upload(host, spec, Ownership.INVOCATION)

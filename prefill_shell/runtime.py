@@ -28,9 +28,11 @@ from prefill_core import (
     PrefillProgramSignature,
     PrefillTraceSignature,
     PreparedPrefill,
+    RequestKind,
     SamplingParams,
     SamplingPath,
     prepare_in_lanes,
+    prepare_packed,
     prepare_prefill,
 )
 from prefill_core.errors import CleanupError, PrefillStateError
@@ -39,10 +41,11 @@ from .assembler import PrefillResultAssembler
 from .batch_builder import as_token_matrix, build_batch, check_token_ids, host_page_table
 from .call_guard import CallGuard, exclusive, exclusive_stream
 from .config import PrefillRuntimeConfig
-from .contract import CHUNK_START, FILL_TABLE, INPUT_TOKENS, READ_TABLE
+from .contract import CHUNK_START, FILL_TABLE, INPUT_TOKENS, PACKED_INPUTS, PACKED_TOKENS, READ_TABLE
 from .inputs import DeviceStep, HostStep, PrefillInputStager, build_host_steps
 from .ledger import DeviceTensor
 from .notes import add_note
+from .packed_inputs import build_packed_host_steps
 from .postprocess import PrefillPostprocessor, wave_params
 from .progress import ProgressCallback, ProgressCounter, StepLog, note_partial_writes
 from .result import InvocationResult, PrefillResult
@@ -141,6 +144,8 @@ class PrefillRuntime:
     # Model calls run without autograd: every public entry point that reaches
     # them (invoke, compile, capture) enters torch.inference_mode once.
     def _run_body(self, step: DeviceStep) -> Any:
+        if PACKED_TOKENS in step:  # packed step (prefill_core.packed): segments end to end
+            return self.config.model.forward_packed(*(step[spec].value for spec in PACKED_INPUTS), self.config.kv)
         read = step.get(READ_TABLE)
         return self.config.model.forward_hidden(
             step[INPUT_TOKENS].value,
@@ -163,11 +168,16 @@ class PrefillRuntime:
         cached_lengths: Sequence[int] | torch.Tensor | None = None,
         slots: Sequence[int] | torch.Tensor | None = None,
         sampling: Sequence[Any] | None = None,
+        *,
+        packed: bool | None = None,
     ) -> PreparedBatch:
         """Validates and plans a call; builds every step's host input values once.
 
         Raises a ``PrefillInputError`` subclass naming the row and field on
         any malformed input; nothing is allocated or written in that case.
+        ``packed``: plan packed steps (eager only) when the config allows
+        them (``None``: whenever it does; ``False``: padded waves, which a
+        traced call needs).
         """
         self._check_open()
         config = self.config
@@ -176,6 +186,12 @@ class PrefillRuntime:
         batch = build_batch(matrix, table, prompt_lengths, cached_lengths, slots, sampling, config.layout)
         check_token_ids(matrix, batch, config.model.spec.vocab_size)
         max_position = config.model.spec.max_position
+        if config.packed_steps and packed is not False:  # packed steps: eager only, real tokens only
+            prepared = prepare_packed(
+                batch, config.policy, config.layout, max_position=max_position, whole_call_lane=slots is None
+            )
+            steps = tuple(tuple(build_packed_host_steps(matrix, p.request, table)) for p in prepared)
+            return PreparedBatch(prepared, steps, len(batch), self, config.layout)
         if slots is None and len(batch) > config.policy.lane_size:
             prepared = prepare_in_lanes(batch, config.policy, config.layout, max_position=max_position)
         else:
@@ -206,7 +222,7 @@ class PrefillRuntime:
             def finished(step: int) -> None:
                 progress.advance(f"rows {rows} chunk {step + 1}/{num_steps}")
 
-        steps = StepLog(batch.steps[index], finished)
+        steps = StepLog(batch.steps[index], finished, block_size=batch.layout.block_size)
         seeds = self._resolve_seeds(prepared)
         try:
             with torch.inference_mode():
@@ -283,6 +299,8 @@ class PrefillRuntime:
         every program the invocation uses. Its outputs are released at once.
         """
         self._check_open()
+        if signature.variant is RequestKind.PACKED:
+            return  # eager only and shaped by each step's segments: nothing to build ahead of a call
         step = warmup_step(signature.body, self.config.model.spec.hidden_size)
         params = _warmup_params(signature)
         with torch.inference_mode():
