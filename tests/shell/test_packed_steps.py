@@ -139,9 +139,9 @@ def test_packed_sampled_rows_and_traced_calls(model, hf):
             assert result.token == expected.argmax().item(), f"row {i}"
     assert len(clear) >= len(packed) - 1
     executor = PrefillExecutor(call.runtime)
-    padded = call.runtime.prepare(call.tokens, call.table, call.lengths, call.cached, sampling, packed=False)
+    padded = call.runtime.prepare(call.tokens, call.table, call.lengths, call.cached, sampling=sampling, packed=False)
     assert all(p.request.kind is not RequestKind.PACKED for p in padded.prepared)
     executor.warm_up(WarmupManifest().observe(padded.prepared))
-    traced = executor.prefill(call.tokens, call.table, call.lengths, call.cached, sampling, mode="traced")
+    traced = executor.prefill(call.tokens, call.table, call.lengths, call.cached, sampling=sampling, mode="traced")
     assert [traced[i].token for i in clear] == [packed[i].token for i in clear]
     executor.close()
