@@ -14,6 +14,13 @@ Counts do not drift with the machine, so they are the targets: the chat
 workload must not compute more than tt-metal's rule. The JSON goes to
 benchmarks/results/plan_cost.json.
 
+Positions are also counted where they are computed: every workload runs
+through the runtime on an instrumented reference Llama (``CountingLlama``:
+the tiny preset, one layer, attention's arithmetic skipped) that counts the
+positions its body's MLP computes, padding rows apart, once on the torch
+backend's default plan (packed steps on the CPU) and once on the padded
+plan of the ttnn default policy (tt-metal's ladder).
+
     python benchmarks/plan_cost.py
 """
 
@@ -25,6 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks._counting_llama import body_positions
 from benchmarks._report import Metric, report
 from prefill_core import PageTableLayout, PrefillBatch, PrefillPolicy, PrefillRow, ceil_div, plan_prefill
 
@@ -96,6 +104,11 @@ def main() -> int:
     metrics = []
     for name, batches in workloads().items():
         c = counts(batches)
+        real = sum(max(n - k, 1) for shapes in batches for n, k in shapes)
+        for label, padded in (("torch_default", False), ("ttnn_default_padded", True)):
+            body = body_positions(batches, BLOCK, padded)
+            rule = f"{'padded, PrefillPolicy()' if padded else 'TorchBackend().preferred_policy'}; counted in the body"
+            metrics.append(Metric(f"{name}_body_{label}_per_real", body / real, "ratio", None, rule))
         # Only the chat workload carries a target: tt-metal's rule, which the plan must not exceed.
         target = c["tt_metal_per_real"] if name.startswith("chat") else None
         metrics += [

@@ -19,6 +19,9 @@ A policy is every planning choice that tt-metal hard-codes, made a field:
   choice: fewer invocations) or split into exact smaller waves (no padding
   rows: better where every padded row is real work, as on a CPU).
 * Page-table widths are rounded up to ``table_width_multiple`` (8).
+* ``packed_steps``: plan packed steps (``packed.py``: real tokens only, up to
+  ``max_chunk_length`` a step) where the backend and the model declare they
+  can run them; otherwise, and always for traced calls, padded waves.
 """
 
 from __future__ import annotations
@@ -112,6 +115,7 @@ class PrefillPolicy:
     allow_forced_argmax: bool = attrs.field(default=True, validator=_bool)
     static_last_token_tile: bool = attrs.field(default=False, validator=_bool)
     trace_lengths: tuple[int, ...] | None = attrs.field(default=None, validator=_optional_lengths)
+    packed_steps: bool = attrs.field(default=False, validator=_bool)
 
     def __attrs_post_init__(self):
         if self.max_chunk_length % self.tile_size:

@@ -19,6 +19,7 @@ class RequestKind(enum.Enum):
     REGULAR_SINGLE = "regular_single"
     REGULAR_BATCHED = "regular_batched"
     CHUNKED = "chunked"
+    PACKED = "packed"  # row segments laid end to end (prefill_core/packed.py)
 
     @property
     def is_chunked(self) -> bool:

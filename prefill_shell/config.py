@@ -12,7 +12,7 @@ from prefill_core.errors import PrefillConfigError, PrefillInputError
 from prefill_core.policy import check_policy_fits_layout
 
 from .backends.base import Backend
-from .model import ModelSpec, PrefillModel
+from .model import ModelSpec, PrefillModel, supports_packed
 
 __all__ = ["PrefillRuntimeConfig"]
 
@@ -79,6 +79,8 @@ class PrefillRuntimeConfig:
     layout: PageTableLayout
     policy: PrefillPolicy
     layout_ceiling: PageTableLayout
+    packed_steps: bool = False
+    """Eager calls plan packed steps: the policy asks and the backend and the model both run them."""
 
     @classmethod
     def resolve(
@@ -104,7 +106,8 @@ class PrefillRuntimeConfig:
         policy = policy or backend.preferred_policy(kv.block_size)
         _check_policy_fits_model(policy, model.spec)
         _check_capabilities(policy, backend)
-        config = cls(model, backend, kv, layout or ceiling, policy, ceiling)
+        packed = policy.packed_steps and getattr(backend, "packed_steps", False) is True and supports_packed(model)
+        config = cls(model, backend, kv, layout or ceiling, policy, ceiling, packed)
         config.check_layout(config.layout)
         return config
 

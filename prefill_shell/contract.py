@@ -31,6 +31,9 @@ top_k               postprocess input   int64     B          device sampling K p
 top_p               postprocess input   float64   B          device sampling P per row (1: greedy)
 temperature         postprocess input   float64   B          device sampling T per row (1: greedy);
                                                              ttnn stages it as the 1/T its sampler reads
+packed_*            body input          int64     T / G, .   packed steps only (``PACKED_INPUTS``): tokens,
+                                                             positions, write slots, segments, prefix
+                                                             tables; staged by the torch backend only
 hidden              body output         model     B, S, H    the body's output after the final norm
 last_hidden         output              model     B, H       each row's last-token hidden state
 logits              output              float32   B, V       LM head on ``last_hidden``
@@ -92,6 +95,12 @@ __all__ = [
     "PROMPT_TOP_IDS",
     "PROMPT_TOP_LOGPROBS",
     "PROMPT_SPECS",
+    "PACKED_TOKENS",
+    "PACKED_POSITIONS",
+    "PACKED_WRITE_SLOTS",
+    "PACKED_SEGMENTS",
+    "PACKED_PREFIX_TABLE",
+    "PACKED_INPUTS",
     "BODY_INPUTS",
     "STEP_INPUTS",
     "SAMPLING_INPUTS",
@@ -127,12 +136,18 @@ class TensorSpec:
     host_dtype: torch.dtype | None  # None: the model's dtype
     dims: tuple[str, ...]
     meaning: str
+    # The backends that stage this tensor (``Backend.name``); None: every backend.
+    staged_by: tuple[str, ...] | None = None
 
     def shape(self, geometry: Mapping[str, int]) -> tuple[int, ...]:
         return tuple(geometry[dim] for dim in self.dims)
 
     def dtype(self, model_dtype: torch.dtype) -> torch.dtype:
         return model_dtype if self.host_dtype is None else self.host_dtype
+
+    def staged_on(self, backend_name: str) -> bool:
+        """Whether a backend named ``backend_name`` stages this tensor."""
+        return self.staged_by is None or backend_name in self.staged_by
 
     def __repr__(self) -> str:
         return f"TensorSpec({self.name})"
@@ -186,6 +201,37 @@ PROMPT_SPECS = (
 )
 """What a program with prompt log-probs stages and produces per LM-head call (all transient, eager and traced)."""
 
+# Packed steps only (``prefill_core.packed``): staged by the backends that
+# declare ``packed_steps``. ``T``: the step's tokens, ``G``: its segments.
+_PACKED_BACKENDS = ("torch",)
+PACKED_TOKENS = TensorSpec(
+    "packed_tokens", Stage.BODY_INPUT, torch.int64, ("T",), "segment tokens end to end", _PACKED_BACKENDS
+)
+PACKED_POSITIONS = TensorSpec(
+    "packed_positions", Stage.BODY_INPUT, torch.int64, ("T",), "absolute position of each token", _PACKED_BACKENDS
+)
+PACKED_WRITE_SLOTS = TensorSpec(
+    "packed_write_slots",
+    Stage.BODY_INPUT,
+    torch.int64,
+    ("T",),
+    "pool slot (block * bs + offset) each token writes, -1 writes nothing",
+    _PACKED_BACKENDS,
+)
+PACKED_SEGMENTS = TensorSpec(
+    "packed_segments", Stage.BODY_INPUT, torch.int64, ("G", "3"), "offset, length, start per segment", _PACKED_BACKENDS
+)
+PACKED_PREFIX_TABLE = TensorSpec(
+    "packed_prefix_table",
+    Stage.BODY_INPUT,
+    torch.int32,
+    ("G", "Wp"),
+    "blocks of each segment's prefix [0, start), filler 0 past it",
+    _PACKED_BACKENDS,
+)
+PACKED_INPUTS = (PACKED_TOKENS, PACKED_POSITIONS, PACKED_WRITE_SLOTS, PACKED_SEGMENTS, PACKED_PREFIX_TABLE)
+"""What a packed step's body reads (eager only: never persistent, never traced)."""
+
 BODY_INPUTS = (INPUT_TOKENS, CHUNK_START, SLOTS, FILL_TABLE, READ_TABLE)
 """What the model body reads, in the order a trace's persistent inputs are allocated."""
 STEP_INPUTS = (*BODY_INPUTS, LAST_TOKEN_INDEX)
@@ -194,6 +240,7 @@ SAMPLING_INPUTS = (TOP_K, TOP_P, TEMPERATURE)
 """What device top-k sampling reads beside the logits: ``Backend.sample`` takes them as a mapping keyed by spec."""
 ALL_SPECS = (
     *STEP_INPUTS,
+    *PACKED_INPUTS,
     *SAMPLING_INPUTS,
     HIDDEN,
     LAST_HIDDEN,

@@ -124,9 +124,13 @@ def run_demo(args: argparse.Namespace) -> None:
     call = (batch.tokens, batch.page_table, batch.lengths, batch.cached)
     with stage(f"prefill the shared prefix ({len(batch.prefix_tokens)} tokens)"):
         executor.prefill(*batch.prefix_call(), mode="eager", on_progress=show_progress)
-    prepared = runtime.prepare(*call, sampling=sampling).requests
+    # Eager calls run packed steps where the runtime can (real tokens only); traces replay the padded plan.
+    padded = runtime.prepare(*call, sampling=sampling, packed=False)
+    prepared = padded.requests
+    packed_steps = sum(p.request.num_chunks for p in runtime.prepare(*call, sampling=sampling).requests)
     print(f"model: {args.model or 'SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized to float32)'}\n")
     print(plan_table(prepared), "\n")
+    print(f"eager: {packed_steps} packed steps of real tokens only; traced: the padded plan above\n")
     with stage(f"eager prefill ({sum(batch.lengths) - sum(batch.cached)} uncached tokens)"):
         eager, eager_s = _timed(
             lambda: executor.prefill(*call, sampling=sampling, mode="eager", on_progress=show_progress)
@@ -137,9 +141,14 @@ def run_demo(args: argparse.Namespace) -> None:
         traced, traced_s = _timed(lambda: executor.prefill(*call, sampling=sampling, mode="traced"))
     print_rows(eager, batch, tokenizer, labels)
     _summary(batch, prepared, members)
-    same = eager == traced
+    same = runtime.assemble(runtime.invocations(padded), padded.num_rows) == traced
+    drift = max(abs(a.logprob - b.logprob) for a, b in zip(eager, traced))
     real = sum(p.request.real_tokens for p in prepared)
-    print(f"traced results identical to eager: {same}")
+    print(f"traced results identical to the same plan run eagerly: {same}")
+    print(
+        f"packed eager vs padded traced: same tokens {[r.token for r in eager] == [r.token for r in traced]}, "
+        f"largest token log-prob difference {drift:.1e}"
+    )
     print(f"tokens/s: eager {real / eager_s:,.0f} ({eager_s:.2f} s), traced {real / traced_s:,.0f} ({traced_s:.2f} s)")
     executor.close()
     print(f"live device tensors after close: {len(runtime.backend.ledger.live())}")

@@ -115,7 +115,11 @@ class PrefillExecutor:
     ) -> list[PrefillResult]:
         """prepare + (traced or eager) invoke + streaming assemble, in caller row order."""
         with self.runtime.hold():
-            batch = self.runtime.prepare(tokens, page_table, prompt_lengths, cached_lengths, slots, sampling)
+            # Traces replay padded waves: a call that may replay is planned padded, an eager one may be packed.
+            padded = mode == "traced" or (mode == "auto" and bool(self.runtime.captured_traces()))
+            batch = self.runtime.prepare(
+                tokens, page_table, prompt_lengths, cached_lengths, slots, sampling, packed=False if padded else None
+            )
             return self.runtime.assemble(self.invocations(batch, mode, on_progress), batch.num_rows)
 
     def close(self) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from prefill_core import PageTableView, PrefillChunk, PrefillRequest
+from prefill_core import PackedStep, PageTableView, PrefillChunk, PrefillRequest
 
 from .backends.base import Backend
 from .contract import (
@@ -20,6 +20,7 @@ from .contract import (
     FILL_TABLE,
     INPUT_TOKENS,
     LAST_TOKEN_INDEX,
+    PACKED_INPUTS,
     READ_TABLE,
     SLOTS,
     TensorSpec,
@@ -32,12 +33,13 @@ __all__ = ["HostStep", "DeviceStep", "PrefillInputStager", "build_host_steps"]
 class HostStep(dict):
     """Host values of one model-body step (one chunk of one request), keyed by ``TensorSpec``.
 
-    ``READ_TABLE`` is present only for chunked steps.
+    ``READ_TABLE`` is present only for chunked steps; a packed step
+    (``packed_inputs.py``) holds ``PACKED_INPUTS`` and its ``PackedStep``.
     """
 
     __slots__ = ("chunk",)
 
-    def __init__(self, chunk: PrefillChunk | None, values: dict[TensorSpec, torch.Tensor]):
+    def __init__(self, chunk: PrefillChunk | PackedStep | None, values: dict[TensorSpec, torch.Tensor]):
         dict.__init__(self, values)
         self.chunk = chunk
 
@@ -162,7 +164,7 @@ class PrefillInputStager:
         last-token index is the postprocessor's, staged once for the final step.
         """
         handles = DeviceStep()
-        for spec in BODY_INPUTS:
+        for spec in (*BODY_INPUTS, *PACKED_INPUTS):
             host = step.get(spec)
             if host is not None:
                 handles[spec] = self.backend.upload(host, spec, Ownership.INVOCATION)

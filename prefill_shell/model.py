@@ -14,7 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 import attrs
 import torch
 
-__all__ = ["ModelSpec", "PrefillModel"]
+__all__ = ["PACKED_CAPABILITY", "ModelSpec", "PrefillModel", "supports_packed"]
 
 
 def _positive_int(_instance: object, attribute: attrs.Attribute, value: int) -> None:
@@ -88,3 +88,25 @@ class PrefillModel(Protocol):
     def lm_head(self, hidden_rows: torch.Tensor) -> torch.Tensor:
         """Maps ``[N, hidden_size]`` rows to float32 logits ``[N, vocab_size]``."""
         ...
+
+
+PACKED_CAPABILITY = "packed_steps"
+"""The optional model capability: a model with ``packed_steps = True`` also implements
+
+``forward_packed(tokens [T], positions [T], write_slots [T], segments [G, 3],
+prefix_table [G, Wp], kv) -> [1, T, hidden_size]``: one packed step
+(``prefill_core.packed``), its segments' tokens end to end. Segment ``g`` is
+``(offset, length, start)``: tokens ``offset .. offset + length - 1`` are its
+row's positions ``start ..``; their queries attend to the row's positions
+before ``start`` read through ``prefix_table[g]`` (its row's blocks) and to
+the segment's own fresh K/V causally, never to another segment. Token ``t``
+writes its K/V at pool slot ``write_slots[t]`` (``block * bs + position % bs``),
+nothing where it is -1. Eager only: shapes follow the step. Optional, so a
+model without it (the ttnn adapter) stays a ``PrefillModel``; ``supports_packed``
+reads it.
+"""
+
+
+def supports_packed(model: object) -> bool:
+    """Whether ``model`` declares it runs packed steps."""
+    return getattr(model, PACKED_CAPABILITY, False) is True

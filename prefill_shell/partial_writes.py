@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from .contract import FILL_TABLE
+from prefill_core import PackedStep
+
+from .contract import FILL_TABLE, PACKED_WRITE_SLOTS
 from .inputs import HostStep
 from .notes import add_note
 
@@ -26,10 +28,11 @@ class StepLog(list):
     before it have been dispatched, and taking past the last means all have.
     """
 
-    def __init__(self, steps, on_finished: Callable[[int], None] | None = None):
+    def __init__(self, steps, on_finished: Callable[[int], None] | None = None, block_size: int = 1):
         super().__init__(steps)
         self.started = 0
         self._on_finished = on_finished
+        self.block_size = block_size  # packed steps name written slots, block * bs + offset
 
     def __iter__(self) -> Iterator[HostStep]:
         for step in list.__iter__(self):
@@ -46,6 +49,11 @@ class StepLog(list):
         """Per caller row, the sorted KV blocks the started steps write (their fill tables' entries)."""
         blocks: dict[int, set[int]] = {row: set() for row in source_rows}
         for step in list.__iter__(self[: self.started]):
+            if isinstance(step.chunk, PackedStep):  # every row with a segment there, not only the source rows
+                for segment in step.chunk.segments:
+                    slots = step[PACKED_WRITE_SLOTS][segment.offset : segment.offset + segment.length]
+                    blocks.setdefault(segment.row, set()).update((slots[slots >= 0] // self.block_size).tolist())
+                continue
             for row, entries in zip(source_rows, step[FILL_TABLE][: len(source_rows)].tolist()):
                 blocks[row].update(b for b in entries if b >= 0)
         return {row: tuple(sorted(ids)) for row, ids in blocks.items()}

@@ -27,9 +27,11 @@ from prefill_core import (
     PrefillProgramSignature,
     PrefillTraceSignature,
     PreparedPrefill,
+    RequestKind,
     SamplingParams,
     SamplingPath,
     prepare_in_sub_batches,
+    prepare_packed,
     prepare_prefill,
 )
 from prefill_core.errors import CleanupError, PrefillStateError
@@ -38,10 +40,11 @@ from .assembler import PrefillResultAssembler
 from .batch_builder import as_token_matrix, build_batch, check_token_ids, host_page_table
 from .call_guard import CallGuard, exclusive, exclusive_stream
 from .config import PrefillRuntimeConfig
-from .contract import CHUNK_START, FILL_TABLE, INPUT_TOKENS, READ_TABLE
+from .contract import CHUNK_START, FILL_TABLE, INPUT_TOKENS, PACKED_INPUTS, PACKED_TOKENS, READ_TABLE
 from .inputs import DeviceStep, PrefillInputStager, build_host_steps
 from .ledger import DeviceTensor
 from .notes import add_note
+from .packed_inputs import build_packed_host_steps
 from .partial_writes import StepLog, note_partial_writes
 from .postprocess import PrefillPostprocessor, wave_params
 from .prepared_batch import PreparedBatch, check_runnable, checked_request
@@ -121,6 +124,8 @@ class PrefillRuntime:
     # Model calls run without autograd: every public entry point that reaches
     # them (invoke, compile, capture) enters torch.inference_mode once.
     def _run_body(self, step: DeviceStep) -> Any:
+        if PACKED_TOKENS in step:  # packed step (prefill_core.packed): segments end to end
+            return self.config.model.forward_packed(*(step[spec].value for spec in PACKED_INPUTS), self.config.kv)
         read = step.get(READ_TABLE)
         return self.config.model.forward_hidden(
             step[INPUT_TOKENS].value,
@@ -143,6 +148,8 @@ class PrefillRuntime:
         cached_lengths: Sequence[int] | torch.Tensor | None = None,
         slots: Sequence[int] | torch.Tensor | None = None,
         sampling: SamplingParams | Sequence[SamplingParams | None] | None = None,
+        *,
+        packed: bool | None = None,
     ) -> PreparedBatch:
         """Validates and plans a call; builds every step's host input values once.
 
@@ -153,6 +160,9 @@ class PrefillRuntime:
 
         Raises a ``PrefillInputError`` subclass naming the row and field on
         any malformed input; nothing is allocated or written in that case.
+        ``packed``: plan packed steps (eager only) when the config allows
+        them (``None``: whenever it does; ``False``: padded waves, which a
+        traced call needs).
         """
         self._check_open()
         config = self.config
@@ -161,6 +171,14 @@ class PrefillRuntime:
         batch = build_batch(matrix, table, prompt_lengths, cached_lengths, slots, sampling, config.layout)
         check_token_ids(matrix, batch, config.model.spec.vocab_size)
         max_position = config.model.spec.max_position
+        # Packed steps (eager only, real tokens only) do not score prompt positions: such calls run padded.
+        scores_prompt = any(s is not None and s.prompt_logprobs is not None for s in batch.sampling)
+        if config.packed_steps and packed is not False and not scores_prompt:
+            requests = prepare_packed(
+                batch, config.policy, config.layout, max_position=max_position, whole_call_lane=slots is None
+            )
+            steps = tuple(tuple(build_packed_host_steps(matrix, p.request, table)) for p in requests)
+            return PreparedBatch(requests, steps, len(batch), self, config.layout)
         if slots is None and len(batch) > config.policy.lane_size:
             requests = prepare_in_sub_batches(batch, config.policy, config.layout, max_position=max_position)
         else:
@@ -201,7 +219,7 @@ class PrefillRuntime:
             def finished(step: int) -> None:
                 progress.advance(f"rows {rows} chunk {step + 1}/{num_steps}")
 
-        steps = StepLog(batch.steps[index], finished)
+        steps = StepLog(batch.steps[index], finished, block_size=batch.layout.block_size)
         mode, generation = self._traces.mode_for(prepared) if traced else (self._eager, 0)
         seeds = self._resolve_seeds(prepared)
         prompt, on_hidden = self._prompt_hook(batch, index)
@@ -289,6 +307,8 @@ class PrefillRuntime:
         every program the invocation uses. Its outputs are released at once.
         """
         self._check_open()
+        if signature.variant is RequestKind.PACKED:
+            return  # eager only and shaped by each step's segments: nothing to build ahead of a call
         step = warmup_step(signature.body, self.config.model.spec.hidden_size)
         params = _warmup_params(signature)
         with torch.inference_mode():

@@ -14,7 +14,9 @@ converts and reads back by spec, never by parsing a name.
 Capabilities, checked once by ``PrefillRuntimeConfig.resolve``:
 ``max_device_top_k`` (the largest K device sampling takes; ``None``: no
 limit) and ``max_sampled_wave`` (the most rows one device-sampling call
-serves; ``None``: no limit). ``preferred_policy`` is the planning policy
+serves; ``None``: no limit), ``packed_steps`` (whether it stages and runs
+packed steps, ``prefill_core.packed``: the contract's ``PACKED_INPUTS``;
+ttnn does not, its programs are padded waves). ``preferred_policy`` is the planning policy
 the backend wants when the caller gives none: a device that compiles a
 program per shape wants tt-metal's coarse ladder; an eager CPU wants every
 padded position gone.
@@ -54,6 +56,7 @@ class Backend(Protocol):
     device: Any
     max_device_top_k: int | None
     max_sampled_wave: int | None
+    packed_steps: bool
 
     def preferred_policy(self, block_size: int) -> PrefillPolicy:
         """The policy ``PrefillRuntimeConfig.resolve`` uses when the caller gives none."""

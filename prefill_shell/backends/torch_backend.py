@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import attrs
 import torch
 
 from prefill_core import PrefillPolicy
@@ -56,6 +57,7 @@ class TorchBackend:
     name = "torch"
     max_device_top_k = None  # sampling runs in torch: any K
     max_sampled_wave = None
+    packed_steps = True  # eager torch runs any shape: real tokens end to end, no padding
 
     def __init__(self, device: str | torch.device = "cpu"):
         self.device = _checked_device(device)
@@ -67,10 +69,13 @@ class TorchBackend:
     def preferred_policy(self, block_size: int) -> PrefillPolicy:
         """On the CPU, fine rungs and exact waves: no program is compiled per shape, so padding is pure waste.
 
+        Packed steps where the model runs them (eager calls; traced calls are planned padded).
         On CUDA, tt-metal's ladder: each captured CUDA graph is one shape, and
         the ladder bounds how many a warm-up captures.
         """
-        return PrefillPolicy() if self.is_cuda else PrefillPolicy.fine_rungs(block_size)
+        if self.is_cuda:
+            return PrefillPolicy()
+        return attrs.evolve(PrefillPolicy.fine_rungs(block_size), packed_steps=True)
 
     # -- memory ---------------------------------------------------------
     def upload(self, host: torch.Tensor, spec: TensorSpec, ownership: Ownership) -> DeviceTensor:

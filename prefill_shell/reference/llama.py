@@ -33,6 +33,7 @@ from prefill_core import ceil_div
 from prefill_core.errors import PrefillConfigError
 from prefill_shell.reference.config import LlamaSpec
 from prefill_shell.reference.kv_cache import PagedKVCache
+from prefill_shell.reference.packed_attention import packed_writes, segment_attention, segment_reads, write_packed
 
 __all__ = ["PagedLlama", "VOCAB_MAJOR_MAX_ROWS", "llama_weight_shapes", "rope_inv_freq", "vocab_major_head"]
 
@@ -198,7 +199,9 @@ def _expand_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
 
 
 class PagedLlama:
-    """Llama with paged KV; implements ``prefill_shell.model.PrefillModel``."""
+    """Llama with paged KV; implements ``prefill_shell.model.PrefillModel``, packed steps included."""
+
+    packed_steps = True  # forward_packed: segments end to end (reference/packed_attention.py)
 
     def __init__(self, config: LlamaSpec, weights: Mapping[str, torch.Tensor], device: torch.device | str = "cpu"):
         self.config = config
@@ -322,6 +325,39 @@ class PagedLlama:
             mlp = self._mlp_hidden(layer, _rms_norm(residual, layer.mlp_norm, eps))
             residual = residual + F.linear(mlp, layer.down)
         return _rms_norm(residual, self._final_norm, eps).view(batch, seq, -1)
+
+    @torch.inference_mode()
+    def forward_packed(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        write_slots: torch.Tensor,
+        segments: torch.Tensor,
+        prefix_table: torch.Tensor,
+        kv: PagedKVCache,
+    ) -> torch.Tensor:
+        """One packed step; see ``PrefillModel.forward_packed``. Returns ``[1, T, hidden]``."""
+        spec, total = self.spec, tokens.shape[0]
+        cos = self._cos[positions].to(self.dtype)[None, None]  # [1, 1, T, D]
+        sin = self._signed_sin[positions].to(self.dtype)[None, None]
+        reads = segment_reads(segments, prefix_table, kv.block_size)
+        writes = packed_writes(write_slots, kv.block_size)
+        q_width, kv_width = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+        residual = F.embedding(tokens, self._embed)  # [T, H]
+        eps = self.config.rms_norm_eps
+        for i, layer in enumerate(self._layers):
+            q, k, v = F.linear(_rms_norm(residual, layer.attn_norm, eps), layer.qkv).split(
+                (q_width, kv_width, kv_width), dim=-1
+            )
+            q = _apply_rope(q.reshape(1, total, spec.num_heads, spec.head_dim).transpose(1, 2), cos, sin)
+            k = _apply_rope(k.reshape(1, total, spec.num_kv_heads, spec.head_dim).transpose(1, 2), cos, sin)
+            v = v.reshape(1, total, spec.num_kv_heads, spec.head_dim).transpose(1, 2)
+            write_packed(kv, i, k, v, writes)
+            attn = segment_attention(kv, i, (q, k, v), reads, self._sdpa)  # [1, H, T, D]
+            residual = residual + F.linear(attn[0].transpose(0, 1).reshape(total, q_width), layer.o)
+            mlp = self._mlp_hidden(layer, _rms_norm(residual, layer.mlp_norm, eps))
+            residual = residual + F.linear(mlp, layer.down)
+        return _rms_norm(residual, self._final_norm, eps).view(1, total, -1)
 
     def _attention(
         self,

@@ -84,6 +84,7 @@ class FaultInjectingBackend:
         self.device = inner.device
         self.max_device_top_k = inner.max_device_top_k
         self.max_sampled_wave = inner.max_sampled_wave
+        self.packed_steps = inner.packed_steps
 
     def preferred_policy(self, block_size: int):
         return self.inner.preferred_policy(block_size)
@@ -152,10 +153,15 @@ class FaultInjectingModel:
         self.plan = plan
         self.spec = inner.spec
         self.dtype = inner.dtype
+        self.packed_steps = getattr(inner, "packed_steps", False)
 
     def forward_hidden(self, tokens, start, fill_table, read_table, kv):
         self.plan.tick("body", f"forward_hidden[{tokens.shape[0]}x{tokens.shape[1]}]")
         return self.inner.forward_hidden(tokens, start, fill_table, read_table, kv)
+
+    def forward_packed(self, tokens, positions, write_slots, segments, prefix_table, kv):
+        self.plan.tick("body", f"forward_packed[{tokens.shape[0]}]")
+        return self.inner.forward_packed(tokens, positions, write_slots, segments, prefix_table, kv)
 
     def lm_head(self, rows):
         self.plan.tick("body", "lm_head")

@@ -87,6 +87,7 @@ class TtnnBackend:
     name = "ttnn"
     max_device_top_k = ttnn_staging.MAX_DEVICE_TOP_K
     max_sampled_wave = SAMPLING_CANDIDATES  # ttnn.sampling serves at most 32 users per call
+    packed_steps = False  # fixed-shape programs and traces: padded waves only
 
     def __init__(self, mesh_device: Any, *, replica: int = 0, logits_composer: Any = None, ttnn_module: Any = None):
         if ttnn_module is None:

@@ -66,10 +66,14 @@ def chunked_5000(tiny_model, kit):
 
 
 def test_cpu_default_policy_runs_5000_tokens_in_fine_chunks(tiny_model, kit):
-    """Without a policy, the CPU backend's fine rungs run 5000 tokens as four 1280-token chunks (5120 positions)."""
+    """Without a policy, the CPU backend packs 5000 tokens into steps of 2048, 2048 and 904 real tokens; planned
+    padded (a traced call), its fine rungs run them as four 1280-token chunks (5120 positions)."""
     rt = kit.build_runtime(tiny_model, num_blocks=96, block_size=BS_DEFAULT)
     blocks = kit.assign_blocks([5000], BS_DEFAULT, 96, seed=5)
-    request = rt.prepare(kit.make_tokens(5000, seed=5000)[None], kit.page_table(blocks), [5000]).requests[0].request
+    tokens, table = kit.make_tokens(5000, seed=5000)[None], kit.page_table(blocks)
+    packed = rt.prepare(tokens, table, [5000]).requests[0].request
+    assert packed.kind is RequestKind.PACKED and [step.tokens for step in packed.steps] == [2048, 2048, 904]
+    request = rt.prepare(tokens, table, [5000], packed=False).requests[0].request
     assert (request.chunk_length, request.num_chunks) == (1280, 4)
 
 
@@ -103,7 +107,7 @@ def test_row_with_2048_of_3000_tokens_cached_matches_full_oracle(tiny_model, ora
     blocks = kit.assign_blocks([3000], BS_DEFAULT, 64, seed=7)
     prefix_blocks = [blocks[0][: 2048 // BS_DEFAULT]]
     rt.prefill(tokens[None, :2048], kit.page_table(prefix_blocks), [2048])
-    batch = rt.prepare(tokens[None], kit.page_table(blocks), [3000], cached_lengths=[2048])
+    batch = rt.prepare(tokens[None], kit.page_table(blocks), [3000], cached_lengths=[2048], packed=False)
     request = batch.requests[0].request
     assert request.kind is RequestKind.CHUNKED
     assert [c.start for c in request.chunks] == [2048]

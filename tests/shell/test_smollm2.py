@@ -7,6 +7,8 @@ there depends on nothing later) and every prompt's K/V (the first ``n``
 positions of the cache). The runtime runs each block size in two calls:
 every prompt uncached, then the cached variants, whose prefix blocks are the
 uncached run's blocks of one prompt (as a serving engine's cache would be).
+Each case runs twice: padded waves and packed steps (``prefill_core.packed``;
+short prompts with a 256-token step budget, so rows split across steps).
 
 Tolerances: logits within 1e-4 of the largest logit magnitude; argmax equal
 where transformers' top-2 margin exceeds twice that; K/V within 1e-4 of the
@@ -19,10 +21,11 @@ import os
 from pathlib import Path
 from typing import NamedTuple
 
+import attrs
 import pytest
 import torch
 
-from prefill_core import PageTableLayout, SamplingParams
+from prefill_core import PageTableLayout, RequestKind, SamplingParams
 from prefill_shell.backends import TorchBackend
 from prefill_shell.config import PrefillRuntimeConfig
 from prefill_shell.demo import document
@@ -139,35 +142,52 @@ def _check_row(kv, blocks: list[int], length: int, cached: int, logits: torch.Te
 
 
 def run_case(
-    model, doc: torch.Tensor, oracle: Oracle, bs: int, lengths, cached_of: dict[int, int], prefix_from: int
+    model,
+    doc: torch.Tensor,
+    oracle: Oracle,
+    bs: int,
+    lengths,
+    cached_of: dict[int, int],
+    prefix_from: int,
+    packed: bool,
+    budget: int | None = None,
 ) -> tuple[list[RowCheck], list[RowCheck]]:
-    """Runs ``lengths`` uncached, then each ``cached_of`` variant reading ``prefix_from``'s blocks as its cache."""
+    """Runs ``lengths`` uncached, then each ``cached_of`` variant reading ``prefix_from``'s blocks as its cache.
+
+    ``packed``: packed steps of at most ``budget`` tokens (the policy's max chunk when None), else padded waves.
+    """
     need = [-(-n // bs) for n in lengths]
     own = [-(-n // bs) - c // bs for n, c in cached_of.items()]
     num_blocks = sum(need) + sum(own)
     kv = model.new_kv_cache(num_blocks, bs)
     layout = PageTableLayout(bs, -(-model.spec.max_position // bs), num_blocks)
-    runtime = PrefillRuntime(PrefillRuntimeConfig.resolve(model, TorchBackend(), kv, layout))
+    policy = TorchBackend().preferred_policy(bs)
+    if budget is not None:
+        policy = attrs.evolve(policy, max_chunk_length=budget)
+    runtime = PrefillRuntime(PrefillRuntimeConfig.resolve(model, TorchBackend(), kv, layout, policy))
+    assert runtime.config.packed_steps
     starts = [sum(need[:i]) for i in range(len(lengths))]
     rows = [list(range(s, s + k)) for s, k in zip(starts, need)]
-    uncached = _call(runtime, doc, lengths, rows, [0] * len(lengths), oracle)
+    uncached = _call(runtime, doc, lengths, rows, [0] * len(lengths), oracle, packed)
     source = rows[lengths.index(prefix_from)]
     first, cached_rows = sum(need), []
     for c, k in zip(cached_of.values(), own):
         cached_rows.append(source[: c // bs] + list(range(first, first + k)))
         first += k
-    cached = _call(runtime, doc, list(cached_of), cached_rows, list(cached_of.values()), oracle)
+    cached = _call(runtime, doc, list(cached_of), cached_rows, list(cached_of.values()), oracle, packed)
     runtime.close()
     return uncached, cached
 
 
-def _call(runtime, doc, lengths, rows, cached, oracle) -> list[RowCheck]:
+def _call(runtime, doc, lengths, rows, cached, oracle, packed: bool) -> list[RowCheck]:
     tokens = torch.zeros(len(lengths), max(lengths), dtype=torch.int64)
     table = torch.full((len(lengths), max(len(r) for r in rows)), -1, dtype=torch.int32)
     for i, (n, blocks) in enumerate(zip(lengths, rows)):
         tokens[i, :n] = doc[:n]
         table[i, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
-    results = runtime.prefill(tokens, table, lengths, cached)
+    batch = runtime.prepare(tokens, table, lengths, cached, packed=packed)
+    assert all((p.request.kind is RequestKind.PACKED) == packed for p in batch.requests)
+    results = runtime.assemble(runtime.invocations(batch), len(lengths))
     kv = runtime.config.kv
     return [_check_row(kv, rows[r.row], lengths[r.row], cached[r.row], r.logits, oracle) for r in results]
 
@@ -186,17 +206,25 @@ def assert_matches(checks: list[RowCheck]) -> None:
         assert c.kv_err <= REL_TOL * c.kv_scale, f"{where}: K/V differ by {c.kv_err:.2e} (scale {c.kv_scale:.1f})"
 
 
-@pytest.fixture(scope="session", params=(16, 32, 64), ids=lambda bs: f"block{bs}")
+MODES = {"padded": False, "packed": True}
+
+
+@pytest.fixture(
+    scope="session", params=[(bs, m) for bs in (16, 32, 64) for m in MODES], ids=lambda p: f"block{p[0]}-{p[1]}"
+)
 def short_case(request, smollm2, doc_tokens, oracle):
-    """Prompts of 1-300 tokens at one block size: (uncached checks, cached checks)."""
-    bs = request.param
-    return run_case(smollm2, doc_tokens, oracle, bs, list(SHORT), SHORT_CACHED[bs], prefix_from=300)
+    """Prompts of 1-300 tokens at one block size, padded or packed: (uncached checks, cached checks)."""
+    bs, mode = request.param
+    packed = MODES[mode]
+    return run_case(
+        smollm2, doc_tokens, oracle, bs, list(SHORT), SHORT_CACHED[bs], 300, packed, 256 if packed else None
+    )
 
 
-@pytest.fixture(scope="session")
-def long_case(smollm2, doc_tokens, oracle):
-    """Prompts of 2047-4133 tokens at block size 32 (chunked past 2048): (uncached checks, cached checks)."""
-    return run_case(smollm2, doc_tokens, oracle, 32, list(LONG), LONG_CACHED, prefix_from=2048)
+@pytest.fixture(scope="session", params=list(MODES))
+def long_case(request, smollm2, doc_tokens, oracle):
+    """Prompts of 2047-4133 tokens at block size 32 (chunked or split past 2048): (uncached checks, cached checks)."""
+    return run_case(smollm2, doc_tokens, oracle, 32, list(LONG), LONG_CACHED, 2048, MODES[request.param])
 
 
 def test_short_prompts_uncached_match_transformers(short_case):

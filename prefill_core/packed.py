@@ -1,0 +1,246 @@
+"""Packed steps: a call's real tokens laid end to end, with no padding rows and no padding positions.
+
+Theory of operation
+-------------------
+A backend that is not bound to fixed shapes (the torch backend: eager on a
+CPU) can run a step as row segments ``(row, start, length)`` laid end to end,
+as vLLM runs prefill on GPUs. The runtime plans packed steps when the policy
+asks for them (``PrefillPolicy.packed_steps``) and the backend and the model
+both declare they can run them; ttnn keeps padded waves (``plan.py``).
+
+1. Each row owes the positions ``[cached, length)``. A fully cached row owes
+   only its last token, ``[length - 1, length)``, and writes nothing: its
+   blocks are cached and may be shared. A segment may start at any position.
+2. Rows are packed in caller order, logits rows and sampled rows in separate
+   steps (one postprocessing program serves one kind). A row's work fills the
+   current step; when a step holds ``policy.max_chunk_length`` tokens the rest
+   continues in the next. Cached and uncached rows share steps.
+3. A request is a run of steps that ends with the first step in which some row
+   ends; its source rows are the rows ending there, and their last tokens are
+   its outputs. Every row ends in exactly one request.
+4. A segment writes exactly its own positions, through its own row's blocks;
+   it reads its row's positions before ``start`` from the pool (the cached
+   prefix and the row's earlier segments) and its own fresh K/V.
+
+Identity: a packed program is named by its variant, output rows, token
+budget, sampling path and log-probs (``packed_signature``). A step's token
+count, segment count and prefix widths are per-step shapes that an eager
+program on the CPU does not bake in; a trace would, so packed steps run
+eagerly only (docs/design.md, "Packed steps").
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from .batch import PrefillBatch
+from .intmath import ceil_div
+from .layout import PageTableLayout
+from .policy import PrefillPolicy
+from .prepared import PreparedPrefill
+from .request import RequestKind
+from .sampling import SamplingParams, SamplingPath, classify_sampling, distinct_params
+from .signatures import PrefillProgramSignature
+from .validate import check_inputs
+
+__all__ = [
+    "PackedRequest",
+    "PackedSegment",
+    "PackedStep",
+    "owed_positions",
+    "packed_signature",
+    "plan_packed",
+    "prepare_packed",
+]
+
+
+@attrs.frozen
+class PackedSegment:
+    """Positions ``[start, start + length)`` of caller row ``row``, at ``offset`` in its step's tokens."""
+
+    row: int
+    offset: int
+    start: int
+    length: int
+    writes: bool
+
+    @property
+    def end(self) -> int:
+        return self.start + self.length
+
+    def written_blocks(self, blocks: tuple[int, ...], block_size: int) -> tuple[int, ...]:
+        """The row's blocks this segment writes (none for a fully cached row's re-run)."""
+        if not self.writes:
+            return ()
+        return blocks[self.start // block_size : ceil_div(self.end, block_size)]
+
+
+@attrs.frozen
+class PackedStep:
+    """One model-body step: its segments, end to end."""
+
+    segments: tuple[PackedSegment, ...]
+
+    @property
+    def tokens(self) -> int:
+        return sum(segment.length for segment in self.segments)
+
+    def written_blocks(self, blocks_of: tuple[tuple[int, ...], ...], block_size: int) -> dict[int, tuple[int, ...]]:
+        """Per caller row with a segment here, the blocks this step writes for it."""
+        written: dict[int, tuple[int, ...]] = {}
+        for segment in self.segments:
+            written[segment.row] = written.get(segment.row, ()) + segment.written_blocks(
+                blocks_of[segment.row], block_size
+            )
+        return written
+
+
+@attrs.frozen
+class PackedRequest:
+    """Packed steps up to and including the one where ``source_rows`` end.
+
+    Per-row fields (``source_rows``, ``slots``, ``lengths``, ``cached``,
+    ``blocks``, ``sampling``, ``last_token_offsets``) describe the rows whose
+    outputs this request returns, as a padded request's do; there are no
+    padding rows, so ``padded_batch`` is their count.
+    """
+
+    source_rows: tuple[int, ...]
+    slots: tuple[int, ...]
+    lengths: tuple[int, ...]
+    cached: tuple[int, ...]
+    blocks: tuple[tuple[int, ...], ...] = attrs.field(repr=False)
+    sampling: tuple[SamplingParams | None, ...]
+    steps: tuple[PackedStep, ...]
+    last_token_offsets: tuple[int, ...]
+    block_size: int
+    token_budget: int
+
+    kind = RequestKind.PACKED
+    read_table = None
+
+    @property
+    def padded_batch(self) -> int:
+        return len(self.source_rows)
+
+    @property
+    def active_batch_size(self) -> int:
+        return len(self.source_rows)
+
+    @property
+    def num_chunks(self) -> int:
+        return len(self.steps)
+
+    @property
+    def chunks(self) -> tuple[PackedStep, ...]:
+        return self.steps
+
+    @property
+    def last_token_positions(self) -> tuple[int, ...]:
+        return tuple(length - 1 for length in self.lengths)
+
+    @property
+    def real_tokens(self) -> int:
+        """Positions this request's steps compute: every one is a real token."""
+        return sum(step.tokens for step in self.steps)
+
+    @property
+    def computed_tokens(self) -> int:
+        return self.real_tokens
+
+
+def owed_positions(length: int, cached: int) -> tuple[int, int, bool]:
+    """``(start, count, writes)`` of the positions a row owes (rule 1)."""
+    if cached == length:
+        return length - 1, 1, False
+    return cached, length - cached, True
+
+
+def _pack(batch: PrefillBatch, rows: list[int], budget: int) -> list[tuple[list[PackedSegment], list[int]]]:
+    """Steps as ``(segments, rows ending in the step)``, rows in the given order (rule 2)."""
+    steps: list[tuple[list[PackedSegment], list[int]]] = [([], [])]
+    used = 0
+    for row in rows:
+        start, left, writes = owed_positions(batch.lengths[row], batch.cached[row])
+        while left:
+            if used == budget:
+                steps.append(([], []))
+                used = 0
+            take = min(left, budget - used)
+            steps[-1][0].append(PackedSegment(row, used, start, take, writes))
+            used, start, left = used + take, start + take, left - take
+        steps[-1][1].append(row)
+    return steps
+
+
+def _request(batch: PrefillBatch, steps: list[PackedStep], ending: list[int], budget: int, bs: int) -> PackedRequest:
+    final = {s.row: s.offset + s.length - 1 for s in steps[-1].segments if s.row in set(ending)}
+    return PackedRequest(
+        source_rows=tuple(ending),
+        slots=tuple(batch.slots[r] for r in ending),
+        lengths=tuple(batch.lengths[r] for r in ending),
+        cached=tuple(batch.cached[r] for r in ending),
+        blocks=tuple(batch.blocks[r] for r in ending),
+        sampling=tuple(batch.sampling[r] for r in ending),
+        steps=tuple(steps),
+        last_token_offsets=tuple(final[r] for r in ending),
+        block_size=bs,
+        token_budget=budget,
+    )
+
+
+def plan_packed(
+    batch: PrefillBatch, policy: PrefillPolicy, layout: PageTableLayout, *, max_position: int | None = None
+) -> tuple[PackedRequest, ...]:
+    """Plans ``batch`` as packed steps; raises a ``PrefillInputError`` subclass on any bad input."""
+    check_inputs(batch, policy, layout, max_position=max_position)
+    budget = policy.max_chunk_length
+    logits_rows = [r for r, s in enumerate(batch.sampling) if s is None]
+    sampled_rows = [r for r, s in enumerate(batch.sampling) if s is not None]
+    requests: list[PackedRequest] = []
+    for rows in (logits_rows, sampled_rows):
+        if not rows:
+            continue
+        pending: list[PackedStep] = []
+        for segments, ending in _pack(batch, rows, budget):
+            pending.append(PackedStep(tuple(segments)))
+            if ending:  # rule 3: a request ends with the first step where a row ends
+                requests.append(_request(batch, pending, ending, budget, layout.block_size))
+                pending = []
+    return tuple(requests)
+
+
+def packed_signature(request: PackedRequest, path: SamplingPath) -> PrefillProgramSignature:
+    """The identity of a packed program: output rows, token budget, sampling path, log-probs.
+
+    No table widths: a packed step writes by position and reads per-segment
+    prefixes whose widths are per-step data (eager only, see the module doc).
+    """
+    logprobs = path in (SamplingPath.ARGMAX, SamplingPath.TOPK) and any(
+        s is not None and s.num_logprobs > 0 for s in distinct_params(request.sampling)
+    )
+    return PrefillProgramSignature(RequestKind.PACKED, request.padded_batch, request.token_budget, 0, 0, path, logprobs)
+
+
+def prepare_packed(
+    batch: PrefillBatch,
+    policy: PrefillPolicy,
+    layout: PageTableLayout,
+    *,
+    max_position: int | None = None,
+    whole_call_lane: bool = False,
+) -> tuple[PreparedPrefill, ...]:
+    """``plan_packed`` with each request's sampling path and program identity (no trace: eager only).
+
+    ``whole_call_lane``: the caller chose no slots, so a call wider than a
+    lane is still one packed plan (packed steps have no waves to split).
+    """
+    if whole_call_lane and len(batch) > policy.lane_size:
+        policy = attrs.evolve(policy, lane_size=len(batch))
+    prepared = []
+    for request in plan_packed(batch, policy, layout, max_position=max_position):
+        path = classify_sampling(
+            request.sampling, device_top_k_cap=policy.device_top_k_cap, allow_forced_argmax=policy.allow_forced_argmax
+        )
+        prepared.append(PreparedPrefill(request, path, packed_signature(request, path), None))  # type: ignore[arg-type]
+    return tuple(prepared)
