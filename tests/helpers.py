@@ -95,18 +95,23 @@ def max_abs_diff(actual: torch.Tensor, expected: torch.Tensor) -> float:
 def build_runtime(
     model,
     *,
-    num_blocks: int,
-    block_size: int,
+    num_blocks: int | None = None,
+    block_size: int | None = None,
     policy: PrefillPolicy | None = None,
     backend=None,
-    seed: int = 0,
     layout: PageTableLayout | None = None,
     kv=None,
+    seed: int = 0,
 ) -> PrefillRuntime:
-    """The tests' one runtime builder: over ``kv`` (default a fresh zeroed pool of ``model``), at ``runtime.config.kv``.
+    """The tests' one runtime builder; its pool is ``runtime.config.kv``.
 
-    ``layout`` defaults to the one the config derives from the pool; ``backend`` to a CPU ``TorchBackend``.
+    ``kv`` defaults to a fresh zeroed pool of ``model`` (``num_blocks`` x
+    ``block_size``, by default ``layout``'s), ``layout`` to the one the config
+    derives from the pool, ``backend`` to a CPU ``TorchBackend``.
     """
-    kv = model.new_kv_cache(num_blocks, block_size) if kv is None else kv
+    if kv is None:
+        num_blocks = layout.num_blocks if num_blocks is None else num_blocks
+        block_size = layout.block_size if block_size is None else block_size
+        kv = model.new_kv_cache(num_blocks, block_size)
     config = PrefillRuntimeConfig.resolve(model, backend or TorchBackend(), kv, layout=layout, policy=policy)
     return PrefillRuntime(config, seed=seed)
