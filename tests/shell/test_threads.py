@@ -15,11 +15,8 @@ import torch
 
 from prefill_core import PageTableLayout, PrefillPolicy, WarmupManifest
 from prefill_core.errors import PrefillStateError
-from prefill_shell.backends import TorchBackend
-from prefill_shell.config import PrefillRuntimeConfig
 from prefill_shell.executor import PrefillExecutor
-from prefill_shell.runtime import PrefillRuntime
-from tests.helpers import assign_blocks, make_tokens, page_table, token_matrix
+from tests.helpers import assign_blocks, build_runtime, make_tokens, page_table, token_matrix
 
 BS, POOL = 16, 64
 POLICY = PrefillPolicy(length_ladder=(32, 64), max_chunk_length=64, chunk_quantum=64, waves=(1, 2, 4), max_logprobs=3)
@@ -47,10 +44,8 @@ class _ParkingModel:
 
 def _runtime(model):
     parking = _ParkingModel(model)
-    config = PrefillRuntimeConfig.resolve(
-        parking, TorchBackend(), model.new_kv_cache(POOL, BS), PageTableLayout(BS, 16, POOL), POLICY
-    )
-    return PrefillRuntime(config), parking
+    kv = model.new_kv_cache(POOL, BS)
+    return build_runtime(parking, policy=POLICY, layout=PageTableLayout(BS, 16, POOL), kv=kv), parking
 
 
 def _call(seed):
@@ -89,15 +84,9 @@ def test_an_overlapping_prefill_from_another_thread_raises_at_once_and_changes_n
     """While thread A is inside a prefill, the main thread's prefill raises PrefillStateError, changing nothing."""
     rt, parking = _runtime(tiny_model)
     tokens, table, lengths = _call(seed=3000)
-    expected = PrefillRuntime(
-        PrefillRuntimeConfig.resolve(
-            tiny_model,
-            TorchBackend(),
-            tiny_model.new_kv_cache(POOL, BS),
-            PageTableLayout(BS, 16, POOL),
-            POLICY,
-        )
-    ).prefill(tokens, table, lengths)
+    expected = build_runtime(tiny_model, policy=POLICY, layout=PageTableLayout(BS, 16, POOL)).prefill(
+        tokens, table, lengths
+    )
     other_tokens, other_table, other_lengths = _call(seed=3100)
     with _Parked(parking, lambda: rt.prefill(tokens, table, lengths)) as a:
         allocations, pool = rt.backend.ledger.allocations, rt.config.kv.snapshot().clone()
