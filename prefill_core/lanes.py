@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import attrs
 
-from .errors import InvalidSlotError, PrefillInputError, field_error, row_error
+from .errors import InvalidSlotError, PrefillInputError, field_error
 
 __all__ = ["LaneRoute", "route_to_lanes"]
 
@@ -61,9 +61,10 @@ def route_to_lanes(
                 f"must be an int in [0, {capacity}): {num_lanes} lanes x {per_lane_batch} slots, "
                 f"lane = slot // {per_lane_batch}"
             )
-            raise row_error(InvalidSlotError, row, "slot", slot, rule)
+            raise InvalidSlotError(f"row {row}: slot={slot!r} is invalid: {rule}", row=row, field="slot")
         if slot in owner:
-            raise row_error(InvalidSlotError, row, "slot", slot, f"row {owner[slot]} holds it already")
+            rule = f"row {owner[slot]} holds it already"
+            raise InvalidSlotError(f"row {row}: slot={slot!r} is invalid: {rule}", row=row, field="slot")
         owner[slot] = row
         lane = slot // per_lane_batch
         rows[lane].append(row)

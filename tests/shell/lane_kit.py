@@ -7,12 +7,12 @@ import torch
 
 from prefill_core import PageTableLayout, route_to_lanes
 from prefill_shell.backends import TorchBackend
-from prefill_shell.config import PrefillRuntimeConfig
 from prefill_shell.executor import PrefillExecutor
 from prefill_shell.lane_group import LaneGroup
 from prefill_shell.runtime import PrefillRuntime
 from prefill_shell.testing.faults import FaultInjectingBackend, FaultInjectingModel
 from prefill_shell.testing.small import SMALL_BLOCK, SMALL_POLICY
+from tests.helpers import build_runtime, randomize_pool
 
 BLOCK, POOL, VOCAB = SMALL_BLOCK, 48, 256
 LAYOUT = PageTableLayout(BLOCK, 8, POOL)
@@ -22,15 +22,13 @@ PER_LANE = SMALL_POLICY.lane_size
 def lane_runtime(model, lane: int, *, lane_size: int = PER_LANE, pool: int = POOL, plan=None) -> PrefillRuntime:
     """A runtime over its own pool filled with noise seeded by ``lane`` (stray writes show); faulted by ``plan``."""
     kv = model.new_kv_cache(pool, BLOCK)
-    gen = torch.Generator().manual_seed(1000 + lane)
-    for tensor in kv.keys + kv.values:
-        tensor.copy_(torch.randn(tensor.shape, generator=gen))
+    randomize_pool(kv, seed=1000 + lane)
     backend, body = TorchBackend(), model
     if plan is not None:
         backend, body = FaultInjectingBackend(backend, plan), FaultInjectingModel(model, plan)
     policy = attrs.evolve(SMALL_POLICY, lane_size=lane_size)
     layout = PageTableLayout(BLOCK, LAYOUT.max_num_blocks_per_seq, pool)
-    return PrefillRuntime(PrefillRuntimeConfig.resolve(body, backend, kv, layout, policy), seed=lane)
+    return build_runtime(body, policy=policy, backend=backend, layout=layout, kv=kv, seed=lane)
 
 
 def make_group(model, num_lanes: int, *, threaded: bool = False, plans=None) -> LaneGroup:

@@ -16,6 +16,7 @@ from prefill_core.errors import PrefillConfigError, PrefillStateError
 from prefill_shell.backends import TorchBackend
 from prefill_shell.config import PrefillRuntimeConfig
 from prefill_shell.reference import PagedKVCache
+from tests.helpers import build_runtime, make_tokens
 
 BLOCKS, BS = 16, 16
 
@@ -111,21 +112,21 @@ def _unchanged(runtime, before: list[torch.Tensor]) -> bool:
     return all(torch.equal(a, b) for a, b in zip(before, (*kv.keys, *kv.values)))
 
 
-def test_a_batch_prepared_by_another_runtime_is_refused_before_anything_is_written(tiny_model, kit):
+def test_a_batch_prepared_by_another_runtime_is_refused_before_anything_is_written(tiny_model):
     """Invoking runtime A's prepared batch on runtime B raises PrefillStateError and leaves B's pool unchanged."""
-    a = kit.build_runtime(tiny_model, num_blocks=BLOCKS, block_size=BS)
-    b = kit.build_runtime(tiny_model, num_blocks=BLOCKS, block_size=BS)
-    batch = a.prepare(kit.make_tokens(40, seed=1)[None], torch.tensor([[0, 1, 2]], dtype=torch.int32), [40])
+    a = build_runtime(tiny_model, num_blocks=BLOCKS, block_size=BS)
+    b = build_runtime(tiny_model, num_blocks=BLOCKS, block_size=BS)
+    batch = a.prepare(make_tokens(40, seed=1)[None], torch.tensor([[0, 1, 2]], dtype=torch.int32), [40])
     before = _pool_bytes(b)
     with pytest.raises(PrefillStateError, match="another PrefillRuntime"):
         b.invoke(batch, 0)
     assert _unchanged(b, before) and b.backend.ledger.live() == []
 
 
-def test_a_batch_planned_before_the_layout_shrank_is_refused_before_anything_is_written(tiny_model, kit):
+def test_a_batch_planned_before_the_layout_shrank_is_refused_before_anything_is_written(tiny_model):
     """After configure_page_table_layout shrinks the pool, a batch writing blocks 12-14 is refused unwritten."""
-    runtime = kit.build_runtime(tiny_model, num_blocks=BLOCKS, block_size=BS)
-    batch = runtime.prepare(kit.make_tokens(40, seed=2)[None], torch.tensor([[12, 13, 14]], dtype=torch.int32), [40])
+    runtime = build_runtime(tiny_model, num_blocks=BLOCKS, block_size=BS)
+    batch = runtime.prepare(make_tokens(40, seed=2)[None], torch.tensor([[12, 13, 14]], dtype=torch.int32), [40])
     runtime.configure_page_table_layout(PageTableLayout(BS, runtime.config.layout.max_num_blocks_per_seq, 8))
     before = _pool_bytes(runtime)
     with pytest.raises(PrefillStateError, match="prepare it again"):

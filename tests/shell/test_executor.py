@@ -15,12 +15,11 @@ import torch
 
 from prefill_core import PageTableLayout, PrefillPolicy, SamplingParams, WarmupManifest, manifest_for
 from prefill_core.errors import PrefillStateError, TraceCoverageError
-from prefill_shell.backends import TorchBackend
-from prefill_shell.config import PrefillRuntimeConfig
 from prefill_shell.executor import PrefillExecutor
 from prefill_shell.ledger import Ownership
 from prefill_shell.reference import random_llama
 from prefill_shell.runtime import PrefillRuntime
+from tests.helpers import build_runtime
 
 VOCAB = 256
 
@@ -63,8 +62,7 @@ class CountingModel:
 
 
 def _runtime(model, policy: PrefillPolicy = POLICY, layout: PageTableLayout = LAYOUT) -> PrefillRuntime:
-    kv = model.new_kv_cache(layout.num_blocks, layout.block_size)
-    return PrefillRuntime(PrefillRuntimeConfig.resolve(model, TorchBackend(), kv, layout=layout, policy=policy))
+    return build_runtime(model, policy=policy, layout=layout)
 
 
 def _call(lengths, *, cached=None, sampling=None, seed: int = 0, layout: PageTableLayout = LAYOUT) -> dict:

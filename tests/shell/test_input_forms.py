@@ -16,6 +16,7 @@ from strategies import list_page_tables, token_lists
 
 from prefill_core.errors import PrefillInputError
 from prefill_shell.batch_builder import as_token_matrix, build_batch, host_page_table
+from tests.helpers import VOCAB, build_runtime, make_tokens, page_table, randomize_pool, token_matrix
 
 BS = 16
 NUM_BLOCKS = 32
@@ -26,23 +27,23 @@ BLOCKS = [[3, 7, 5], [9, 2]]
 
 
 @pytest.fixture(scope="module")
-def rt(tiny_model, kit):
+def rt(tiny_model):
     """One runtime over a seeded-noise pool (so a stray write shows up) shared by this module."""
-    runtime = kit.build_runtime(tiny_model, num_blocks=NUM_BLOCKS, block_size=BS)
-    kit.randomize_pool(runtime.config.kv, seed=15)
+    runtime = build_runtime(tiny_model, num_blocks=NUM_BLOCKS, block_size=BS)
+    randomize_pool(runtime.config.kv, seed=15)
     return runtime
 
 
 @pytest.fixture(scope="module")
-def prompts(kit):
+def prompts():
     """The two prompts as int64 rows."""
-    return [kit.make_tokens(n, seed=1500 + n) for n in LENGTHS]
+    return [make_tokens(n, seed=1500 + n) for n in LENGTHS]
 
 
 @pytest.fixture(scope="module")
-def baseline(rt, prompts, kit):
+def baseline(rt, prompts):
     """Last-token logits of the canonical form: int64 token matrix, int32 page table, int lists."""
-    results = rt.prefill(kit.token_matrix(prompts), kit.page_table(BLOCKS), LENGTHS, CACHED, SLOTS)
+    results = rt.prefill(token_matrix(prompts), page_table(BLOCKS), LENGTHS, CACHED, SLOTS)
     return [r.logits for r in results]
 
 
@@ -80,32 +81,32 @@ def _vector_forms(values: list[int]) -> dict:
     }
 
 
-def _call_args(prompts, kit) -> dict:
+def _call_args(prompts) -> dict:
     return {
-        "tokens": kit.token_matrix(prompts),
-        "page_table": kit.page_table(BLOCKS),
+        "tokens": token_matrix(prompts),
+        "page_table": page_table(BLOCKS),
         "prompt_lengths": LENGTHS,
         "cached_lengths": CACHED,
         "slots": SLOTS,
     }
 
 
-def _forms_of(field: str, prompts, kit) -> dict:
+def _forms_of(field: str, prompts) -> dict:
     if field == "tokens":
-        return _matrix_forms(kit.token_matrix(prompts), [p.tolist() for p in prompts])
+        return _matrix_forms(token_matrix(prompts), [p.tolist() for p in prompts])
     if field == "page_table":
         ragged = [row + [-1] * i for i, row in enumerate(BLOCKS)]  # list rows need not share a width
-        return _matrix_forms(kit.page_table(BLOCKS), ragged)
-    return _vector_forms(_call_args(prompts, kit)[field])
+        return _matrix_forms(page_table(BLOCKS), ragged)
+    return _vector_forms(_call_args(prompts)[field])
 
 
 # ---------------------------------------------------------------- item 1: ragged token lists
 
 
-def test_a_list_row_shorter_than_its_prompt_length_is_named_and_writes_nothing(rt, kit):
+def test_a_list_row_shorter_than_its_prompt_length_is_named_and_writes_nothing(rt):
     """The issue's reproducer: row 1 holds 3 tokens for a 50-token prompt; named (row 1, tokens), pool unchanged."""
     before = _pool_bytes(rt)
-    table = kit.page_table([[0, 1, 2, 3, 4, 5, 6], [8, 10, 11, 12]])
+    table = page_table([[0, 1, 2, 3, 4, 5, 6], [8, 10, 11, 12]])
     with pytest.raises(PrefillInputError) as caught:
         rt.prefill([[5] * 100, [7, 8, 9]], table, [100, 50])
     assert (caught.value.row, caught.value.field) == (1, "tokens")
@@ -113,34 +114,34 @@ def test_a_list_row_shorter_than_its_prompt_length_is_named_and_writes_nothing(r
     assert torch.equal(_pool_bytes(rt), before)
 
 
-def test_an_empty_list_row_is_named_as_too_short(rt, kit):
+def test_an_empty_list_row_is_named_as_too_short(rt):
     """An empty token row for a 20-token prompt names row 1 and the tokens field, not an internal dtype."""
     before = _pool_bytes(rt)
     with pytest.raises(PrefillInputError) as caught:
-        rt.prefill([[5] * 40, []], kit.page_table(BLOCKS), LENGTHS)
+        rt.prefill([[5] * 40, []], page_table(BLOCKS), LENGTHS)
     assert (caught.value.row, caught.value.field) == (1, "tokens")
     assert torch.equal(_pool_bytes(rt), before)
 
 
 @given(data=st.data(), short_row=st.integers(0, 1))
-def test_generated_short_list_rows_are_always_named(rt, kit, data, short_row):
+def test_generated_short_list_rows_are_always_named(rt, data, short_row):
     """Whatever a short list row holds, the call names that row's tokens and writes nothing."""
     before = _pool_bytes(rt)
-    tokens = data.draw(token_lists(LENGTHS, kit.VOCAB, short_row=short_row))
+    tokens = data.draw(token_lists(LENGTHS, VOCAB, short_row=short_row))
     with pytest.raises(PrefillInputError) as caught:
-        rt.prefill(tokens, kit.page_table(BLOCKS), LENGTHS)
+        rt.prefill(tokens, page_table(BLOCKS), LENGTHS)
     assert (caught.value.row, caught.value.field) == (short_row, "tokens")
     assert torch.equal(_pool_bytes(rt), before)
 
 
 @given(data=st.data())
-def test_ragged_lists_with_junk_tails_build_the_batch_of_the_tensor_form(rt, kit, data):
+def test_ragged_lists_with_junk_tails_build_the_batch_of_the_tensor_form(rt, data):
     """Longer list rows and list page tables with stale tails give the tensor form's batch and prompt tokens."""
-    tokens = data.draw(token_lists(LENGTHS, kit.VOCAB))
+    tokens = data.draw(token_lists(LENGTHS, VOCAB))
     table = data.draw(list_page_tables(BLOCKS))
-    matrix = kit.token_matrix([torch.tensor(row[:n]) for row, n in zip(tokens, LENGTHS)])
+    matrix = token_matrix([torch.tensor(row[:n]) for row, n in zip(tokens, LENGTHS)])
     layout = rt.config.layout
-    want = build_batch(matrix, host_page_table(kit.page_table(BLOCKS), 2), LENGTHS, None, None, None, layout)
+    want = build_batch(matrix, host_page_table(page_table(BLOCKS), 2), LENGTHS, None, None, None, layout)
     got_tokens = as_token_matrix(tokens)
     got = build_batch(got_tokens, host_page_table(table, 2), LENGTHS, None, None, None, layout)
     assert got == want
@@ -148,22 +149,22 @@ def test_ragged_lists_with_junk_tails_build_the_batch_of_the_tensor_form(rt, kit
         assert torch.equal(got_tokens[row, :n], matrix[row, :n])
 
 
-def test_ragged_lists_with_junk_tails_give_the_logits_of_the_tensor_form(rt, kit, prompts):
+def test_ragged_lists_with_junk_tails_give_the_logits_of_the_tensor_form(rt, prompts):
     """End to end: list rows longer than their prompts and a ragged list page table give the tensor form's logits."""
     tokens = [p.tolist() + [-5, 2**62] for p in prompts]
     table = [BLOCKS[0] + [2**40], BLOCKS[1] + [-7, -7, -7]]
-    want = rt.prefill(kit.token_matrix(prompts), kit.page_table(BLOCKS), LENGTHS)
+    want = rt.prefill(token_matrix(prompts), page_table(BLOCKS), LENGTHS)
     for got, expected in zip(rt.prefill(tokens, table, LENGTHS), want):
         assert torch.equal(got.logits, expected.logits)
 
 
 @given(data=st.data(), short_row=st.integers(0, 1))
-def test_a_list_page_table_row_shorter_than_its_mapped_prefix_is_named(rt, kit, data, short_row):
+def test_a_list_page_table_row_shorter_than_its_mapped_prefix_is_named(rt, data, short_row):
     """A list page-table row that stops inside its mapped prefix names that row's page_table; nothing is written."""
     before = _pool_bytes(rt)
     table = data.draw(list_page_tables(BLOCKS, short_row=short_row))
     with pytest.raises(PrefillInputError) as caught:
-        rt.prefill([p.tolist() for p in map(kit.make_tokens, LENGTHS, (1, 2))], table, LENGTHS)
+        rt.prefill([p.tolist() for p in map(make_tokens, LENGTHS, (1, 2))], table, LENGTHS)
     assert (caught.value.row, caught.value.field) == (short_row, "page_table")
     assert torch.equal(_pool_bytes(rt), before)
 
@@ -172,10 +173,10 @@ def test_a_list_page_table_row_shorter_than_its_mapped_prefix_is_named(rt, kit, 
 
 
 @pytest.mark.parametrize("field", ["tokens", "page_table", "prompt_lengths", "cached_lengths", "slots"])
-def test_every_accepted_form_of_a_field_gives_the_same_logits(rt, prompts, kit, baseline, field):
+def test_every_accepted_form_of_a_field_gives_the_same_logits(rt, prompts, baseline, field):
     """Lists, tuples, int32/int64 and non-contiguous tensors of one field give identical logits."""
-    for name, form in _forms_of(field, prompts, kit).items():
-        args = _call_args(prompts, kit)
+    for name, form in _forms_of(field, prompts).items():
+        args = _call_args(prompts)
         args[field] = form
         results = rt.prefill(**args)
         for got, want in zip(results, baseline):
@@ -254,7 +255,7 @@ NAMES = {
 
 
 @pytest.mark.parametrize("case", sorted(HOSTILE))
-def test_every_hostile_form_is_named_and_changes_nothing(rt, kit, case):
+def test_every_hostile_form_is_named_and_changes_nothing(rt, case):
     """Bools, floats, numpy, nested, huge, negative, empty or wrongly shaped input: a named error, pool unchanged."""
     field, value, row = HOSTILE[case]
     args = {
@@ -292,7 +293,7 @@ def test_the_host_token_matrix_is_int64_whatever_the_callers_integer_dtype(dtype
     assert matrix.dtype is torch.int64 and torch.equal(matrix, torch.ones(2, 5, dtype=torch.int64))
 
 
-def test_a_caller_list_is_not_mutated(rt, kit):
+def test_a_caller_list_is_not_mutated(rt):
     """Converting list inputs leaves the caller's lists exactly as they were."""
     tokens, table, lengths = [[5] * 40, [6] * 20], [[3, 7, 5], [9, 2, 4, 4]], [40, 20]
     copies = ([r[:] for r in tokens], [r[:] for r in table], lengths[:])

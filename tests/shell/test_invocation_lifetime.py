@@ -7,14 +7,14 @@ import torch
 
 from prefill_core import PageTableLayout, PrefillPolicy, WarmupManifest
 from prefill_core.errors import PrefillInputError, PrefillStateError
-from prefill_shell.backends import TorchBackend
-from prefill_shell.config import PrefillRuntimeConfig
 from prefill_shell.executor import PrefillExecutor
 from prefill_shell.ledger import Ownership
 from prefill_shell.reference import random_llama
 from prefill_shell.runtime import PrefillRuntime
+from tests.helpers import build_runtime
 
 POLICY = PrefillPolicy(max_chunk_length=128, chunk_quantum=128, length_ladder=(128,), waves=(1, 2, 4))
+"""One 128-token rung and waves up to 4: a whole warm-up manifest (the traced tests) stays cheap on CPU."""
 LAYOUT = PageTableLayout(16, 16, 64)
 
 
@@ -24,8 +24,7 @@ def model():
 
 
 def _runtime(model) -> PrefillRuntime:
-    kv = model.new_kv_cache(LAYOUT.num_blocks, LAYOUT.block_size)
-    return PrefillRuntime(PrefillRuntimeConfig.resolve(model, TorchBackend(), kv, layout=LAYOUT, policy=POLICY))
+    return build_runtime(model, policy=POLICY, layout=LAYOUT)
 
 
 def _args(rows: int, seed: int) -> dict:

@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from prefill_core import PrefillPolicy
+from tests.helpers import SMALL_POLICY, TOL, build_runtime, make_tokens, max_abs_diff, page_table, row_kv
 
 BS = 32
 
@@ -43,31 +44,31 @@ def _written_layers_finite(kv, blocks) -> bool:
 # ---------------------------------------------------------------- issue 15 item 9 reproducers
 
 
-def test_nan_in_unowned_filler_block_leaves_cached_row_logits_finite(tiny_model, oracle, kit):
+def test_nan_in_unowned_filler_block_leaves_cached_row_logits_finite(tiny_model, oracle):
     """A 33-token row cached 32 at block 32 gets the oracle's logits although filler block 0 holds NaN."""
-    rt = kit.build_runtime(tiny_model, num_blocks=8, block_size=BS)
-    tokens = kit.make_tokens(33, seed=90)
-    table = kit.page_table([[3, 5]])
+    rt = build_runtime(tiny_model, num_blocks=8, block_size=BS)
+    tokens = make_tokens(33, seed=90)
+    table = page_table([[3, 5]])
     rt.prefill(tokens[None, :32], table[:, :1], [32])  # the cached prefix, computed for real
     _poison(rt.config.kv, [0], float("nan"))
     (result,) = rt.prefill(tokens[None], table, [33], [32])
-    assert kit.max_abs_diff(result.logits, oracle.logits(tokens)) <= kit.TOL
+    assert max_abs_diff(result.logits, oracle.logits(tokens)) <= TOL
     assert _written_layers_finite(rt.config.kv, [3, 5])
 
 
-def test_nan_in_own_later_block_leaves_2049_token_row_and_its_kv_finite(tiny_model, oracle, kit):
+def test_nan_in_own_later_block_leaves_2049_token_row_and_its_kv_finite(tiny_model, oracle):
     """An uncached 2049-token row whose last block (written by chunk 2) starts as NaN gets oracle logits and KV."""
-    rt = kit.build_runtime(tiny_model, num_blocks=72, block_size=BS, policy=PrefillPolicy(max_chunk_length=2048))
-    tokens = kit.make_tokens(2049, seed=91)
+    rt = build_runtime(tiny_model, num_blocks=72, block_size=BS, policy=PrefillPolicy(max_chunk_length=2048))
+    tokens = make_tokens(2049, seed=91)
     blocks = list(range(1, 66))
     _poison(rt.config.kv, [blocks[-1]], float("nan"))
-    (result,) = rt.prefill(tokens[None], kit.page_table([blocks]), [2049])
-    assert kit.max_abs_diff(result.logits, oracle.logits(tokens)) <= kit.TOL
+    (result,) = rt.prefill(tokens[None], page_table([blocks]), [2049])
+    assert max_abs_diff(result.logits, oracle.logits(tokens)) <= TOL
     keys, values = oracle.kv(tokens)
     for layer in range(tiny_model.spec.num_layers):
-        got_k, got_v = kit.row_kv(rt.config.kv, layer, blocks, 2049)
-        assert kit.max_abs_diff(got_k, keys[layer]) <= kit.TOL, f"layer {layer} keys"
-        assert kit.max_abs_diff(got_v, values[layer]) <= kit.TOL, f"layer {layer} values"
+        got_k, got_v = row_kv(rt.config.kv, layer, blocks, 2049)
+        assert max_abs_diff(got_k, keys[layer]) <= TOL, f"layer {layer} keys"
+        assert max_abs_diff(got_v, values[layer]) <= TOL, f"layer {layer} values"
 
 
 # ---------------------------------------------------------------- garbage and pools
@@ -247,12 +248,11 @@ def prefill_calls(draw) -> dict:
 
 @PROPERTY
 @given(call=prefill_calls(), garbage=garbage_values())
-def test_runtime_results_ignore_garbage_in_every_block_a_call_must_not_read(tiny_model, kit, call, garbage):
+def test_runtime_results_ignore_garbage_in_every_block_a_call_must_not_read(tiny_model, call, garbage):
     """Through ``PrefillRuntime.prefill``, garbage outside cached prefixes changes no logits or written blocks."""
     cached_blocks, owned = call.pop("cached_blocks"), call.pop("owned")
     clean, dirty = (
-        kit.build_runtime(tiny_model, num_blocks=RUNTIME_BLOCKS, block_size=MODEL_BS, policy=kit.SMALL_POLICY)
-        for _ in range(2)
+        build_runtime(tiny_model, num_blocks=RUNTIME_BLOCKS, block_size=MODEL_BS, policy=SMALL_POLICY) for _ in range(2)
     )
     for rt in (clean, dirty):
         _noise_fill(rt.config.kv, cached_blocks, seed=6)

@@ -12,14 +12,15 @@ from prefill_core import WarmupManifest
 from prefill_shell.executor import PrefillExecutor
 from prefill_shell.ledger import Ownership
 from prefill_shell.progress import Progress
+from tests.helpers import SMALL_POLICY, assign_blocks, build_runtime, make_tokens, page_table, token_matrix
 
 BS, NUM_BLOCKS = 16, 64
 
 
-def _call(kit):
+def _call():
     lengths = [600, 40, 50]  # one 3-chunk row and a 2-row wave: 4 body steps
-    rows = [kit.make_tokens(n, seed=2200 + i) for i, n in enumerate(lengths)]
-    return kit.token_matrix(rows), kit.page_table(kit.assign_blocks(lengths, BS, NUM_BLOCKS, seed=22)), lengths
+    rows = [make_tokens(n, seed=2200 + i) for i, n in enumerate(lengths)]
+    return token_matrix(rows), page_table(assign_blocks(lengths, BS, NUM_BLOCKS, seed=22)), lengths
 
 
 def _counts(events, stage):
@@ -27,11 +28,11 @@ def _counts(events, stage):
 
 
 @pytest.mark.parametrize("mode", ["eager", "traced"])
-def test_prefill_reports_each_body_step_in_order(tiny_model, kit, mode):
+def test_prefill_reports_each_body_step_in_order(tiny_model, mode):
     """A call of 4 body steps reports prefill done 0..4 of 4, in order, eager and traced."""
-    rt = kit.build_runtime(tiny_model, num_blocks=NUM_BLOCKS, block_size=BS, policy=kit.SMALL_POLICY)
+    rt = build_runtime(tiny_model, num_blocks=NUM_BLOCKS, block_size=BS, policy=SMALL_POLICY)
     executor = PrefillExecutor(rt)
-    tokens, table, lengths = _call(kit)
+    tokens, table, lengths = _call()
     executor.warm_up(WarmupManifest().observe(rt.prepare(tokens, table, lengths).requests))
     events: list[Progress] = []
     results = executor.prefill(tokens, table, lengths, mode=mode, on_progress=events.append)
@@ -49,18 +50,18 @@ def test_prefill_reports_each_body_step_in_order(tiny_model, kit, mode):
     executor.close()
 
 
-def test_runtime_prefill_takes_the_same_callback(tiny_model, kit):
+def test_runtime_prefill_takes_the_same_callback(tiny_model):
     """PrefillRuntime.prefill reports the same steps as the executor's eager mode."""
-    rt = kit.build_runtime(tiny_model, num_blocks=NUM_BLOCKS, block_size=BS, policy=kit.SMALL_POLICY)
+    rt = build_runtime(tiny_model, num_blocks=NUM_BLOCKS, block_size=BS, policy=SMALL_POLICY)
     events: list[Progress] = []
-    rt.prefill(*_call(kit), on_progress=events.append)
+    rt.prefill(*_call(), on_progress=events.append)
     assert _counts(events, "prefill") == [(i, 4) for i in range(5)]
 
 
-def test_warm_up_reports_compile_allocate_and_capture_stages(tiny_model, kit):
+def test_warm_up_reports_compile_allocate_and_capture_stages(tiny_model):
     """Warm-up reports each stage 0..total over the manifest's programs, workspaces and traces, stage by stage."""
-    rt = kit.build_runtime(tiny_model, num_blocks=NUM_BLOCKS, block_size=BS, policy=kit.SMALL_POLICY)
-    tokens, table, lengths = _call(kit)
+    rt = build_runtime(tiny_model, num_blocks=NUM_BLOCKS, block_size=BS, policy=SMALL_POLICY)
+    tokens, table, lengths = _call()
     manifest = WarmupManifest().observe(rt.prepare(tokens, table, lengths).requests)
     events: list[Progress] = []
     PrefillExecutor(rt).warm_up(manifest, on_progress=events.append)
@@ -78,25 +79,25 @@ class _Stop(Exception):
 
 
 @pytest.mark.parametrize("stop_at", [0, 2, 4])
-def test_an_error_in_the_callback_propagates_and_leaks_nothing(tiny_model, kit, stop_at):
+def test_an_error_in_the_callback_propagates_and_leaks_nothing(tiny_model, stop_at):
     """A callback raising at prefill done=stop_at reaches the caller unchanged, and every tensor is released."""
-    rt = kit.build_runtime(tiny_model, num_blocks=NUM_BLOCKS, block_size=BS, policy=kit.SMALL_POLICY)
+    rt = build_runtime(tiny_model, num_blocks=NUM_BLOCKS, block_size=BS, policy=SMALL_POLICY)
 
     def on_progress(event: Progress) -> None:
         if event.done == stop_at:
             raise _Stop(f"stop at {event.done}")
 
     with pytest.raises(_Stop, match=f"stop at {stop_at}"):
-        rt.prefill(*_call(kit), on_progress=on_progress)
+        rt.prefill(*_call(), on_progress=on_progress)
     assert rt.backend.ledger.live() == [] and rt.orphans == []
-    assert len(rt.prefill(*_call(kit))) == 3  # the runtime still serves
+    assert len(rt.prefill(*_call())) == 3  # the runtime still serves
 
 
-def test_an_error_in_a_warm_up_callback_leaks_nothing_after_close(tiny_model, kit):
+def test_an_error_in_a_warm_up_callback_leaks_nothing_after_close(tiny_model):
     """A callback raising during capture propagates; closing the executor releases every trace and workspace."""
-    rt = kit.build_runtime(tiny_model, num_blocks=NUM_BLOCKS, block_size=BS, policy=kit.SMALL_POLICY)
+    rt = build_runtime(tiny_model, num_blocks=NUM_BLOCKS, block_size=BS, policy=SMALL_POLICY)
     executor = PrefillExecutor(rt)
-    manifest = WarmupManifest().observe(rt.prepare(*_call(kit)).requests)
+    manifest = WarmupManifest().observe(rt.prepare(*_call()).requests)
 
     def on_progress(event: Progress) -> None:
         if event.stage == "capture" and event.done == 1:

@@ -18,6 +18,7 @@ from prefill_shell.reference import random_llama
 from prefill_shell.runtime import PrefillRuntime
 from prefill_shell.testing.stateful import run_lifecycle_machine
 from prefill_shell.testing.sweep import FAULT_TYPES, SCENARIOS, sweep
+from tests.helpers import build_runtime
 
 BLOCK, POOL = 16, 64
 POLICY = PrefillPolicy(
@@ -31,10 +32,7 @@ def tiny_model():
 
 
 def _runtime(model) -> PrefillRuntime:
-    kv = model.new_kv_cache(POOL, BLOCK)
-    return PrefillRuntime(
-        PrefillRuntimeConfig.resolve(model, TorchBackend(), kv, PageTableLayout(BLOCK, 16, POOL), POLICY)
-    )
+    return build_runtime(model, policy=POLICY, layout=PageTableLayout(BLOCK, 16, POOL))
 
 
 @pytest.mark.parametrize("raises", FAULT_TYPES, ids=lambda t: t.__name__)

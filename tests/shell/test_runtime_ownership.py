@@ -1,10 +1,13 @@
 """Ownership of device tensors: the ledger empties, failures keep the primary error, input errors allocate nothing.
 
-Collaborators are wrapped (a model that observes or fails, a backend whose
-``release`` fails on demand) so each test sees the runtime from outside.
+Collaborators are wrapped in ``prefill_shell.testing``'s fault wrappers (a plan
+fails the N-th call of a kind, then the releases after it) so each test sees the
+runtime from outside; a clean counting run finds each fault point's number.
 """
 
 from __future__ import annotations
+
+from collections import Counter
 
 import pytest
 import torch
@@ -12,36 +15,44 @@ import torch
 from prefill_core import SamplingParams
 from prefill_core.errors import PrefillInputError, PrefillStateError
 from prefill_shell.backends import TorchBackend
+from prefill_shell.testing import FaultInjectingBackend, FaultInjectingModel, FaultPlan, InjectedFault
+from tests.helpers import (
+    SMALL_POLICY,
+    TOL,
+    assign_blocks,
+    build_runtime,
+    make_tokens,
+    max_abs_diff,
+    page_table,
+    token_matrix,
+)
 
 BS = 16
 NUM_BLOCKS = 64
 
 
-class _ModelProxy:
-    """Implements the model protocol by delegating to ``inner``; subclasses hook the calls."""
+class _ReleaseRecorder(FaultInjectingBackend):
+    """The shipped fault wrapper, also noting each handle's release attempts and the handles whose release raised."""
 
-    def __init__(self, inner):
-        self.inner = inner
-        self.spec = inner.spec
-        self.dtype = inner.dtype
-        self.body_calls = 0
+    def __init__(self, inner, plan):
+        super().__init__(inner, plan)
+        self.attempts: Counter[int] = Counter()
+        self.failed: list = []
 
-    def new_kv_cache(self, num_blocks, block_size):
-        return self.inner.new_kv_cache(num_blocks, block_size)
-
-    def forward_hidden(self, tokens, start, fill_table, read_table, kv):
-        self.body_calls += 1
-        return self.inner.forward_hidden(tokens, start, fill_table, read_table, kv)
-
-    def lm_head(self, hidden_rows):
-        return self.inner.lm_head(hidden_rows)
+    def release(self, handle):
+        self.attempts[handle.id] += 1
+        try:
+            super().release(handle)
+        except InjectedFault:
+            self.failed.append(handle)
+            raise
 
 
-class _LedgerObservingModel(_ModelProxy):
+class _LedgerObservingModel(FaultInjectingModel):
     """Records the names of the live ledger handles at the start of every body call."""
 
     def __init__(self, inner, ledger):
-        super().__init__(inner)
+        super().__init__(inner, FaultPlan(kinds=()))
         self.ledger = ledger
         self.live_at_body: list[list[str]] = []
 
@@ -50,55 +61,33 @@ class _LedgerObservingModel(_ModelProxy):
         return super().forward_hidden(*args)
 
 
-class _FlakyBackend(TorchBackend):
-    """A torch backend whose next ``fail_releases`` releases raise (leaving the handle live)."""
-
-    def __init__(self):
-        super().__init__()
-        self.fail_releases = 0
-        self.failed: list = []
-
-    def release(self, handle):
-        if self.fail_releases:
-            self.fail_releases -= 1
-            self.failed.append(handle)
-            raise RuntimeError(f"injected release failure of {handle.name}")
-        super().release(handle)
+def _faulty_runtime(tiny_model, plan):
+    """A runtime whose model and backend both tick ``plan``; the backend is a ``_ReleaseRecorder``."""
+    backend = _ReleaseRecorder(TorchBackend(), plan)
+    model = FaultInjectingModel(tiny_model, plan)
+    kv = tiny_model.new_kv_cache(NUM_BLOCKS, BS)
+    rt = build_runtime(model, num_blocks=NUM_BLOCKS, block_size=BS, policy=SMALL_POLICY, backend=backend, kv=kv)
+    return rt, backend
 
 
-class _InjectedFailure(RuntimeError):
-    pass
+def _counted_log(tiny_model, kinds, run):
+    """The fault plan's log of a clean ``run``: every call of ``kinds``, in order."""
+    plan = FaultPlan(kinds=kinds)
+    run(_faulty_runtime(tiny_model, plan)[0])
+    return list(plan.log)
 
 
-class _FailingModel(_ModelProxy):
-    """Raises once at a chosen call (``body`` call ``n`` or the first ``lm_head``), arming one release failure first."""
-
-    def __init__(self, inner, backend, where: str, body_call: int = 2):
-        super().__init__(inner)
-        self.backend, self.where, self.body_call = backend, where, body_call
-        self.raised: BaseException | None = None
-
-    def _fail(self):
-        self.backend.fail_releases = 1
-        self.raised = _InjectedFailure(f"injected {self.where} failure")
-        raise self.raised
-
-    def forward_hidden(self, *args):
-        if self.where == "body" and self.raised is None and self.body_calls + 1 == self.body_call:
-            self.body_calls += 1
-            self._fail()
-        return super().forward_hidden(*args)
-
-    def lm_head(self, hidden_rows):
-        if self.where == "lm_head" and self.raised is None:
-            self._fail()
-        return super().lm_head(hidden_rows)
+def _call_number(tiny_model, kinds, entry, occurrence, run):
+    """The 1-based number, among calls of ``kinds``, of the ``occurrence``-th call logged as ``entry``, clean run."""
+    numbers = [n for n, logged in enumerate(_counted_log(tiny_model, kinds, run), 1) if logged == entry]
+    assert len(numbers) >= occurrence, f"{entry} happened {len(numbers)} times in a clean run"
+    return numbers[occurrence - 1]
 
 
-def _mixed_request(kit):
+def _mixed_request():
     """A wave, a chunked row and rows on every sampling path: (tokens, table, lengths, sampling)."""
     lengths = [60, 45, 300, 200, 90, 33]
-    rows = [kit.make_tokens(n, seed=1100 + i) for i, n in enumerate(lengths)]
+    rows = [make_tokens(n, seed=1100 + i) for i, n in enumerate(lengths)]
     sampling = [
         None,
         None,
@@ -107,17 +96,17 @@ def _mixed_request(kit):
         SamplingParams(top_k=0, seed=2, num_logprobs=4),
         SamplingParams(temperature=0.5, top_k=40, seed=3),
     ]
-    table = kit.page_table(kit.assign_blocks(lengths, BS, NUM_BLOCKS, seed=11))
-    return kit.token_matrix(rows), table, lengths, sampling
+    table = page_table(assign_blocks(lengths, BS, NUM_BLOCKS, seed=11))
+    return token_matrix(rows), table, lengths, sampling
 
 
 # ---------------------------------------------------------------- ledger empties
 
 
-def test_prefill_leaves_ledger_empty(tiny_model, kit):
+def test_prefill_leaves_ledger_empty(tiny_model):
     """After a mixed prefill (wave, chunked row, every sampling path) every allocation has been released."""
-    rt = kit.build_runtime(tiny_model, num_blocks=NUM_BLOCKS, block_size=BS, policy=kit.SMALL_POLICY)
-    tokens, table, lengths, sampling = _mixed_request(kit)
+    rt = build_runtime(tiny_model, num_blocks=NUM_BLOCKS, block_size=BS, policy=SMALL_POLICY)
+    tokens, table, lengths, sampling = _mixed_request()
     batch = rt.prepare(tokens, table, lengths, sampling=sampling)
     assert len({p.sampling_path for p in batch.requests}) == 4
     rt.assemble(rt.invocations(batch), batch.num_rows)
@@ -127,10 +116,10 @@ def test_prefill_leaves_ledger_empty(tiny_model, kit):
     assert rt.orphans == []
 
 
-def test_invocations_hold_outputs_until_assemble_then_cleanup_leaves_ledger_empty(tiny_model, kit):
+def test_invocations_hold_outputs_until_assemble_then_cleanup_leaves_ledger_empty(tiny_model):
     """Invocations held by the caller keep only their outputs live; assemble releases them and cleanup finds nothing."""
-    rt = kit.build_runtime(tiny_model, num_blocks=NUM_BLOCKS, block_size=BS, policy=kit.SMALL_POLICY)
-    tokens, table, lengths, sampling = _mixed_request(kit)
+    rt = build_runtime(tiny_model, num_blocks=NUM_BLOCKS, block_size=BS, policy=SMALL_POLICY)
+    tokens, table, lengths, sampling = _mixed_request()
     batch = rt.prepare(tokens, table, lengths, sampling=sampling)
     invocations = [rt.invoke(batch, i) for i in range(len(batch.requests))]
     kept = {h.id for inv in invocations for h in inv.owned}
@@ -141,13 +130,14 @@ def test_invocations_hold_outputs_until_assemble_then_cleanup_leaves_ledger_empt
     assert rt.backend.ledger.live() == [] and rt.orphans == []
 
 
-def test_non_final_chunk_hidden_is_released_before_next_chunk_runs(tiny_model, kit):
+def test_non_final_chunk_hidden_is_released_before_next_chunk_runs(tiny_model):
     """While each chunk's body runs, no earlier chunk's hidden output (nor its token input) is still live."""
     backend = TorchBackend()
     model = _LedgerObservingModel(tiny_model, backend.ledger)
-    rt = kit.build_runtime(model, num_blocks=NUM_BLOCKS, block_size=BS, policy=kit.SMALL_POLICY, backend=backend)
-    tokens = kit.make_tokens(600, seed=1200)
-    rt.prefill(tokens[None], kit.page_table(kit.assign_blocks([600], BS, NUM_BLOCKS, seed=12)), [600])
+    kv = tiny_model.new_kv_cache(NUM_BLOCKS, BS)
+    rt = build_runtime(model, num_blocks=NUM_BLOCKS, block_size=BS, policy=SMALL_POLICY, backend=backend, kv=kv)
+    tokens = make_tokens(600, seed=1200)
+    rt.prefill(tokens[None], page_table(assign_blocks([600], BS, NUM_BLOCKS, seed=12)), [600])
     assert len(model.live_at_body) == 3
     for call, names in enumerate(model.live_at_body):
         assert "hidden" not in names, f"body call {call}: {names}"
@@ -158,38 +148,49 @@ def test_non_final_chunk_hidden_is_released_before_next_chunk_runs(tiny_model, k
 # ---------------------------------------------------------------- failures
 
 
-def _failing_runtime(tiny_model, kit, where):
-    backend = _FlakyBackend()
-    model = _FailingModel(tiny_model, backend, where)
-    rt = kit.build_runtime(model, num_blocks=NUM_BLOCKS, block_size=BS, policy=kit.SMALL_POLICY, backend=backend)
-    return rt, model, backend
+FAILING_CALL = {"body": ("body:forward_hidden[1x256]", 2), "lm_head": ("body:lm_head", 1)}
+"""Where each failure is injected: the second chunk's body call (600 tokens run as 256 + 256 + 88), the LM head."""
 
 
-def _fail_once(rt, kit):
-    """Runs a 600-token chunked row that fails; returns the raised error."""
-    tokens = kit.make_tokens(600, seed=1300)
+def _chunked_run(rt):
+    """Prefills a 600-token chunked row (three body calls, then the LM head)."""
+    tokens = make_tokens(600, seed=1300)
+    rt.prefill(tokens[None], page_table(assign_blocks([600], BS, NUM_BLOCKS, seed=13)), [600])
+
+
+def _failing_runtime(tiny_model, where):
+    """A runtime failing at ``FAILING_CALL[where]``, whose next release then fails too; its plan and backend."""
+    fail_at = _call_number(tiny_model, ("body", "release"), *FAILING_CALL[where], _chunked_run)
+    plan = FaultPlan(fail_at, kinds=("body", "release"), failing_releases=1)
+    rt, backend = _faulty_runtime(tiny_model, plan)
+    return rt, plan, backend
+
+
+def _fail_once(rt):
+    """Runs the 600-token chunked row, which fails; returns the raised error."""
     with pytest.raises(BaseException) as info:
-        rt.prefill(tokens[None], kit.page_table(kit.assign_blocks([600], BS, NUM_BLOCKS, seed=13)), [600])
+        _chunked_run(rt)
     return info.value
 
 
 @pytest.mark.parametrize("where", ["body", "lm_head"])
-def test_injected_failure_propagates_unchanged_with_cleanup_failure_as_note(tiny_model, kit, where):
+def test_injected_failure_propagates_unchanged_with_cleanup_failure_as_note(tiny_model, where):
     """The model's own error reaches the caller unchanged; the release that failed meanwhile rides along as a note."""
-    rt, model, backend = _failing_runtime(tiny_model, kit, where)
-    error = _fail_once(rt, kit)
-    assert error is model.raised and type(error) is _InjectedFailure
-    assert str(error) == f"injected {where} failure"
+    rt, plan, backend = _failing_runtime(tiny_model, where)
+    error = _fail_once(rt)
+    assert error is plan.fired and type(error) is InjectedFault
+    entry = FAILING_CALL[where][0]
+    assert str(error) == f"injected fault at call {plan.fail_at} ({entry.replace(':', ': ', 1)})"
     assert len(backend.failed) == 1
     cleanup = [n for n in getattr(error, "__notes__", []) if n.startswith("cleanup:")]
     assert len(cleanup) == 1 and "injected release failure" in cleanup[0]
 
 
 @pytest.mark.parametrize("where", ["body", "lm_head"])
-def test_failed_release_stays_orphan_until_cleanup_empties_ledger(tiny_model, kit, where):
+def test_failed_release_stays_orphan_until_cleanup_empties_ledger(tiny_model, where):
     """After a failing run only the handle whose release failed is live, as an orphan; cleanup releases it."""
-    rt, _, backend = _failing_runtime(tiny_model, kit, where)
-    _fail_once(rt, kit)
+    rt, _, backend = _failing_runtime(tiny_model, where)
+    _fail_once(rt)
     assert [h.id for h in rt.orphans] == [h.id for h in backend.failed]
     assert [h.id for h in backend.ledger.live()] == [h.id for h in backend.failed]
     rt.cleanup()
@@ -197,34 +198,36 @@ def test_failed_release_stays_orphan_until_cleanup_empties_ledger(tiny_model, ki
 
 
 @pytest.mark.parametrize("where", ["body", "lm_head"])
-def test_runtime_serves_next_request_correctly_after_failure(tiny_model, oracle, kit, where):
+def test_runtime_serves_next_request_correctly_after_failure(tiny_model, oracle, where):
     """Once a failed run is cleaned up, the same runtime prefills a chunked row and a wave to the oracle's logits."""
-    rt, _, backend = _failing_runtime(tiny_model, kit, where)
-    _fail_once(rt, kit)
+    rt, _, backend = _failing_runtime(tiny_model, where)
+    _fail_once(rt)
     rt.cleanup()
     lengths = [600, 70, 110]
-    rows = [kit.make_tokens(n, seed=1400 + i) for i, n in enumerate(lengths)]
-    table = kit.page_table(kit.assign_blocks(lengths, BS, NUM_BLOCKS, seed=13))  # overlaps the failed run's blocks
-    results = rt.prefill(kit.token_matrix(rows), table, lengths)
+    rows = [make_tokens(n, seed=1400 + i) for i, n in enumerate(lengths)]
+    table = page_table(assign_blocks(lengths, BS, NUM_BLOCKS, seed=13))  # overlaps the failed run's blocks
+    results = rt.prefill(token_matrix(rows), table, lengths)
     for i, tokens in enumerate(rows):
-        assert kit.max_abs_diff(results[i].logits, oracle.logits(tokens)) <= kit.TOL, f"row {i}"
+        assert max_abs_diff(results[i].logits, oracle.logits(tokens)) <= TOL, f"row {i}"
     assert backend.ledger.live() == []
 
 
-def test_read_failure_during_assemble_releases_outputs_and_keeps_primary_error(tiny_model, kit):
+def test_read_failure_during_assemble_releases_outputs_and_keeps_primary_error(tiny_model):
     """A failed read propagates unchanged, its outputs are released, and a release failing meanwhile is noted on it."""
+    tokens = make_tokens(70, seed=1500)
 
-    class ReadFails(_FlakyBackend):
-        def read(self, handles):
-            self.fail_releases = 1
-            raise _InjectedFailure("injected read failure")
+    def run(rt):
+        rt.prefill(tokens[None], page_table([[1, 2, 3, 4, 5]]), [70])
 
-    backend = ReadFails()
-    rt = kit.build_runtime(tiny_model, num_blocks=NUM_BLOCKS, block_size=BS, policy=kit.SMALL_POLICY, backend=backend)
-    tokens = kit.make_tokens(70, seed=1500)
-    with pytest.raises(_InjectedFailure, match="injected read failure") as info:
-        rt.prefill(tokens[None], kit.page_table([[1, 2, 3, 4, 5]]), [70])
+    kinds = ("readback", "release")
+    first_read = next(n for n, e in enumerate(_counted_log(tiny_model, kinds, run), 1) if e.startswith("readback:"))
+    plan = FaultPlan(first_read, kinds=kinds, failing_releases=1)
+    rt, backend = _faulty_runtime(tiny_model, plan)
+    with pytest.raises(InjectedFault, match=r"\(readback: ") as info:
+        run(rt)
+    assert info.value is plan.fired
     assert any("injected release failure" in note for note in getattr(info.value, "__notes__", []))
+    assert len(backend.failed) == 1
     assert [h.id for h in backend.ledger.live()] == [h.id for h in rt.orphans] == [h.id for h in backend.failed]
     rt.cleanup()
     assert backend.ledger.live() == []
@@ -233,26 +236,19 @@ def test_read_failure_during_assemble_releases_outputs_and_keeps_primary_error(t
 # ---------------------------------------------------------------- state errors
 
 
-def test_assembling_same_invocation_twice_raises_state_error(tiny_model, kit):
+def test_assembling_same_invocation_twice_raises_state_error(tiny_model):
     """Assembling an InvocationResult again raises PrefillStateError before reading or releasing anything."""
-
-    class CountingReads(TorchBackend):
-        reads = 0
-
-        def read(self, handles):
-            self.reads += 1
-            return super().read(handles)
-
-    backend = CountingReads()
-    rt = kit.build_runtime(tiny_model, num_blocks=NUM_BLOCKS, block_size=BS, policy=kit.SMALL_POLICY, backend=backend)
-    tokens = kit.make_tokens(50, seed=1600)
-    batch = rt.prepare(tokens[None], kit.page_table([[7, 8, 9, 10]]), [50])
+    plan = FaultPlan(kinds=("readback",))  # counts reads, fails none
+    rt, backend = _faulty_runtime(tiny_model, plan)
+    tokens = make_tokens(50, seed=1600)
+    batch = rt.prepare(tokens[None], page_table([[7, 8, 9, 10]]), [50])
     invocation = rt.invoke(batch, 0)
     rt.assemble(iter([invocation]), batch.num_rows)
-    reads, releases = backend.reads, backend.ledger.releases
+    reads, releases = plan.calls, backend.ledger.releases
+    assert reads > 0
     with pytest.raises(PrefillStateError):
         rt.assemble(iter([invocation]), batch.num_rows)
-    assert (backend.reads, backend.ledger.releases) == (reads, releases)
+    assert (plan.calls, backend.ledger.releases) == (reads, releases)
     assert backend.ledger.live() == []
 
 
@@ -294,9 +290,9 @@ BAD_INPUTS = {
 
 
 @pytest.mark.parametrize("case", list(BAD_INPUTS))
-def test_bad_input_raises_input_error_and_allocates_nothing(tiny_model, kit, case):
+def test_bad_input_raises_input_error_and_allocates_nothing(tiny_model, case):
     """Malformed caller input raises a named PrefillInputError before any allocation or KV write."""
-    rt = kit.build_runtime(tiny_model, num_blocks=NUM_BLOCKS, block_size=BS, policy=kit.SMALL_POLICY)
+    rt = build_runtime(tiny_model, num_blocks=NUM_BLOCKS, block_size=BS, policy=SMALL_POLICY)
     rt.prefill(**_valid_call())  # the unmodified call is accepted
     call = _valid_call()
     BAD_INPUTS[case](call)
@@ -309,13 +305,13 @@ def test_bad_input_raises_input_error_and_allocates_nothing(tiny_model, kit, cas
     assert torch.equal(kv.snapshot().view(torch.uint8), pool)
 
 
-def test_a_prompt_past_the_models_max_position_is_refused_before_anything_runs(kit):
+def test_a_prompt_past_the_models_max_position_is_refused_before_anything_runs():
     """max_position_embeddings=4000 at block 64: a 4032-token prompt (the capacity) raises PositionLimitError."""
     from prefill_core.errors import PositionLimitError
     from prefill_shell.reference import random_llama
 
     model = random_llama(0, "tiny", max_position_embeddings=4000)
-    rt = kit.build_runtime(model, num_blocks=64, block_size=64)
+    rt = build_runtime(model, num_blocks=64, block_size=64)
     assert rt.config.layout.capacity == 4032
     tokens = torch.randint(1, 256, (1, 4032), generator=torch.Generator().manual_seed(5))
     pool = rt.config.kv.snapshot().view(torch.uint8).clone()
@@ -327,28 +323,19 @@ def test_a_prompt_past_the_models_max_position_is_refused_before_anything_runs(k
     assert len(rt.prepare(tokens, torch.arange(63, dtype=torch.int32)[None], [4000]).requests) == 1
 
 
-def test_a_failed_intermediate_release_is_orphaned_and_released_once_by_cleanup(tiny_model, kit):
+def test_a_failed_intermediate_release_is_orphaned_and_released_once_by_cleanup(tiny_model):
     """A non-final chunk output whose release fails is an orphan the invocation never retries; cleanup frees it once."""
+    tokens = make_tokens(600, seed=1700)
 
-    class FirstHiddenReleaseFails(TorchBackend):
-        def __init__(self):
-            super().__init__()
-            self.attempts: dict[int, int] = {}
-            self.failed = None
+    def run(rt):
+        rt.prefill(tokens[None], page_table(assign_blocks([600], BS, NUM_BLOCKS, seed=17)), [600])
 
-        def release(self, handle):
-            self.attempts[handle.id] = self.attempts.get(handle.id, 0) + 1
-            if handle.name == "hidden" and self.failed is None:
-                self.failed = handle
-                raise RuntimeError("injected release failure of a non-final hidden output")
-            super().release(handle)
-
-    backend = FirstHiddenReleaseFails()
-    rt = kit.build_runtime(tiny_model, num_blocks=NUM_BLOCKS, block_size=BS, policy=kit.SMALL_POLICY, backend=backend)
-    tokens = kit.make_tokens(600, seed=1700)
-    rt.prefill(tokens[None], kit.page_table(kit.assign_blocks([600], BS, NUM_BLOCKS, seed=17)), [600])
-    failed = backend.failed
-    assert failed is not None, "the 600-token row ran more than one chunk"
+    plan = FaultPlan(_call_number(tiny_model, ("release",), "release:hidden", 1, run), kinds=("release",))
+    rt, backend = _faulty_runtime(tiny_model, plan)
+    run(rt)
+    assert len(backend.failed) == 1, "the 600-token row ran more than one chunk"
+    failed = backend.failed[0]
+    assert failed.name == "hidden"
     assert [h.id for h in rt.orphans] == [failed.id] and not failed.released
     assert backend.attempts[failed.id] == 1, "the invocation released its orphan again"
     assert [h.id for h in backend.ledger.live()] == [failed.id]

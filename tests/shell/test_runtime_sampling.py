@@ -8,10 +8,22 @@ from __future__ import annotations
 
 import random
 
+import attrs
 import pytest
 import torch
 
-from prefill_core import PrefillPolicy, SamplingParams, SamplingPath
+from prefill_core import SamplingParams, SamplingPath
+from tests.helpers import (
+    SMALL_POLICY,
+    TOL,
+    VOCAB,
+    assign_blocks,
+    build_runtime,
+    make_tokens,
+    max_abs_diff,
+    page_table,
+    token_matrix,
+)
 
 BS = 16
 NUM_BLOCKS = 136
@@ -33,11 +45,11 @@ def _support(logits: torch.Tensor, params: SamplingParams) -> set[int]:
 class _Scenario:
     """Prompts with per-row sampling params, run through one runtime on fixed disjoint blocks."""
 
-    def __init__(self, kit, rt, prompts: list[torch.Tensor], sampling: list[SamplingParams]):
+    def __init__(self, rt, prompts: list[torch.Tensor], sampling: list[SamplingParams]):
         self.rt, self.sampling = rt, sampling
         self.lengths = [len(p) for p in prompts]
-        self.table = kit.page_table(kit.assign_blocks(self.lengths, BS, NUM_BLOCKS, seed=len(prompts)))
-        self.tokens = kit.token_matrix(prompts)
+        self.table = page_table(assign_blocks(self.lengths, BS, NUM_BLOCKS, seed=len(prompts)))
+        self.tokens = token_matrix(prompts)
 
     def prepare(self):
         return self.rt.prepare(self.tokens, self.table, self.lengths, sampling=self.sampling)
@@ -46,30 +58,30 @@ class _Scenario:
         return self.rt.prefill(self.tokens, self.table, self.lengths, sampling=self.sampling)
 
 
-def _runtime(tiny_model, kit, policy=None, seed=0):
-    policy = policy or kit.SMALL_POLICY
-    return kit.build_runtime(tiny_model, num_blocks=NUM_BLOCKS, block_size=BS, policy=policy, seed=seed)
+def _runtime(tiny_model, policy=None, seed=0):
+    policy = policy or SMALL_POLICY
+    return build_runtime(tiny_model, num_blocks=NUM_BLOCKS, block_size=BS, policy=policy, seed=seed)
 
 
 @pytest.fixture(scope="module")
-def prompts(kit):
+def prompts():
     """Three short prompts (padded to 128) that sampling rows draw from."""
-    return [kit.make_tokens(n, seed=900 + n) for n in (64, 50, 37)]
+    return [make_tokens(n, seed=900 + n) for n in (64, 50, 37)]
 
 
 # ---------------------------------------------------------------- argmax
 
 
-def test_all_greedy_rows_take_argmax_path_and_return_oracle_argmax(tiny_model, oracle, kit):
+def test_all_greedy_rows_take_argmax_path_and_return_oracle_argmax(tiny_model, oracle):
     """A wave of greedy rows is classified ARGMAX and returns each row's oracle argmax."""
-    rows = [kit.make_tokens(20 + 9 * i, seed=950 + i) for i in range(6)]
-    scenario = _Scenario(kit, _runtime(tiny_model, kit), rows, [SamplingParams.greedy()] * len(rows))
+    rows = [make_tokens(20 + 9 * i, seed=950 + i) for i in range(6)]
+    scenario = _Scenario(_runtime(tiny_model), rows, [SamplingParams.greedy()] * len(rows))
     batch = scenario.prepare()
     assert [p.sampling_path for p in batch.requests] == [SamplingPath.ARGMAX]
     results = scenario.rt.assemble(scenario.rt.invocations(batch), batch.num_rows)
     for i, tokens in enumerate(rows):
         top2 = oracle.logits(tokens).topk(2).values
-        assert top2[0] - top2[1] > 10 * kit.TOL  # the oracle's argmax is unambiguous
+        assert top2[0] - top2[1] > 10 * TOL  # the oracle's argmax is unambiguous
         assert results[i].token == int(oracle.logits(tokens).argmax()), f"row {i}"
 
 
@@ -79,31 +91,31 @@ def test_all_greedy_rows_take_argmax_path_and_return_oracle_argmax(tiny_model, o
 TOPK_PARAMS = dict(temperature=0.9, top_k=8, top_p=0.9)
 
 
-def test_seeded_topk_tokens_repeat_across_runs(tiny_model, kit, prompts):
+def test_seeded_topk_tokens_repeat_across_runs(tiny_model, prompts):
     """Sixteen seeded top-k rows give the same tokens on a second call and on a runtime with another seed."""
     sampling = [SamplingParams(**TOPK_PARAMS, seed=s) for s in range(16)]
-    scenario = _Scenario(kit, _runtime(tiny_model, kit), [prompts[0]] * 16, sampling)
+    scenario = _Scenario(_runtime(tiny_model), [prompts[0]] * 16, sampling)
     assert [p.sampling_path for p in scenario.prepare().requests] == [SamplingPath.TOPK]
     first = [r.token for r in scenario.run()]
     assert len(set(first)) > 1  # the seeds do pick different tokens
     assert [r.token for r in scenario.run()] == first
-    other = _Scenario(kit, _runtime(tiny_model, kit, seed=1234), [prompts[0]] * 16, sampling)
+    other = _Scenario(_runtime(tiny_model, seed=1234), [prompts[0]] * 16, sampling)
     assert [r.token for r in other.run()] == first
 
 
-def test_seeded_topk_token_does_not_depend_on_wave_mates(tiny_model, kit, prompts):
+def test_seeded_topk_token_does_not_depend_on_wave_mates(tiny_model, prompts):
     """A seeded row's token is the same alone, in a wave of clones, and shuffled among rows with other params."""
     params = [SamplingParams(**TOPK_PARAMS, seed=s) for s in range(8)]
-    rt = _runtime(tiny_model, kit)
-    alone = [_Scenario(kit, rt, [prompts[0]], [p]).run()[0].token for p in params]
-    clones = [r.token for r in _Scenario(kit, rt, [prompts[0]] * 8, params).run()]
+    rt = _runtime(tiny_model)
+    alone = [_Scenario(rt, [prompts[0]], [p]).run()[0].token for p in params]
+    clones = [r.token for r in _Scenario(rt, [prompts[0]] * 8, params).run()]
     assert clones == alone
     mates = [SamplingParams(temperature=1.4, top_k=3, seed=100 + i) for i in range(5)] + [SamplingParams.greedy()] * 2
     rows = [(prompts[0], p, s) for s, p in enumerate(params)] + [
         (prompts[1 + i % 2], p, None) for i, p in enumerate(mates)
     ]
     random.Random(3).shuffle(rows)
-    mixed = _Scenario(kit, rt, [r[0] for r in rows], [r[1] for r in rows])
+    mixed = _Scenario(rt, [r[0] for r in rows], [r[1] for r in rows])
     assert [p.sampling_path for p in mixed.prepare().requests] == [SamplingPath.TOPK]
     results = mixed.run()
     by_seed = {seed: results[i].token for i, (_, _, seed) in enumerate(rows) if seed is not None}
@@ -119,15 +131,15 @@ def test_seeded_topk_token_does_not_depend_on_wave_mates(tiny_model, kit, prompt
     ],
     ids=["k3", "k20-p0.6-t0.7", "k32-p0.95-t1.8"],
 )
-def test_seeded_topk_tokens_stay_inside_oracle_support(tiny_model, oracle, kit, prompts, params):
+def test_seeded_topk_tokens_stay_inside_oracle_support(tiny_model, oracle, prompts, params):
     """Over 32 seeds, every device-sampled token lies in the top-k/top-p support of the oracle's tempered logits."""
     sampling = [SamplingParams(**params, seed=1000 + s) for s in range(32)]
     rows = [prompts[s % 3] for s in range(32)]
-    scenario = _Scenario(kit, _runtime(tiny_model, kit), rows, sampling)
+    scenario = _Scenario(_runtime(tiny_model), rows, sampling)
     assert [p.sampling_path for p in scenario.prepare().requests] == [SamplingPath.TOPK]
     results = scenario.run()
     supports = [_support(oracle.logits(p), sampling[0]) for p in prompts]
-    assert all(1 < len(s) < kit.VOCAB for s in supports)
+    assert all(1 < len(s) < VOCAB for s in supports)
     for s, result in enumerate(results):
         assert result.token in supports[s % 3], f"seed {1000 + s}: token {result.token} outside support"
     assert len({r.token for r in results}) > 3  # not collapsed onto the argmax
@@ -145,22 +157,22 @@ LOGPROB_ROWS = {
 
 
 @pytest.mark.parametrize("path", list(LOGPROB_ROWS))
-def test_logprobs_match_oracle_log_softmax_and_top_n(tiny_model, oracle, kit, path):
+def test_logprobs_match_oracle_log_softmax_and_top_n(tiny_model, oracle, path):
     """The token's log-prob and the row's top-N (ids and values, N = num_logprobs) equal the oracle's log-softmax."""
     sampling = LOGPROB_ROWS[path]
-    rows = [kit.make_tokens(30 + 20 * i, seed=960 + i) for i in range(len(sampling))]
-    scenario = _Scenario(kit, _runtime(tiny_model, kit), rows, sampling)
+    rows = [make_tokens(30 + 20 * i, seed=960 + i) for i in range(len(sampling))]
+    scenario = _Scenario(_runtime(tiny_model), rows, sampling)
     assert [p.sampling_path.value for p in scenario.prepare().requests] == [path]
     for i, result in enumerate(scenario.run()):
         logp = torch.log_softmax(oracle.logits(rows[i]).double(), dim=-1)
-        assert abs(result.logprob - logp[result.token].item()) <= kit.TOL, f"row {i}"
+        assert abs(result.logprob - logp[result.token].item()) <= TOL, f"row {i}"
         n = sampling[i].num_logprobs
         assert len(result.top_logprobs) == n, f"row {i}"
         if n:
             values, ids = logp.topk(n)
             assert [t for t, _ in result.top_logprobs] == ids.tolist(), f"row {i}"
             got = torch.tensor([v for _, v in result.top_logprobs], dtype=torch.float64)
-            assert kit.max_abs_diff(got, values) <= kit.TOL, f"row {i}"
+            assert max_abs_diff(got, values) <= TOL, f"row {i}"
 
 
 # ---------------------------------------------------------------- host path
@@ -173,13 +185,13 @@ HOST_PARAMS = {
 
 
 @pytest.mark.parametrize("name", list(HOST_PARAMS))
-def test_host_path_is_classified_host_and_samples_inside_support(tiny_model, oracle, kit, prompts, name):
+def test_host_path_is_classified_host_and_samples_inside_support(tiny_model, oracle, prompts, name):
     """Rows past the device top-k cap or with no top-k limit take the HOST path and sample in the oracle's support."""
     params = HOST_PARAMS[name]
     sampling = [SamplingParams(**params, seed=2000 + s) for s in range(24)]
     rows = [prompts[s % 3] for s in range(24)]
-    scenario = _Scenario(kit, _runtime(tiny_model, kit), rows, sampling)
-    assert params["top_k"] == 0 or params["top_k"] > kit.SMALL_POLICY.device_top_k_cap
+    scenario = _Scenario(_runtime(tiny_model), rows, sampling)
+    assert params["top_k"] == 0 or params["top_k"] > SMALL_POLICY.device_top_k_cap
     assert [p.sampling_path for p in scenario.prepare().requests] == [SamplingPath.HOST]
     results = scenario.run()
     supports = [_support(oracle.logits(p), sampling[0]) for p in prompts]
@@ -189,22 +201,22 @@ def test_host_path_is_classified_host_and_samples_inside_support(tiny_model, ora
 
 
 @pytest.mark.parametrize("name", list(HOST_PARAMS))
-def test_host_path_token_is_reproducible_with_its_seed(tiny_model, kit, prompts, name):
+def test_host_path_token_is_reproducible_with_its_seed(tiny_model, prompts, name):
     """A host-sampled row gives the same token on a second call, alone, and on a runtime with another seed."""
     sampling = [SamplingParams(**HOST_PARAMS[name], seed=3000 + s) for s in range(8)]
-    first = [r.token for r in _Scenario(kit, _runtime(tiny_model, kit), [prompts[1]] * 8, sampling).run()]
+    first = [r.token for r in _Scenario(_runtime(tiny_model), [prompts[1]] * 8, sampling).run()]
     assert len(set(first)) > 1
-    rt = _runtime(tiny_model, kit, seed=99)
-    assert [r.token for r in _Scenario(kit, rt, [prompts[1]] * 8, sampling).run()] == first
-    assert [_Scenario(kit, rt, [prompts[1]], [p]).run()[0].token for p in sampling[:3]] == first[:3]
+    rt = _runtime(tiny_model, seed=99)
+    assert [r.token for r in _Scenario(rt, [prompts[1]] * 8, sampling).run()] == first
+    assert [_Scenario(rt, [prompts[1]], [p]).run()[0].token for p in sampling[:3]] == first[:3]
 
 
-def test_same_seeded_row_samples_same_token_on_device_and_host_paths(tiny_model, kit, prompts):
+def test_same_seeded_row_samples_same_token_on_device_and_host_paths(tiny_model, prompts):
     """With top_k 20, a device cap of 32 (TOPK) and of 16 (HOST) give every seeded row the same token."""
     sampling = [SamplingParams(temperature=1.1, top_k=20, top_p=0.9, seed=4000 + s) for s in range(12)]
-    device = _Scenario(kit, _runtime(tiny_model, kit), [prompts[2]] * 12, sampling)
-    host_policy = PrefillPolicy(max_chunk_length=256, chunk_quantum=128, length_ladder=(128, 256), device_top_k_cap=16)
-    host = _Scenario(kit, _runtime(tiny_model, kit, policy=host_policy), [prompts[2]] * 12, sampling)
+    device = _Scenario(_runtime(tiny_model), [prompts[2]] * 12, sampling)
+    host_policy = attrs.evolve(SMALL_POLICY, device_top_k_cap=16)  # top_k 20 above the cap: the host path
+    host = _Scenario(_runtime(tiny_model, policy=host_policy), [prompts[2]] * 12, sampling)
     assert [p.sampling_path for p in device.prepare().requests] == [SamplingPath.TOPK]
     assert [p.sampling_path for p in host.prepare().requests] == [SamplingPath.HOST]
     tokens = [r.token for r in device.run()]

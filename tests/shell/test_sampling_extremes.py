@@ -24,6 +24,7 @@ from prefill_shell.model import ModelSpec
 from prefill_shell.reference import PagedKVCache
 from prefill_shell.torch_sampling import sample_row, top_logprobs
 from prefill_shell.tt import staging as tt_staging
+from tests.helpers import build_runtime, page_table
 
 VOCAB = 256
 BS = 16
@@ -101,19 +102,19 @@ class FixedLogitsModel:
 
 
 @pytest.fixture(scope="module")
-def fixed(kit):
+def fixed():
     """A runtime over ``FixedLogitsModel`` and its model, so a test chooses the logits each call sees."""
     model = FixedLogitsModel()
     policy = PrefillPolicy(max_logprobs=5)
-    return kit.build_runtime(model, num_blocks=16, block_size=BS, policy=policy), model
+    return build_runtime(model, num_blocks=16, block_size=BS, policy=policy), model
 
 
-def _run(fixed, kit, logits: torch.Tensor, params: list[SamplingParams]):
+def _run(fixed, logits: torch.Tensor, params: list[SamplingParams]):
     rt, model = fixed
     model.logits = logits
     rows = len(params)
     tokens = torch.randint(1, VOCAB, (rows, 8), generator=torch.Generator().manual_seed(rows))
-    table = kit.page_table([[row] for row in range(rows)])
+    table = page_table([[row] for row in range(rows)])
     return rt.prefill(tokens, table, [8] * rows, sampling=params)
 
 
@@ -128,15 +129,15 @@ def test_torch_sampler_returns_an_allowed_token_at_tiny_temperature_or_top_p(iss
 
 
 @pytest.mark.parametrize("top_k", [20, 0], ids=["device top-k", "host"])
-def test_runtime_with_underflowing_top_p_returns_the_top_token(fixed, kit, issue_logits, top_k):
+def test_runtime_with_underflowing_top_p_returns_the_top_token(fixed, issue_logits, top_k):
     """Through the runtime, top_p=1e-46 on the device and host paths returns the argmax with its log-prob."""
     params = SamplingParams(temperature=1.0, top_k=top_k, top_p=1e-46, seed=1)
-    (result,) = _run(fixed, kit, issue_logits, [params])
+    (result,) = _run(fixed, issue_logits, [params])
     assert result.token == int(issue_logits.argmax())
     assert_logprob_close(result.logprob, issue_logits, result.token)
 
 
-def test_a_tiny_temperature_row_in_a_sampled_wave_returns_its_argmax(fixed, kit, issue_logits):
+def test_a_tiny_temperature_row_in_a_sampled_wave_returns_its_argmax(fixed, issue_logits):
     """A T=1e-39 row sharing a device top-k wave with a T=1 row is sampled as greedy, not as token 0."""
     params = [SamplingParams(temperature=1e-39, top_k=20, seed=1), SamplingParams(temperature=1.0, top_k=20, seed=2)]
     rt, _ = fixed
@@ -144,7 +145,7 @@ def test_a_tiny_temperature_row_in_a_sampled_wave_returns_its_argmax(fixed, kit,
         rt.prepare(torch.ones(2, 8, dtype=torch.int64), [[0], [1]], [8, 8], sampling=params).requests[0].sampling_path
         is SamplingPath.TOPK
     )
-    first, second = _run(fixed, kit, issue_logits, params)
+    first, second = _run(fixed, issue_logits, params)
     assert first.token == int(issue_logits.argmax())
     assert second.token in allowed_tokens(issue_logits, params[1])
 
@@ -163,10 +164,10 @@ def test_torch_sampler_token_lies_in_the_float64_allowed_set(logits, params):
 
 
 @given(logits=adversarial_logits(VOCAB), params=st.lists(extreme_sampling_params(), min_size=1, max_size=3))
-def test_runtime_tokens_lie_in_the_float64_allowed_set_on_every_path(fixed, kit, logits, params):
+def test_runtime_tokens_lie_in_the_float64_allowed_set_on_every_path(fixed, logits, params):
     """Through the runtime (argmax, device top-k and host paths), every row's token is allowed, log-prob exact."""
     x = torch.tensor(logits, dtype=torch.float32)
-    for result, p in zip(_run(fixed, kit, x, params), params):
+    for result, p in zip(_run(fixed, x, params), params):
         assert result.token in allowed_tokens(x, p), (p, result)
         assert_logprob_close(result.logprob, x, result.token)
 

@@ -7,8 +7,8 @@ import torch
 
 from prefill_core import SamplingParams
 from prefill_core.errors import PrefillInputError
-from prefill_shell import PrefillRuntime, PrefillRuntimeConfig, TorchBackend
 from prefill_shell.reference import random_llama
+from tests.helpers import build_runtime
 
 ROWS, LENGTH = 3, 40
 PARAMS = SamplingParams(temperature=0.7, top_k=5, seed=3, num_logprobs=2)
@@ -17,7 +17,7 @@ PARAMS = SamplingParams(temperature=0.7, top_k=5, seed=3, num_logprobs=2)
 @pytest.fixture(scope="module")
 def runtime():
     model = random_llama(0, "tiny")
-    runtime = PrefillRuntime(PrefillRuntimeConfig.resolve(model, TorchBackend(), model.new_kv_cache(16, 32)))
+    runtime = build_runtime(model, num_blocks=16, block_size=32)
     yield runtime
     runtime.close()
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from prefill_core import PrefillPolicy, SamplingParams, SamplingPath, WarmupManifest
+from prefill_core import SamplingParams, SamplingPath, WarmupManifest
 from prefill_shell.backends import TorchBackend
-from prefill_shell.config import PrefillRuntimeConfig
 from prefill_shell.contract import (
     LAST_TOKEN_INDEX,
     SAMPLING_INPUTS,
@@ -20,10 +19,9 @@ from prefill_shell.contract import (
 from prefill_shell.executor import PrefillExecutor
 from prefill_shell.ledger import Ownership
 from prefill_shell.reference import random_llama
-from prefill_shell.runtime import PrefillRuntime
 from prefill_shell.torch_sampling import sample_row
+from tests.helpers import SMALL_POLICY, build_runtime
 
-POLICY = PrefillPolicy(length_ladder=(128,), max_chunk_length=128, chunk_quantum=128)
 FIRST = SamplingParams(temperature=0.9, top_k=8, top_p=0.9, seed=5, num_logprobs=2)
 SECOND = SamplingParams(temperature=0.45, top_k=3, top_p=0.95, seed=6, num_logprobs=2)
 
@@ -31,8 +29,7 @@ SECOND = SamplingParams(temperature=0.45, top_k=3, top_p=0.95, seed=6, num_logpr
 @pytest.fixture(scope="module")
 def executor():
     model = random_llama(0, "tiny")
-    config = PrefillRuntimeConfig.resolve(model, TorchBackend(), model.new_kv_cache(64, 32), policy=POLICY)
-    executor = PrefillExecutor(PrefillRuntime(config, seed=0))
+    executor = PrefillExecutor(build_runtime(model, num_blocks=64, block_size=32, policy=SMALL_POLICY))
     yield executor
     executor.close()
 
@@ -135,7 +132,7 @@ def test_every_sampling_input_reaches_backend_sample_by_key_and_has_a_ttnn_stagi
 
     model = random_llama(0, "tiny")
     backend = KeyRecordingBackend()
-    runtime = PrefillRuntime(PrefillRuntimeConfig.resolve(model, backend, model.new_kv_cache(64, 32), policy=POLICY))
+    runtime = build_runtime(model, num_blocks=64, block_size=32, policy=SMALL_POLICY, backend=backend)
     executor = PrefillExecutor(runtime)
     args = _args([FIRST, SECOND, FIRST])
     executor.warm_up(WarmupManifest().observe(runtime.prepare(**args).requests))

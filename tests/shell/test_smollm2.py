@@ -32,6 +32,7 @@ from prefill_shell.demo import document
 from prefill_shell.reference.gguf import load_gguf
 from prefill_shell.reference.smollm2 import ENV_VAR, ModelFileMissingError, smollm2_path
 from prefill_shell.runtime import PrefillRuntime
+from tests.helpers import build_runtime
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("gguf")
@@ -159,8 +160,8 @@ def run_case(
     need = [-(-n // bs) for n in lengths]
     own = [-(-n // bs) - c // bs for n, c in cached_of.items()]
     num_blocks = sum(need) + sum(own)
-    kv = model.new_kv_cache(num_blocks, bs)
     layout = PageTableLayout(bs, -(-model.spec.max_position // bs), num_blocks)
+    kv = model.new_kv_cache(num_blocks, bs)
     policy = TorchBackend().preferred_policy(bs)
     if budget is not None:
         policy = attrs.evolve(policy, max_chunk_length=budget)
@@ -250,8 +251,7 @@ def test_long_prompts_with_cached_prefix_match_transformers(long_case):
 def test_capital_of_france_is_paris(smollm2, smollm2_tokenizer):
     """'The capital of France is' prefilled by the runtime gives ' Paris' as the most likely next token."""
     ids = smollm2_tokenizer("The capital of France is")["input_ids"]
-    kv = smollm2.new_kv_cache(1, 32)
-    runtime = PrefillRuntime(PrefillRuntimeConfig.resolve(smollm2, TorchBackend(), kv))
+    runtime = build_runtime(smollm2, num_blocks=1, block_size=32)
     (result,) = runtime.prefill(
         torch.tensor([ids]),
         torch.tensor([[0]], dtype=torch.int32),

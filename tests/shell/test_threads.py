@@ -15,10 +15,8 @@ import torch
 
 from prefill_core import PageTableLayout, PrefillPolicy, WarmupManifest
 from prefill_core.errors import PrefillStateError
-from prefill_shell.backends import TorchBackend
-from prefill_shell.config import PrefillRuntimeConfig
 from prefill_shell.executor import PrefillExecutor
-from prefill_shell.runtime import PrefillRuntime
+from tests.helpers import assign_blocks, build_runtime, make_tokens, page_table, token_matrix
 
 BS, POOL = 16, 64
 POLICY = PrefillPolicy(length_ladder=(32, 64), max_chunk_length=64, chunk_quantum=64, waves=(1, 2, 4), max_logprobs=3)
@@ -46,16 +44,14 @@ class _ParkingModel:
 
 def _runtime(model):
     parking = _ParkingModel(model)
-    config = PrefillRuntimeConfig.resolve(
-        parking, TorchBackend(), model.new_kv_cache(POOL, BS), PageTableLayout(BS, 16, POOL), POLICY
-    )
-    return PrefillRuntime(config), parking
+    kv = model.new_kv_cache(POOL, BS)
+    return build_runtime(parking, policy=POLICY, layout=PageTableLayout(BS, 16, POOL), kv=kv), parking
 
 
-def _call(kit, seed):
+def _call(seed):
     lengths = [40, 100]
-    rows = [kit.make_tokens(n, seed=seed + i) for i, n in enumerate(lengths)]
-    return kit.token_matrix(rows), kit.page_table(kit.assign_blocks(lengths, BS, POOL, seed=seed)), lengths
+    rows = [make_tokens(n, seed=seed + i) for i, n in enumerate(lengths)]
+    return token_matrix(rows), page_table(assign_blocks(lengths, BS, POOL, seed=seed)), lengths
 
 
 class _Parked(threading.Thread):
@@ -84,20 +80,14 @@ class _Parked(threading.Thread):
         assert not self.is_alive() and self.error is None, f"the parked call failed: {self.error!r}"
 
 
-def test_an_overlapping_prefill_from_another_thread_raises_at_once_and_changes_nothing(tiny_model, kit):
+def test_an_overlapping_prefill_from_another_thread_raises_at_once_and_changes_nothing(tiny_model):
     """While thread A is inside a prefill, the main thread's prefill raises PrefillStateError, changing nothing."""
     rt, parking = _runtime(tiny_model)
-    tokens, table, lengths = _call(kit, seed=3000)
-    expected = PrefillRuntime(
-        PrefillRuntimeConfig.resolve(
-            tiny_model,
-            TorchBackend(),
-            tiny_model.new_kv_cache(POOL, BS),
-            PageTableLayout(BS, 16, POOL),
-            POLICY,
-        )
-    ).prefill(tokens, table, lengths)
-    other_tokens, other_table, other_lengths = _call(kit, seed=3100)
+    tokens, table, lengths = _call(seed=3000)
+    expected = build_runtime(tiny_model, policy=POLICY, layout=PageTableLayout(BS, 16, POOL)).prefill(
+        tokens, table, lengths
+    )
+    other_tokens, other_table, other_lengths = _call(seed=3100)
     with _Parked(parking, lambda: rt.prefill(tokens, table, lengths)) as a:
         allocations, pool = rt.backend.ledger.allocations, rt.config.kv.snapshot().clone()
         with pytest.raises(PrefillStateError, match="in progress on thread"):
@@ -124,10 +114,10 @@ def _entry_from_another_thread(rt) -> PrefillStateError | None:
     return seen.get("error")
 
 
-def test_an_unfinished_stream_holds_the_runtime_until_it_ends(tiny_model, kit):
+def test_an_unfinished_stream_holds_the_runtime_until_it_ends(tiny_model):
     """A thread holding an unfinished invocations() generator keeps others out; once it is exhausted others may call."""
     rt, parking = _runtime(tiny_model)
-    tokens, table, lengths = _call(kit, seed=3200)
+    tokens, table, lengths = _call(seed=3200)
     batch = rt.prepare(tokens, table, lengths)
     stream = rt.invocations(batch)
     first = next(stream)  # the main thread now holds the runtime through the suspended generator
@@ -137,10 +127,10 @@ def test_an_unfinished_stream_holds_the_runtime_until_it_ends(tiny_model, kit):
     assert rt.backend.ledger.live() == []
 
 
-def test_a_stream_started_inside_hold_keeps_the_runtime_after_the_hold_ends(tiny_model, kit):
+def test_a_stream_started_inside_hold_keeps_the_runtime_after_the_hold_ends(tiny_model):
     """hold() then a suspended invocations() generator: the runtime stays held past the block until the stream ends."""
     rt, _ = _runtime(tiny_model)
-    tokens, table, lengths = _call(kit, seed=3250)
+    tokens, table, lengths = _call(seed=3250)
     with rt.hold():
         batch = rt.prepare(tokens, table, lengths)  # a call inside the hold runs in it
         stream = rt.invocations(batch)
@@ -153,11 +143,11 @@ def test_a_stream_started_inside_hold_keeps_the_runtime_after_the_hold_ends(tiny
     assert rt.backend.ledger.live() == []
 
 
-def test_a_traced_executor_refuses_a_second_thread_during_warm_up_and_serving(tiny_model, kit):
+def test_a_traced_executor_refuses_a_second_thread_during_warm_up_and_serving(tiny_model):
     """Thread A parked in warm-up, then in a traced prefill: the main thread's traced prefill raises both times."""
     rt, parking = _runtime(tiny_model)
     executor = PrefillExecutor(rt)
-    tokens, table, lengths = _call(kit, seed=3300)
+    tokens, table, lengths = _call(seed=3300)
     manifest = WarmupManifest().observe(rt.prepare(tokens, table, lengths).requests)
     with _Parked(parking, lambda: executor.warm_up(manifest)):
         with pytest.raises(PrefillStateError, match="in progress"):
@@ -172,10 +162,10 @@ def test_a_traced_executor_refuses_a_second_thread_during_warm_up_and_serving(ti
     assert rt.backend.ledger.live() == []
 
 
-def test_sequential_calls_from_different_threads_are_served(tiny_model, kit):
+def test_sequential_calls_from_different_threads_are_served(tiny_model):
     """Without overlap, calls from several threads one after another all succeed (the guard is not thread affinity)."""
     rt, _ = _runtime(tiny_model)
-    tokens, table, lengths = _call(kit, seed=3400)
+    tokens, table, lengths = _call(seed=3400)
     results = []
     for _ in range(3):
         thread = threading.Thread(target=lambda: results.append(rt.prefill(tokens, table, lengths)))

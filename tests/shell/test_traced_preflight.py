@@ -7,13 +7,12 @@ import torch
 
 from prefill_core import PageTableLayout, PrefillPolicy, WarmupManifest
 from prefill_core.errors import TraceCoverageError
-from prefill_shell.backends import TorchBackend
-from prefill_shell.config import PrefillRuntimeConfig
 from prefill_shell.executor import PrefillExecutor
 from prefill_shell.reference import random_llama
-from prefill_shell.runtime import PrefillRuntime
+from tests.helpers import build_runtime
 
 POLICY = PrefillPolicy(max_chunk_length=128, chunk_quantum=128, length_ladder=(128,), waves=(1, 2))
+"""One 128-token rung and waves of 1 and 2: a 100-token row warms one trace, a 200-token row needs another."""
 LAYOUT = PageTableLayout(16, 16, 64)
 
 
@@ -26,15 +25,14 @@ def _kv_bytes(kv) -> list[torch.Tensor]:
 def half_warmed():
     """A runtime warmed for a lone 100-token row, and a call whose second request (a 200-token row) is not."""
     model = random_llama(0, "tiny")
-    kv = model.new_kv_cache(LAYOUT.num_blocks, LAYOUT.block_size)
-    runtime = PrefillRuntime(PrefillRuntimeConfig.resolve(model, TorchBackend(), kv, layout=LAYOUT, policy=POLICY))
+    runtime = build_runtime(model, policy=POLICY, layout=LAYOUT)
     executor = PrefillExecutor(runtime)
     tokens = torch.randint(1, 256, (2, 200), generator=torch.Generator().manual_seed(0))
     table = torch.arange(2 * 13, dtype=torch.int32).reshape(2, 13)
     warm = runtime.prepare(tokens[:1, :100], table[:1], [100])
     executor.warm_up(WarmupManifest().observe(warm.requests))
     call = dict(tokens=tokens, page_table=table, prompt_lengths=[100, 200])
-    yield runtime, kv, call
+    yield runtime, runtime.config.kv, call
     executor.close()
 
 

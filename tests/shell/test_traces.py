@@ -15,12 +15,12 @@ import torch
 from prefill_core import PageTableLayout, PrefillPolicy, SamplingParams, WarmupManifest
 from prefill_core.errors import PrefillStateError
 from prefill_shell.backends import TorchBackend
-from prefill_shell.config import PrefillRuntimeConfig
 from prefill_shell.contract import LOGITS, SAMPLED_TOKENS
 from prefill_shell.executor import PrefillExecutor
 from prefill_shell.ledger import Ownership
 from prefill_shell.reference import random_llama
 from prefill_shell.runtime import PrefillRuntime
+from tests.helpers import SMALL_POLICY, build_runtime, randomize_pool
 
 VOCAB = 256
 
@@ -33,10 +33,6 @@ LONG_LAYOUT = PageTableLayout(64, 128, 384)
 SHORT_LAYOUT = PageTableLayout(16, 64, 320)
 """Capacity 1024 tokens at block size 16."""
 
-SMALL_CHUNKS = PrefillPolicy(max_chunk_length=256, chunk_quantum=128, length_ladder=(128, 256))
-"""256-token chunks, so a multi-chunk request stays cheap on CPU."""
-
-
 # ---------------------------------------------------------------- helpers
 
 
@@ -48,12 +44,9 @@ def model():
 
 def _runtime(model, policy: PrefillPolicy, layout: PageTableLayout, device: str = "cpu") -> PrefillRuntime:
     """A runtime over a fresh pool filled with the same seeded noise every time."""
-    kv = model.new_kv_cache(layout.num_blocks, layout.block_size)
-    gen = torch.Generator().manual_seed(1234)
-    for pool in kv.keys + kv.values:
-        pool.copy_(torch.randn(pool.shape, generator=gen).to(pool.device))
-    config = PrefillRuntimeConfig.resolve(model, TorchBackend(device), kv, layout=layout, policy=policy)
-    return PrefillRuntime(config)
+    runtime = build_runtime(model, policy=policy, layout=layout, backend=TorchBackend(device))
+    randomize_pool(runtime.config.kv, seed=1234)
+    return runtime
 
 
 def _call(lengths, *, block_size: int, cached=None, sampling=None, seed: int = 0) -> dict:
@@ -180,7 +173,7 @@ def test_long_rows_at_every_cached_offset_share_one_chunk_trace(long_runs):
 def test_one_trace_serves_every_chunk_position(model):
     """A four-chunk request captures once and replays that trace at each of its chunk starts."""
     call = _call([1000], block_size=16, seed=4)
-    runtime = _runtime(model, SMALL_CHUNKS, SHORT_LAYOUT)
+    runtime = _runtime(model, SMALL_POLICY, SHORT_LAYOUT)
     executor = _warmed(runtime, call)
     (prepared,) = runtime.prepare(**call).requests
     starts = [chunk.start for chunk in prepared.request.chunks]

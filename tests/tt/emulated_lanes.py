@@ -9,14 +9,12 @@ import torch
 from reference_standin import ReferenceLlamaStandIn
 
 from prefill_core import PrefillPolicy
-from prefill_shell.backends import TorchBackend
-from prefill_shell.config import PrefillRuntimeConfig
 from prefill_shell.executor import PrefillExecutor
 from prefill_shell.reference import random_llama
-from prefill_shell.runtime import PrefillRuntime
+from tests.helpers import build_runtime
 
 POLICY = PrefillPolicy(length_ladder=(128,), max_chunk_length=128, chunk_quantum=128)
-"""128-token chunks: a 300-token row runs 3 chunks."""
+"""The ttnn tests' policy (not tests.helpers.SMALL_POLICY): they count 128-token chunks, a 300-token row runs 3."""
 BLOCK, NUM_BLOCKS = 32, 64
 
 
@@ -40,15 +38,13 @@ class EmulatedLane:
         self.standin = ReferenceLlamaStandIn(self.emu, llama, self.kv)
         self.model = TtModelAdapter(self.standin, llama.spec, mesh_device=self.emu.mesh, ttnn_module=self.emu)
         self.backend = TtnnBackend(self.emu.mesh, ttnn_module=self.emu)
-        config = PrefillRuntimeConfig.resolve(self.model, self.backend, self.kv, policy=POLICY)
-        self.executor = PrefillExecutor(PrefillRuntime(config, seed=0))
+        self.executor = PrefillExecutor(build_runtime(self.model, policy=POLICY, backend=self.backend, kv=self.kv))
 
 
 def torch_executor() -> PrefillExecutor:
     """The same model on the torch backend (CPU), its own KV pool."""
     llama = reference_llama()
-    config = PrefillRuntimeConfig.resolve(llama, TorchBackend(), llama.new_kv_cache(NUM_BLOCKS, BLOCK), policy=POLICY)
-    return PrefillExecutor(PrefillRuntime(config, seed=0))
+    return PrefillExecutor(build_runtime(llama, num_blocks=NUM_BLOCKS, block_size=BLOCK, policy=POLICY))
 
 
 def call_args(lengths, cached=None, sampling=None, seed=1) -> dict:

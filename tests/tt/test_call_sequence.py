@@ -11,24 +11,22 @@ from __future__ import annotations
 
 import pytest
 import torch
+from emulated_lanes import POLICY  # 128-token chunks: a 300-token row runs 3 (its padded 512 stops after the third)
 from tt_recording import RecordingKV, RecordingModel
 
-from prefill_core import PrefillPolicy, SamplingParams, WarmupManifest
+from prefill_core import SamplingParams, WarmupManifest
 from prefill_core.errors import PrefillStateError
 from prefill_shell.backends.base import Backend
-from prefill_shell.config import PrefillRuntimeConfig
 from prefill_shell.contract import INPUT_TOKENS, SLOTS
 from prefill_shell.executor import PrefillExecutor
 from prefill_shell.ledger import Ownership
 from prefill_shell.model import ModelSpec
-from prefill_shell.runtime import PrefillRuntime
 from prefill_shell.tt.backend import TtnnBackend
+from tests.helpers import build_runtime
 
 SPEC = ModelSpec(
     vocab_size=64, hidden_size=32, num_layers=1, num_heads=1, num_kv_heads=1, head_dim=32, max_position=1024
 )
-POLICY = PrefillPolicy(length_ladder=(128,), max_chunk_length=128, chunk_quantum=128)
-"""128-token chunks: a 300-token row runs 3 chunks (its padded 512 stops after the chunk holding token 299)."""
 
 BLOCK = 32
 EAGER_INPUTS = 5  # tokens, start, slots, fill_table, then the final step's last_index
@@ -43,8 +41,7 @@ class Lane:
         self.recording = recording
         self.model = RecordingModel(ttnn, SPEC)
         self.backend = TtnnBackend(recording.mesh, ttnn_module=recording)
-        config = PrefillRuntimeConfig.resolve(self.model, self.backend, RecordingKV(BLOCK, 64), policy=POLICY)
-        self.runtime = PrefillRuntime(config, seed=0)
+        self.runtime = build_runtime(self.model, policy=POLICY, backend=self.backend, kv=RecordingKV(BLOCK, 64))
         self.executor = PrefillExecutor(self.runtime)
 
     @staticmethod

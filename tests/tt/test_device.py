@@ -10,19 +10,18 @@ from __future__ import annotations
 
 import pytest
 import torch
+from emulated_lanes import POLICY
 from tiny_twins import BLOCK, VOCAB, TorchTwin, TtnnTwin, twin_weights
 from tt_env import hardware_present
 from tt_report import note
 
-from prefill_core import PrefillPolicy, SamplingParams, WarmupManifest
+from prefill_core import SamplingParams, WarmupManifest
 from prefill_shell.backends import TorchBackend
-from prefill_shell.config import PrefillRuntimeConfig
 from prefill_shell.executor import PrefillExecutor
-from prefill_shell.runtime import PrefillRuntime
+from tests.helpers import build_runtime
 
 pytestmark = pytest.mark.tt_device
 
-POLICY = PrefillPolicy(length_ladder=(128,), max_chunk_length=128, chunk_quantum=128)
 NUM_BLOCKS = 64
 
 
@@ -48,8 +47,7 @@ def lanes(ttnn, mesh, weights):
 
     out = []
     for model, backend in ((TtnnTwin(ttnn, mesh, weights), TtnnBackend(mesh)), (TorchTwin(weights), TorchBackend())):
-        config = PrefillRuntimeConfig.resolve(model, backend, model.new_kv(NUM_BLOCKS), policy=POLICY)
-        out.append(PrefillExecutor(PrefillRuntime(config, seed=0)))
+        out.append(PrefillExecutor(build_runtime(model, policy=POLICY, backend=backend, kv=model.new_kv(NUM_BLOCKS))))
     return out
 
 

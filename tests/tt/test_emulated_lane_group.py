@@ -10,12 +10,11 @@ from test_emulated_runtime import assert_logits_close
 from tt_report import note
 
 from prefill_core import SamplingParams, WarmupManifest, route_to_lanes
-from prefill_shell.config import PrefillRuntimeConfig
 from prefill_shell.contract import SLOTS
 from prefill_shell.executor import PrefillExecutor
 from prefill_shell.lane_group import LaneGroup
 from prefill_shell.ledger import Ownership
-from prefill_shell.runtime import PrefillRuntime
+from tests.helpers import build_runtime
 
 LENGTHS = [100, 300, 70, 128]
 """Rows 0 and 2 to lane 1 (a wave), rows 1 (chunked: 3 x 128) and 3 to lane 0."""
@@ -35,7 +34,7 @@ def _emulated_lane(emu, submesh) -> PrefillExecutor:
     standin = ReferenceLlamaStandIn(emu, llama, kv)
     model = TtModelAdapter(standin, llama.spec, mesh_device=submesh, ttnn_module=emu)
     backend = TtnnBackend(submesh, ttnn_module=emu)
-    return PrefillExecutor(PrefillRuntime(PrefillRuntimeConfig.resolve(model, backend, kv, policy=POLICY), seed=0))
+    return PrefillExecutor(build_runtime(model, policy=POLICY, backend=backend, kv=kv))
 
 
 @pytest.fixture

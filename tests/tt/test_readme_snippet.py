@@ -2,36 +2,32 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
-import pytest
 from emulated_lanes import BLOCK, NUM_BLOCKS, call_args, reference_llama, torch_executor
 from reference_standin import ReferenceLlamaStandIn
 
-SNIPPET = """\
-import ttnn
-from prefill_core import PrefillPolicy
-from prefill_shell.config import PrefillRuntimeConfig
-from prefill_shell.runtime import PrefillRuntime
-from prefill_shell.tt.adapter import TtKVCache, TtModelAdapter
-from prefill_shell.tt.backend import TtnnBackend
-
-mesh = ttnn.open_mesh_device(ttnn.MeshShape(1, 1), trace_region_size=32 << 20)
-backend = TtnnBackend(mesh)  # one lane; a lane group runs one per submesh (see "Lanes")
-model = TtModelAdapter(tt_model, spec, mesh_device=mesh)  # a TTTv2 model (embed_prefill, prefill_forward, ...)
-kv = TtKVCache(block_size=32, num_blocks=num_blocks)  # the geometry of the paged KV pool bound in tt_model
-runtime = PrefillRuntime(PrefillRuntimeConfig.resolve(model, backend, kv, policy=PrefillPolicy()))
-results = runtime.prefill(tokens, page_table, prompt_lengths=lengths)
-"""
-"""The text README.md's "Running on Tenstorrent hardware" section shows."""
 README = Path(__file__).resolve().parents[2] / "README.md"
+SECTION = "## Running on Tenstorrent hardware"
+
+
+def readme_snippet() -> str:
+    """The first ```python block of README.md's Tenstorrent section; fails the test when there is none."""
+    text = README.read_text()
+    assert SECTION in text, f"README.md has no {SECTION!r} section"
+    section = text.split(SECTION, 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"^```python\n(.*?)^```", section, re.DOTALL | re.MULTILINE)
+    assert block is not None, f"README.md's {SECTION!r} section shows no ```python block"
+    return block.group(1)
 
 
 def test_the_snippet_runs_on_the_emulation_and_matches_the_torch_backend(ttnn, monkeypatch):
     """``import ttnn`` resolves to ReferenceEmulation; the snippet's results equal the torch backend's."""
     from prefill_shell.tt.emulation import ReferenceEmulation
 
+    snippet = readme_snippet()
     emulation = ReferenceEmulation(ttnn)
     llama = reference_llama()
     monkeypatch.setitem(sys.modules, "ttnn", emulation)
@@ -44,16 +40,16 @@ def test_the_snippet_runs_on_the_emulation_and_matches_the_torch_backend(ttnn, m
         page_table=args["page_table"],
         lengths=args["prompt_lengths"],
     )
-    exec(compile(SNIPPET, "README snippet", "exec"), namespace)
+    exec(compile(snippet, "README.md Tenstorrent snippet", "exec"), namespace)
     want = torch_executor().runtime.prefill(args["tokens"], args["page_table"], args["prompt_lengths"])
+    assert len(namespace["results"]) == len(want)
     for got, expected in zip(namespace["results"], want):
         assert (got.logits - expected.logits).abs().max().item() <= 0.02 * expected.logits.abs().max().item()
     assert emulation.counts["stand-in.prefill_forward"] == 2  # default policy: a 128-token and a 1024-token step
 
 
-def test_the_readme_shows_this_snippet():
-    """Once README.md names TtModelAdapter, its snippet is exactly the one tested here."""
-    text = README.read_text()
-    if "TtModelAdapter" not in text:
-        pytest.skip("README.md does not show the TtModelAdapter snippet yet")
-    assert SNIPPET in text
+def test_the_readme_shows_the_tenstorrent_snippet():
+    """README.md's Tenstorrent section shows a ```python block that builds a runtime over TtModelAdapter."""
+    snippet = readme_snippet()
+    for name in ("import ttnn", "TtnnBackend(", "TtModelAdapter(", "PrefillRuntime(", "runtime.prefill("):
+        assert name in snippet, f"README.md's Tenstorrent snippet no longer shows {name!r}"
