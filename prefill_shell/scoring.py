@@ -266,7 +266,10 @@ class Scorer:
 
     def _prefill(self, tokens, table, lengths, cached, sampling):
         runtime = self.runtime
-        batch = runtime.prepare(tokens, table, lengths, cached, sampling=sampling)
+        # Traces replay padded waves: a traced scorer plans padded even where the runtime could pack.
+        batch = runtime.prepare(
+            tokens, table, lengths, cached, sampling=sampling, packed=False if self.traced else None
+        )
         for prepared in batch.requests:
             self.positions_computed += prepared.request.computed_tokens
             if self.traced and runtime.trace_gap(prepared) is not None:

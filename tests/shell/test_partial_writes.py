@@ -73,5 +73,5 @@ def test_a_failure_before_any_step_carries_no_partial_writes(tiny_model):
     """An input error raised while preparing writes nothing, and carries no partial_writes attribute."""
     rt = build_runtime(tiny_model, num_blocks=NUM_BLOCKS, block_size=BS, policy=SMALL_POLICY)
     with pytest.raises(ValueError) as info:
-        rt.prefill(make_tokens(40, seed=1)[None], page_table([[1, 2, 3]]), [40], [5])
+        rt.prefill(make_tokens(40, seed=1)[None], page_table([[1, 2, 3]]), [40], [41])  # cached past the prompt
     assert not hasattr(info.value, "partial_writes")
