@@ -238,22 +238,23 @@ class ServingFacade:
         num_rows = len(tokens)
         if prompt_lens is None:
             prompt_lens = [len(row) for row in tokens]
-        rows = None
-        if sampling_params is not None:
-            rows = rows_from_plugin(sampling_params, num_rows, self.model.spec.vocab_size)
-        core = None if rows is None else [None if not r.penalties.neutral else r.params for r in rows]
         mode = "traced" if enable_trace else "eager"
         target = self._prefill_target()
-        results = target.prefill(tokens, page_table, prompt_lens, start_pos, empty_slots, core, mode=mode)
-        if rows is None:
+        if sampling_params is None:
+            results = target.prefill(tokens, page_table, prompt_lens, start_pos, empty_slots, None, mode=mode)
             return torch.stack([r.logits for r in results]).float().unsqueeze(1)  # [B, 1, V]
-        output_tokens = compatibility_kwargs.get("output_tokens")
-        return self._sampled(results, rows, tokens, prompt_lens, output_tokens)
-
-    def _sampled(self, results, rows: list[RowSampling], tokens, prompt_lens, output_tokens):
-        sampled = [result.token for result in results]
-        logprobs = [result.logprob for result in results]
+        rows = rows_from_plugin(sampling_params, num_rows, self.model.spec.vocab_size)
         penalised = [row for row, sampling in enumerate(rows) if not sampling.penalties.neutral]
+        core = [sampling.params for sampling in rows]
+        for row in penalised:  # the device returns this row's logits; it is sampled here
+            core[row] = None
+        results = target.prefill(tokens, page_table, prompt_lens, start_pos, empty_slots, core, mode=mode)
+        output_tokens = compatibility_kwargs.get("output_tokens")
+        return self._sampled(results, rows, penalised, tokens, prompt_lens, output_tokens)
+
+    def _sampled(self, results, rows: list[RowSampling], penalised: list[int], tokens, prompt_lens, output_tokens):
+        sampled = [result.token for result in results]
+        penalised_logprobs = {}
         if penalised:
             lengths = prompt_lens.tolist() if isinstance(prompt_lens, torch.Tensor) else list(prompt_lens)
         for row in penalised:  # sampled here, from the device's logits
@@ -261,7 +262,7 @@ class ServingFacade:
             seed = sampling.params.seed
             seed = self._rng.getrandbits(63) if seed is None else seed
             prompt = torch.as_tensor(tokens[row][: lengths[row]], dtype=torch.int64)
-            sampled[row], logprobs[row] = sample_penalised(
+            sampled[row], penalised_logprobs[row] = sample_penalised(
                 results[row].logits, prompt, _output_row(output_tokens, row), sampling.penalties, sampling.params, seed
             )
         out_tokens = torch.tensor(sampled, dtype=torch.int64)
@@ -270,7 +271,7 @@ class ServingFacade:
             return out_tokens, None
         log_probs = torch.ones(len(rows), dtype=torch.float32)
         for row in wanted:
-            log_probs[row] = logprobs[row]
+            log_probs[row] = penalised_logprobs.get(row, results[row].logprob)
         return out_tokens, log_probs
 
     def _check_call(self, kv_cache: Any, enable_trace: Any) -> None:
