@@ -12,7 +12,7 @@ ENV = PYTHONPATH=$(CURDIR) PYTHONDONTWRITEBYTECODE=1 PREFILL_SMOLLM2=$(MODEL)
 RUN = $(ENV) $(VENV)/bin/python
 PYTEST = -m pytest -q -p no:cacheprovider
 
-.PHONY: venv model demo test lint lint-imports test-py312 test-py310 test-tt fuzz bench explain
+.PHONY: venv venvs model demo test lint lint-imports test-py312 test-py310 test-tt fuzz bench explain
 
 # Prints the interpreter to use (the 3.12 venv's python).
 venv:
@@ -27,8 +27,17 @@ demo: model
 
 # Formatting and lint (pyproject's [tool.ruff]), the import layers
 # (pyproject's [tool.importlinter]), then the whole suite on every Python the
-# package declares (3.12, then 3.10).
-test: model lint lint-imports test-py312 test-py310
+# package declares, 3.12 and 3.10 side by side: each suite is one process that
+# keeps about one core busy, so on two cores the pair takes as long as the
+# slower one. Each runs with one torch thread (two suites of two threads each
+# would oversubscribe the cores), and make prints each suite's output whole
+# when that suite ends (--output-sync). Both venvs are built first, in turn.
+test: model lint lint-imports venvs
+	$(MAKE) --no-print-directory -j2 --output-sync=target OMP_NUM_THREADS=1 test-py312 test-py310
+
+venvs:
+	@echo "python 3.12: $(VENV)"
+	@echo "python 3.10: $(VENV310)"
 
 lint:
 	$(VENV)/bin/ruff format --check .
@@ -38,10 +47,10 @@ lint-imports:
 	$(ENV) $(VENV)/bin/lint-imports --no-cache
 
 test-py312:
-	HYPOTHESIS_PROFILE=ci $(RUN) $(PYTEST)
+	HYPOTHESIS_PROFILE=ci $(if $(OMP_NUM_THREADS),OMP_NUM_THREADS=$(OMP_NUM_THREADS)) $(RUN) $(PYTEST)
 
 test-py310:
-	HYPOTHESIS_PROFILE=ci $(ENV) $(VENV310)/bin/python $(PYTEST)
+	HYPOTHESIS_PROFILE=ci $(if $(OMP_NUM_THREADS),OMP_NUM_THREADS=$(OMP_NUM_THREADS)) $(ENV) $(VENV310)/bin/python $(PYTEST)
 
 # Tests that need a Tenstorrent device; they skip with a reason without one.
 test-tt:

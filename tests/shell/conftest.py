@@ -7,10 +7,15 @@ unpadded, so every runtime result is compared with an independent answer.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 import torch
 
 from prefill_shell.reference import random_llama, save_hf_folder
+from prefill_shell.reference.gguf import load_gguf
+from prefill_shell.reference.smollm2 import ENV_VAR, ModelFileMissingError, smollm2_path
 from tests import helpers
 
 
@@ -61,3 +66,42 @@ class Oracle:
 def kit():
     """tests.helpers as one fixture, kept while tests still take ``kit`` (new tests import from tests.helpers)."""
     return helpers
+
+
+# -- the real SmolLM2 (its pinned GGUF) and transformers on the same file: loaded once a session ----------
+
+
+@pytest.fixture(scope="session")
+def smollm2_file() -> Path:
+    """The pinned GGUF (sha256 checked); skipped only when nothing points at it and the cache lacks it."""
+    try:
+        return smollm2_path()
+    except ModelFileMissingError as missing:
+        if os.environ.get(ENV_VAR):
+            raise
+        pytest.skip(f"{missing} (make test fetches it)")
+
+
+@pytest.fixture(scope="session")
+def smollm2(smollm2_file):
+    """Our reference Llama holding the file's weights, dequantized to float32."""
+    pytest.importorskip("gguf")
+    return load_gguf(smollm2_file, dtype=torch.float32)
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer(smollm2_file):
+    """transformers' tokenizer rebuilt from the file's metadata."""
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("gguf")
+    return transformers.AutoTokenizer.from_pretrained(smollm2_file.parent, gguf_file=smollm2_file.name)
+
+
+@pytest.fixture(scope="session")
+def smollm2_hf(smollm2_file):
+    """transformers' Llama loaded from the same file (its own dequantization), float32."""
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")  # transformers needs it to load a GGUF
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        smollm2_file.parent, gguf_file=smollm2_file.name, dtype=torch.float32
+    ).eval()

@@ -2,15 +2,13 @@
 
 The prompts are prefixes of one real-text document, so they share cached
 blocks, and a 64-token budget cuts them at unaligned positions. Each
-request's final-chunk logits equal a one-shot prefill of its whole prompt
-and transformers loading the same file (within 1e-4 of the largest logit
-magnitude, as tests/shell/test_smollm2.py); no KV byte outside a step's own
-blocks changes.
+request's final-chunk logits, eager and traced, equal a one-shot prefill of
+its whole prompt and transformers loading the same file (within 1e-4 of the
+largest logit magnitude, as tests/shell/test_smollm2.py); no KV byte outside
+a step's own blocks changes.
 """
 
 from __future__ import annotations
-
-import os
 
 import pytest
 import torch
@@ -19,8 +17,6 @@ from vllm_like_scheduler import BlockPool, Scheduler, SimRequest, drive
 from prefill_core import PrefillPolicy
 from prefill_shell.backends import TorchBackend
 from prefill_shell.demo import document
-from prefill_shell.reference.gguf import load_gguf
-from prefill_shell.reference.smollm2 import ENV_VAR, ModelFileMissingError, smollm2_path
 from prefill_shell.serving import ServingFacade
 
 transformers = pytest.importorskip("transformers")
@@ -42,49 +38,48 @@ def one_thread():
 
 
 @pytest.fixture(scope="module")
-def smollm2_file():
-    try:
-        return smollm2_path()
-    except ModelFileMissingError as missing:
-        if os.environ.get(ENV_VAR):
-            raise
-        pytest.skip(f"{missing} (make test fetches it)")
-
-
-@pytest.fixture(scope="module")
-def prompts(smollm2_file) -> list[torch.Tensor]:
-    tokenizer = transformers.AutoTokenizer.from_pretrained(smollm2_file.parent, gguf_file=smollm2_file.name)
-    ids = torch.tensor(tokenizer(document(lines=20))["input_ids"][: max(LENGTHS)], dtype=torch.int64)
+def prompts(smollm2_tokenizer) -> list[torch.Tensor]:
+    ids = torch.tensor(smollm2_tokenizer(document(lines=20))["input_ids"][: max(LENGTHS)], dtype=torch.int64)
     return [ids[:n] for n in LENGTHS]
 
 
 @pytest.fixture(scope="module")
-def hf_logits(smollm2_file, prompts) -> list[torch.Tensor]:
+def hf_logits(smollm2_hf, prompts) -> list[torch.Tensor]:
     """One transformers forward over the longest prompt: the logits at each prompt's last position."""
-    hf = transformers.AutoModelForCausalLM.from_pretrained(
-        smollm2_file.parent, gguf_file=smollm2_file.name, dtype=torch.float32
-    ).eval()
     with torch.no_grad():
-        out = hf(prompts[LENGTHS.index(max(LENGTHS))][None]).logits[0]
+        out = smollm2_hf(prompts[LENGTHS.index(max(LENGTHS))][None]).logits[0]
     return [out[n - 1].float() for n in LENGTHS]
 
 
-def test_scheduled_steps_on_smollm2_equal_a_one_shot_prefill_and_transformers(smollm2_file, prompts, hf_logits):
+@pytest.fixture(scope="module")
+def one_shot_logits(smollm2, prompts) -> list[torch.Tensor]:
+    """Each prompt prefilled whole, in one eager call of its own."""
+    facade = ServingFacade(smollm2, TorchBackend(), max_seq_len=256, max_batch_size=4, policy=POLICY)
+    spec = smollm2.spec
+    facade.allocate_kv_cache((48, spec.num_kv_heads, BLOCK, spec.head_dim), smollm2.dtype, spec.num_layers)
+    out = []
+    for tokens in prompts:
+        table = torch.arange(-(-len(tokens) // BLOCK), dtype=torch.int32)[None] + 1
+        out.append(facade.prefill_forward(tokens[None], table, enable_trace=False)[0, 0])
+    return out
+
+
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "traced"])
+def test_scheduled_steps_on_smollm2_equal_a_one_shot_prefill_and_transformers(
+    smollm2, prompts, hf_logits, one_shot_logits, traced
+):
     """Five requests at a 64-token budget (three arriving at once): final-chunk logits match both oracles."""
-    model = load_gguf(smollm2_file, dtype=torch.float32)
-    facade = ServingFacade(model, TorchBackend(), max_seq_len=256, max_batch_size=4, policy=POLICY)
-    spec = model.spec
-    facade.allocate_kv_cache((48, spec.num_kv_heads, BLOCK, spec.head_dim), model.dtype, spec.num_layers)
+    facade = ServingFacade(smollm2, TorchBackend(), max_seq_len=256, max_batch_size=4, policy=POLICY)
+    spec = smollm2.spec
+    kv = facade.allocate_kv_cache((48, spec.num_kv_heads, BLOCK, spec.head_dim), smollm2.dtype, spec.num_layers)
+    if traced:  # every trace the layout can plan, captured before the first step (as the plugin warms up)
+        facade.warmup_model_prefill(kv_cache=kv, can_sample_on_device=False, enable_trace=True)
     requests = [SimRequest(i, p, arrival=0 if i < 3 else 2 * i, seed=i) for i, p in enumerate(prompts)]
     scheduler = Scheduler(requests, BlockPool(48, BLOCK), budget=64, max_num_seqs=4)
-    drive(facade, scheduler, traced=False)
+    drive(facade, scheduler, traced=traced)
     assert scheduler.stats["unaligned_starts"] and scheduler.stats["prefix_hit_blocks"], scheduler.stats
-    one_shot = ServingFacade(model, TorchBackend(), max_seq_len=256, max_batch_size=4, policy=POLICY)
-    one_shot.allocate_kv_cache((48, spec.num_kv_heads, BLOCK, spec.head_dim), model.dtype, spec.num_layers)
-    for request, expected in zip(requests, hf_logits):
+    for request, whole, expected in zip(requests, one_shot_logits, hf_logits):
         (logits,) = request.results
-        table = torch.arange(-(-len(request.tokens) // BLOCK), dtype=torch.int32)[None] + 1
-        whole = one_shot.prefill_forward(request.tokens[None], table, enable_trace=False)[0, 0]
         scale = expected.abs().max().item()
         assert (logits - whole).abs().max().item() <= REL_TOL * scale, request.id
         assert (logits - expected).abs().max().item() <= REL_TOL * scale, request.id
