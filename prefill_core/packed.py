@@ -50,6 +50,7 @@ __all__ = [
     "owed_positions",
     "packed_signature",
     "plan_packed",
+    "plans_packed",
     "prepare_packed",
 ]
 
@@ -147,6 +148,19 @@ class PackedRequest:
     @property
     def computed_tokens(self) -> int:
         return self.real_tokens
+
+
+def plans_packed(runs_packed: bool, packed: bool | None = None) -> bool:
+    """Whether a call is planned as packed steps rather than padded waves.
+
+    ``runs_packed``: the lane can run them (the policy asks, and the backend
+    and the model declare the capability). ``packed``: the caller's choice;
+    ``None`` packs whenever the lane can, ``False`` asks for padded waves (a
+    call that may replay traces: a trace fixes the shapes packing varies).
+    What the rows ask for does not matter: either step kind returns every
+    output, prompt log-probs included.
+    """
+    return runs_packed and packed is not False
 
 
 def owed_positions(length: int, cached: int) -> tuple[int, int, bool]:
