@@ -36,7 +36,7 @@ import torch
 from prefill_core import SamplingParams, ceil_div
 from prefill_core.errors import CapacityError, InvalidScoringRequestError, row_error
 
-from .prefix_sharing import largest_sharing_group, share_prefix
+from .prefix_sharing import share_prefix, sharing_groups
 from .runtime import PrefillRuntime
 
 __all__ = ["BlockPool", "ContinuationScore", "Scorer", "encode_pair", "rolling_windows"]
@@ -177,7 +177,9 @@ class Scorer:
         # What a row may share is its context without the last token: the row
         # recomputes the position that predicts its first continuation token.
         shareable = [tokens[: length - 1] for tokens, length in zip(full, context_lengths)]
-        for group in _sharing_groups(shareable, self.block_size):
+        groups = sharing_groups(shareable, self.block_size)
+        grouped = {i for group in groups for i in group}
+        for group in groups + [[i] for i in range(len(pairs)) if i not in grouped]:
             layout = share_prefix([shareable[i] for i in group], self.block_size)
             blocks = tuple(layout.prefix_blocks)
             for i, cached in zip(group, layout.cached):
@@ -276,21 +278,6 @@ class Scorer:
                 runtime.capture(prepared.trace_signature)
                 runtime.allocate_workspace(prepared.program_signature)
         return runtime.assemble(runtime.invocations(batch, traced=self.traced), batch.num_rows)
-
-
-def _sharing_groups(prompts: list[list[int]], block_size: int) -> list[list[int]]:
-    """Every row in one group: ``largest_sharing_group`` peeled off until no two rows share a block."""
-    left = list(range(len(prompts)))
-    groups = []
-    while left:
-        group = largest_sharing_group([prompts[i] for i in left], block_size)
-        if not group:
-            groups += [[i] for i in left]
-            break
-        members = [left[j] for j in group]
-        groups.append(members)
-        left = [i for i in left if i not in set(members)]
-    return groups
 
 
 def _matrix(rows: Sequence[Sequence[int]], filler: int = 0) -> torch.Tensor:
