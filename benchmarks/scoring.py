@@ -5,7 +5,8 @@
    the same SmolLM2 GGUF, same ``max_length`` and ``batch_size``, one after
    the other in this process (models loaded first, not timed). Positions
    computed are counted in each model body: the runtime's ``forward_hidden``
-   (padding included) and the HF model's forward (its padded input ids).
+   (padding included) and ``forward_packed`` (real tokens end to end), and the
+   HF model's forward (its padded input ids).
    Goal: the runtime at least 2x faster, shared contexts computed once.
 2. Peak RSS, each in a fresh process: a 4096-token document scored over
    rolling windows (one window: max_length 4096) vs a 4096-token last-token
@@ -38,15 +39,20 @@ DOCUMENT_TOKENS = 4096
 
 
 def _count_runtime_positions(lm) -> list[int]:
+    """Positions the runtime's model body computes: every token of a padded step (padding included) or a packed one."""
     counter = [0]
     model = lm.model
-    forward = model.forward_hidden
+    forward, forward_packed = model.forward_hidden, model.forward_packed
 
     def counted(tokens, *args, **kwargs):
         counter[0] += tokens.numel()
         return forward(tokens, *args, **kwargs)
 
-    model.forward_hidden = counted
+    def counted_packed(tokens, *args, **kwargs):
+        counter[0] += tokens.numel()
+        return forward_packed(tokens, *args, **kwargs)
+
+    model.forward_hidden, model.forward_packed = counted, counted_packed
     return counter
 
 
