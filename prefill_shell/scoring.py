@@ -236,9 +236,7 @@ class Scorer:
                 if row.shared_blocks and row.tokens[: row.cached] not in shared:
                     shared[row.tokens[: row.cached]] = self._take(len(row.shared_blocks), taken)
             own = [self._take(self._own_blocks(r), taken) for r in rows]
-            if shared:
-                self._prefill_contexts(shared)
-            return self._prefill_rows(rows, shared, own)
+            return self._prefill_round(rows, shared, own)
         finally:
             self.pool.give_back(taken)
 
@@ -247,24 +245,28 @@ class Scorer:
         taken.extend(blocks)
         return blocks
 
-    def _prefill_contexts(self, shared: dict[tuple[int, ...], list[int]]) -> None:
-        """Fills each group's shared whole blocks once (their last-token output is not needed)."""
-        prefixes = list(shared)
-        tokens = _matrix(prefixes)
-        table = _matrix([shared[p] for p in prefixes], filler=-1).to(torch.int32)
-        self._prefill(tokens, table, [len(p) for p in prefixes], None, None)
+    def _prefill_round(self, rows: list[_Row], shared, own) -> list[ContinuationScore]:
+        """One call: each group's shared whole blocks (once), then the follow-ups that read them as cached.
 
-    def _prefill_rows(self, rows: list[_Row], shared, own) -> list[ContinuationScore]:
-        tables = [shared.get(r.tokens[: r.cached], []) + blocks for r, blocks in zip(rows, own)]
-        sampling = [SamplingParams.greedy(prompt_logprobs=1, prompt_start=r.context_length - 1) for r in rows]
+        The contexts' rows write the shared blocks whole at the columns the
+        follow-ups read them, so the planner runs them first (a same-step
+        prefix hit, ``prefill_core.block_order``): packed, in the same steps
+        where they fit. Their last-token output is not needed.
+        """
+        contexts = list(shared)
+        tables = [shared[p] for p in contexts] + [
+            shared.get(r.tokens[: r.cached], []) + blocks for r, blocks in zip(rows, own)
+        ]
+        context_sampling = [SamplingParams.greedy()] * len(contexts)
         results = self._prefill(
-            _matrix([r.tokens for r in rows]),
+            _matrix(contexts + [r.tokens for r in rows]),
             _matrix(tables, filler=-1).to(torch.int32),
-            [len(r.tokens) for r in rows],
-            [r.cached for r in rows],
-            sampling,
+            [len(p) for p in contexts] + [len(r.tokens) for r in rows],
+            [0] * len(contexts) + [r.cached for r in rows],
+            context_sampling
+            + [SamplingParams.greedy(prompt_logprobs=1, prompt_start=r.context_length - 1) for r in rows],
         )
-        return [_continuation_score(result.prompt_logprobs) for result in results]
+        return [_continuation_score(result.prompt_logprobs) for result in results[len(contexts) :]]
 
     def _prefill(self, tokens, table, lengths, cached, sampling):
         runtime = self.runtime
