@@ -5,7 +5,10 @@
    the same SmolLM2 GGUF, same ``max_length`` and ``batch_size``, one after
    the other in this process (models loaded first, not timed). Positions
    computed are counted in each model body: the runtime's ``forward_hidden``
-   (padding included) and the HF model's forward (its padded input ids).
+   (padding included) and ``forward_packed`` (real tokens end to end), and the
+   HF model's forward (its padded input ids); so are the rows each LM head
+   projects onto the vocabulary (the runtime scores only the continuation
+   positions and each row's last token).
    Goal: the runtime at least 2x faster, shared contexts computed once.
 2. Peak RSS, each in a fresh process: a 4096-token document scored over
    rolling windows (one window: max_length 4096) vs a 4096-token last-token
@@ -38,15 +41,40 @@ DOCUMENT_TOKENS = 4096
 
 
 def _count_runtime_positions(lm) -> list[int]:
+    """Positions the runtime's model body computes: every token of a padded step (padding included) or a packed one."""
     counter = [0]
     model = lm.model
-    forward = model.forward_hidden
+    forward, forward_packed = model.forward_hidden, model.forward_packed
 
     def counted(tokens, *args, **kwargs):
         counter[0] += tokens.numel()
         return forward(tokens, *args, **kwargs)
 
-    model.forward_hidden = counted
+    def counted_packed(tokens, *args, **kwargs):
+        counter[0] += tokens.numel()
+        return forward_packed(tokens, *args, **kwargs)
+
+    model.forward_hidden, model.forward_packed = counted, counted_packed
+    return counter
+
+
+def _count_lm_head_rows(module_or_model, hidden_size: int) -> list[int]:
+    """Rows the LM head projects onto the vocabulary (the runtime's ``lm_head`` call or HF's ``lm_head`` module)."""
+    counter = [0]
+    if isinstance(module_or_model, torch.nn.Module):
+
+        def hook(_module, args):
+            counter[0] += args[0].numel() // hidden_size
+
+        module_or_model.register_forward_pre_hook(hook)
+        return counter
+    head = module_or_model.lm_head
+
+    def counted(rows, *args, **kwargs):
+        counter[0] += rows.numel() // hidden_size
+        return head(rows, *args, **kwargs)
+
+    module_or_model.lm_head = counted
     return counter
 
 
@@ -80,6 +108,11 @@ def compare_with_hf(args: argparse.Namespace) -> list[Metric]:
         batch_size=args.batch_size,
     )
     counters = {"prefill-runtime": _count_runtime_positions(ours), "hf": _count_hf_positions(theirs)}
+    hidden = ours.model.spec.hidden_size
+    heads = {
+        "prefill-runtime": _count_lm_head_rows(ours.model, hidden),
+        "hf": _count_lm_head_rows(theirs.model.lm_head, hidden),
+    }
     tasks = TaskManager(include_path=str(REPO / "evals"))
     seconds, accuracy = {}, {}
     for name, lm in (("prefill-runtime", ours), ("hf", theirs)):
@@ -97,6 +130,8 @@ def compare_with_hf(args: argparse.Namespace) -> list[Metric]:
         Metric("mc_positions_prefill_runtime", positions["prefill-runtime"], "positions"),
         Metric("mc_positions_hf", positions["hf"], "positions"),
         Metric("mc_positions_hf_over_runtime", positions["hf"] / positions["prefill-runtime"], "x"),
+        Metric("mc_lm_head_rows_prefill_runtime", heads["prefill-runtime"][0], "rows"),
+        Metric("mc_lm_head_rows_hf", heads["hf"][0], "rows"),
     ]
 
 

@@ -10,7 +10,7 @@ from .errors import __all__ as _error_names
 from .lanes import LaneRoute, route_to_lanes
 from .layout import PageTableLayout
 from .manifest import WarmupManifest, manifest_for
-from .packed import PackedRequest, PackedSegment, PackedStep, plan_packed, prepare_packed
+from .packed import PackedRequest, PackedSegment, PackedStep, plan_packed, plans_packed, prepare_packed
 from .plan import plan_prefill
 from .policy import PrefillPolicy, ceil_div, round_up
 from .prepared import PreparedPrefill, prepare_in_sub_batches, prepare_prefill
@@ -52,6 +52,7 @@ __all__ = [
     "manifest_for",
     "materialize_table",
     "plan_packed",
+    "plans_packed",
     "plan_prefill",
     "prepare_in_sub_batches",
     "prepare_packed",

@@ -18,12 +18,21 @@ other. ``order_writers_first`` still checks, because it takes any requests.
 
 from __future__ import annotations
 
+from .batch import PrefillBatch
 from .computed_positions import written_columns
 from .errors import BlockDependencyCycleError
 from .intmath import ceil_div
 from .request import PrefillRequest
 
-__all__ = ["order_writers_first", "request_dependencies"]
+__all__ = ["order_writers_first", "request_dependencies", "row_dependencies", "rows_writers_first"]
+
+
+def _row_reads_and_writes(length: int, cached: int, blocks: tuple[int, ...], block_size: int):
+    """Block ids one row reads as cached and block ids it writes."""
+    mapped = blocks[: ceil_div(length, block_size)]
+    written = written_columns(length, cached, block_size)
+    first_written = written.start if written else len(mapped)
+    return mapped[:first_written], mapped[first_written:]
 
 
 def _reads_and_writes(request: PrefillRequest, block_size: int) -> tuple[set[int], set[int]]:
@@ -31,12 +40,22 @@ def _reads_and_writes(request: PrefillRequest, block_size: int) -> tuple[set[int
     reads: set[int] = set()
     writes: set[int] = set()
     for length, cached, blocks in zip(request.lengths, request.cached, request.blocks):
-        mapped = blocks[: ceil_div(length, block_size)]
-        written = written_columns(length, cached, block_size)
-        first_written = written.start if written else len(mapped)
-        reads.update(mapped[:first_written])
-        writes.update(mapped[first_written:])
+        row_reads, row_writes = _row_reads_and_writes(length, cached, blocks, block_size)
+        reads.update(row_reads)
+        writes.update(row_writes)
     return reads, writes
+
+
+def row_dependencies(batch: PrefillBatch, block_size: int) -> list[set[int]]:
+    """For each row of ``batch``, the other rows that write a block it reads as cached."""
+    if not any(batch.cached):
+        return [set() for _ in range(len(batch))]
+    sides = [
+        _row_reads_and_writes(length, cached, blocks, block_size)
+        for length, cached, blocks in zip(batch.lengths, batch.cached, batch.blocks)
+    ]
+    writer_of = {block: row for row, (_, writes) in enumerate(sides) for block in writes}
+    return [{writer_of[b] for b in reads if b in writer_of} - {row} for row, (reads, _) in enumerate(sides)]
 
 
 def request_dependencies(requests: tuple[PrefillRequest, ...], block_size: int) -> list[set[int]]:
@@ -60,15 +79,45 @@ def order_writers_first(requests: tuple[PrefillRequest, ...], block_size: int) -
     needs = request_dependencies(requests, block_size)
     if not any(needs):
         return requests
+    ordered = _first_ready_order(needs)
+    if len(ordered) < len(requests):
+        raise _cycle_error(requests, needs, set(ordered))
+    return tuple(requests[i] for i in ordered)
+
+
+def rows_writers_first(batch: PrefillBatch, block_size: int) -> tuple[int, ...]:
+    """``batch``'s rows with each after every row that writes a block it reads; otherwise in caller order.
+
+    Packed steps (``packed.py``) lay rows end to end in this order, so a
+    row's segments never precede its writers' last segment. Raises
+    ``BlockDependencyCycleError`` when no order serves every row.
+    """
+    needs = row_dependencies(batch, block_size)
+    if not any(needs):
+        return tuple(range(len(needs)))
+    ordered = _first_ready_order(needs)
+    if len(ordered) < len(needs):
+        row = next(r for r in range(len(needs)) if r not in set(ordered))
+        others = sorted(needs[row] - set(ordered))
+        msg = (
+            f"row {row}: blocks is invalid: it reads as cached a block that rows {others} write, "
+            "and they read a block it (or a row waiting on it) writes: no run order serves both"
+        )
+        raise BlockDependencyCycleError(msg, row=row, field="blocks")
+    return tuple(ordered)
+
+
+def _first_ready_order(needs: list[set[int]]) -> list[int]:
+    """Indices in order, each once everything it needs is placed (earliest first); stops at a cycle."""
     ordered: list[int] = []
     done: set[int] = set()
-    while len(ordered) < len(requests):
-        ready = next((i for i in range(len(requests)) if i not in done and needs[i] <= done), None)
+    while len(ordered) < len(needs):
+        ready = next((i for i in range(len(needs)) if i not in done and needs[i] <= done), None)
         if ready is None:
-            raise _cycle_error(requests, needs, done)
+            break
         ordered.append(ready)
         done.add(ready)
-    return tuple(requests[i] for i in ordered)
+    return ordered
 
 
 def _cycle_error(

@@ -21,6 +21,12 @@ both declare they can run them; ttnn keeps padded waves (``plan.py``).
 4. A segment writes exactly its own positions, through its own row's blocks;
    it reads its row's positions before ``start`` from the pool (the cached
    prefix and the row's earlier segments) and its own fresh K/V.
+5. A row that reads as cached a block another row of the call writes (a
+   same-step prefix hit, ``block_order``) is packed after that row, so its
+   first segment lies in the writer's last step or a later one. A packed
+   model writes every segment's K/V of a layer before any segment's
+   attention reads the pool, as vLLM's flattened pass does, so a reader in
+   the writer's last step reads the writer's fresh K/V.
 
 Identity: a packed program is named by its variant, output rows, token
 budget, sampling path and log-probs (``packed_signature``). A step's token
@@ -34,6 +40,8 @@ from __future__ import annotations
 import attrs
 
 from .batch import PrefillBatch
+from .block_order import row_dependencies, rows_writers_first
+from .errors import BlockDependencyCycleError
 from .intmath import ceil_div
 from .layout import PageTableLayout
 from .policy import PrefillPolicy
@@ -50,6 +58,7 @@ __all__ = [
     "owed_positions",
     "packed_signature",
     "plan_packed",
+    "plans_packed",
     "prepare_packed",
 ]
 
@@ -149,6 +158,19 @@ class PackedRequest:
         return self.real_tokens
 
 
+def plans_packed(runs_packed: bool, packed: bool | None = None) -> bool:
+    """Whether a call is planned as packed steps rather than padded waves.
+
+    ``runs_packed``: the lane can run them (the policy asks, and the backend
+    and the model declare the capability). ``packed``: the caller's choice;
+    ``None`` packs whenever the lane can, ``False`` asks for padded waves (a
+    call that may replay traces: a trace fixes the shapes packing varies).
+    What the rows ask for does not matter: either step kind returns every
+    output, prompt log-probs included.
+    """
+    return runs_packed and packed is not False
+
+
 def owed_positions(length: int, cached: int) -> tuple[int, int, bool]:
     """``(start, count, writes)`` of the positions a row owes (rule 1)."""
     if cached == length:
@@ -195,10 +217,8 @@ def plan_packed(
     """Plans ``batch`` as packed steps; raises a ``PrefillInputError`` subclass on any bad input."""
     check_inputs(batch, policy, layout, max_position=max_position)
     budget = policy.max_chunk_length
-    logits_rows = [r for r, s in enumerate(batch.sampling) if s is None]
-    sampled_rows = [r for r, s in enumerate(batch.sampling) if s is not None]
     requests: list[PackedRequest] = []
-    for rows in (logits_rows, sampled_rows):
+    for rows in _row_groups(batch, layout.block_size):
         if not rows:
             continue
         pending: list[PackedStep] = []
@@ -208,6 +228,28 @@ def plan_packed(
                 requests.append(_request(batch, pending, ending, budget, layout.block_size))
                 pending = []
     return tuple(requests)
+
+
+def _row_groups(batch: PrefillBatch, block_size: int) -> tuple[list[int], list[int]]:
+    """Logits rows and sampled rows (rule 2), each writer before the rows reading its blocks (rule 5).
+
+    Logits rows go first unless one of them reads a block a sampled row writes.
+    """
+    order = rows_writers_first(batch, block_size)
+    logits = [r for r in order if batch.sampling[r] is None]
+    sampled = [r for r in order if batch.sampling[r] is not None]
+    needs = row_dependencies(batch, block_size)
+    logits_read_sampled = [r for r in logits if needs[r] & set(sampled)]
+    sampled_read_logits = [r for r in sampled if needs[r] & set(logits)]
+    if logits_read_sampled and sampled_read_logits:
+        row = sampled_read_logits[0]
+        msg = (
+            f"row {row}: blocks is invalid: it reads as cached a block a logits row writes, and logits row "
+            f"{logits_read_sampled[0]} reads one a sampled row writes: packed steps run one kind after the "
+            "other, so no order serves both"
+        )
+        raise BlockDependencyCycleError(msg, row=row, field="blocks")
+    return (sampled, logits) if logits_read_sampled else (logits, sampled)
 
 
 def packed_signature(request: PackedRequest, path: SamplingPath) -> PrefillProgramSignature:

@@ -112,7 +112,7 @@ class PrefillResultAssembler:
         results = self._normalize(invocation, host)
         if invocation.prompt is None:
             return results
-        return [r._replace(prompt_logprobs=tuple(invocation.prompt.get(b, ()))) for b, r in enumerate(results)]
+        return [r._replace(prompt_logprobs=invocation.prompt.get(r.row, ())) for r in results]
 
     def _normalize(self, invocation: InvocationResult, host: dict[TensorSpec, torch.Tensor]) -> list[PrefillResult]:
         prepared = invocation.prepared

@@ -101,7 +101,10 @@ row's positions ``start ..``; their queries attend to the row's positions
 before ``start`` read through ``prefix_table[g]`` (its row's blocks) and to
 the segment's own fresh K/V causally, never to another segment. Token ``t``
 writes its K/V at pool slot ``write_slots[t]`` (``block * bs + position % bs``),
-nothing where it is -1. Eager only: shapes follow the step. Optional, so a
+nothing where it is -1, and every token's K/V of a layer is written before
+any segment's attention of that layer reads the pool: a segment may read
+through its prefix table a block another segment of the same step writes (a
+same-step prefix hit, planned writer first). Eager only: shapes follow the step. Optional, so a
 model without it (the ttnn adapter) stays a ``PrefillModel``; ``supports_packed``
 reads it.
 """

@@ -8,7 +8,7 @@ from prefill_core import PageTableLayout, PreparedPrefill
 from prefill_core.errors import PrefillInputError, PrefillStateError
 
 from .inputs import HostStep
-from .prompt_logprobs import PromptPiece
+from .prompt_logprobs import PromptLogprob, PromptPiece
 
 __all__ = ["PreparedBatch", "check_runnable", "checked_request"]
 
@@ -33,8 +33,11 @@ class PreparedBatch:
     runtime: object = attrs.field(repr=False)
     layout: PageTableLayout
     # Per request, per step: the prompt log-prob pieces (``prompt_logprobs.prompt_steps``);
-    # None for a request whose program computes none.
+    # None for a request whose steps score none, () for a call where no row asks.
     prompt_steps: tuple[tuple[tuple[PromptPiece, ...], ...] | None, ...] = ()
+    # Prompt log-probs scored so far, by caller row and position, until the request that
+    # returns the row takes them (a packed row may be scored in an earlier request's steps).
+    prompt_entries: dict[int, dict[int, PromptLogprob]] = attrs.field(factory=dict, repr=False)
 
     @property
     def num_steps(self) -> int:

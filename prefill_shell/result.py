@@ -87,7 +87,7 @@ class InvocationResult:
         seeds: tuple[int, ...],
         workspace: Any = None,
         generation: int = 0,
-        prompt: dict[int, list] | None = None,
+        prompt: dict[int, tuple] | None = None,
     ):
         self.prepared = prepared
         self.outputs = outputs
@@ -96,7 +96,7 @@ class InvocationResult:
         self.state = InvocationState.PENDING
         self.workspace = workspace  # a trace.AliasWorkspace for a traced invocation, else None
         self.generation = generation
-        self.prompt = prompt  # physical row -> its PromptLogprob entries (host values, already read)
+        self.prompt = prompt  # caller row -> its PromptLogprob entries, in position order (host values)
 
     def check_readable(self) -> None:
         """Raises ``PrefillStateError`` unless this invocation's outputs are still its own and unread."""

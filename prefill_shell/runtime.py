@@ -30,6 +30,7 @@ from prefill_core import (
     RequestKind,
     SamplingParams,
     SamplingPath,
+    plans_packed,
     prepare_in_sub_batches,
     prepare_packed,
     prepare_prefill,
@@ -49,7 +50,7 @@ from .partial_writes import StepLog, note_partial_writes
 from .postprocess import PrefillPostprocessor, wave_params
 from .prepared_batch import PreparedBatch, check_runnable, checked_request
 from .progress import ProgressCallback, ProgressCounter
-from .prompt_logprobs import PromptLogprobCollector, prompt_steps
+from .prompt_logprobs import PromptLogprobCollector, prompt_steps, requested_spans, take_entries
 from .result import InvocationResult, PrefillResult
 from .step_loop import EagerSteps, PrefillStepLoop
 from .trace import CapturedTrace, PrefillTraceLifecycle, require_coverage, warmup_step
@@ -171,23 +172,19 @@ class PrefillRuntime:
         batch = build_batch(matrix, table, prompt_lengths, cached_lengths, slots, sampling, config.layout)
         check_token_ids(matrix, batch, config.model.spec.vocab_size)
         max_position = config.model.spec.max_position
-        # Packed steps (eager only, real tokens only) do not score prompt positions: such calls run padded.
-        scores_prompt = any(s is not None and s.prompt_logprobs is not None for s in batch.sampling)
-        if config.packed_steps and packed is not False and not scores_prompt:
+        if plans_packed(config.packed_steps, packed):
             requests = prepare_packed(
                 batch, config.policy, config.layout, max_position=max_position, whole_call_lane=slots is None
             )
             steps = tuple(tuple(build_packed_host_steps(matrix, p.request, table)) for p in requests)
-            return PreparedBatch(requests, steps, len(batch), self, config.layout)
-        if slots is None and len(batch) > config.policy.lane_size:
-            requests = prepare_in_sub_batches(batch, config.policy, config.layout, max_position=max_position)
         else:
-            requests = prepare_prefill(batch, config.policy, config.layout, max_position=max_position)
-        steps = tuple(tuple(build_host_steps(matrix, p.request, table)) for p in requests)
-        prompt = tuple(
-            prompt_steps(matrix, p.request, s) if p.program_signature.prompt_logprobs else None
-            for p, s in zip(requests, steps)
-        )
+            if slots is None and len(batch) > config.policy.lane_size:
+                requests = prepare_in_sub_batches(batch, config.policy, config.layout, max_position=max_position)
+            else:
+                requests = prepare_prefill(batch, config.policy, config.layout, max_position=max_position)
+            steps = tuple(tuple(build_host_steps(matrix, p.request, table)) for p in requests)
+        spans = requested_spans(batch)
+        prompt = tuple(prompt_steps(matrix, spans, p.request, s) for p, s in zip(requests, steps)) if spans else ()
         return PreparedBatch(requests, steps, len(batch), self, config.layout, prompt)
 
     @exclusive
@@ -222,7 +219,8 @@ class PrefillRuntime:
         steps = StepLog(batch.steps[index], finished, block_size=batch.layout.block_size)
         mode, generation = self._traces.mode_for(prepared) if traced else (self._eager, 0)
         seeds = self._resolve_seeds(prepared)
-        prompt, on_hidden = self._prompt_hook(batch, index)
+        pieces = batch.prompt_steps[index] if batch.prompt_steps else None
+        on_hidden = None if pieces is None else self._prompt.hook(pieces, batch.prompt_entries)
         try:
             with torch.inference_mode():
                 signature = prepared.program_signature
@@ -231,13 +229,10 @@ class PrefillRuntime:
             if steps.started:
                 note_partial_writes(error, steps.written_blocks(rows))
             raise
+        # Rows this request returns take their entries, scored here or in earlier requests' steps (packed).
+        prompt = take_entries(batch.prompt_entries, rows) if batch.prompt_steps else None
         invocation = InvocationResult(prepared, outputs, owned, seeds, mode.workspace, generation, prompt)
         return self._assembler.produced(invocation)
-
-    def _prompt_hook(self, batch: PreparedBatch, index: int):
-        """(entries by physical row, the step loop's ``on_hidden``) for a request with prompt log-probs, else Nones."""
-        pieces = batch.prompt_steps[index] if batch.prompt_steps else None
-        return (None, None) if pieces is None else self._prompt.hook(pieces, batch.requests[index].request)
 
     @exclusive_stream
     def invocations(

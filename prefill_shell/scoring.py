@@ -36,7 +36,7 @@ import torch
 from prefill_core import SamplingParams, ceil_div
 from prefill_core.errors import CapacityError, InvalidScoringRequestError, row_error
 
-from .prefix_sharing import largest_sharing_group, share_prefix
+from .prefix_sharing import share_prefix, sharing_groups
 from .runtime import PrefillRuntime
 
 __all__ = ["BlockPool", "ContinuationScore", "Scorer", "encode_pair", "rolling_windows"]
@@ -177,7 +177,9 @@ class Scorer:
         # What a row may share is its context without the last token: the row
         # recomputes the position that predicts its first continuation token.
         shareable = [tokens[: length - 1] for tokens, length in zip(full, context_lengths)]
-        for group in _sharing_groups(shareable, self.block_size):
+        groups = sharing_groups(shareable, self.block_size)
+        grouped = {i for group in groups for i in group}
+        for group in groups + [[i] for i in range(len(pairs)) if i not in grouped]:
             layout = share_prefix([shareable[i] for i in group], self.block_size)
             blocks = tuple(layout.prefix_blocks)
             for i, cached in zip(group, layout.cached):
@@ -234,9 +236,7 @@ class Scorer:
                 if row.shared_blocks and row.tokens[: row.cached] not in shared:
                     shared[row.tokens[: row.cached]] = self._take(len(row.shared_blocks), taken)
             own = [self._take(self._own_blocks(r), taken) for r in rows]
-            if shared:
-                self._prefill_contexts(shared)
-            return self._prefill_rows(rows, shared, own)
+            return self._prefill_round(rows, shared, own)
         finally:
             self.pool.give_back(taken)
 
@@ -245,24 +245,28 @@ class Scorer:
         taken.extend(blocks)
         return blocks
 
-    def _prefill_contexts(self, shared: dict[tuple[int, ...], list[int]]) -> None:
-        """Fills each group's shared whole blocks once (their last-token output is not needed)."""
-        prefixes = list(shared)
-        tokens = _matrix(prefixes)
-        table = _matrix([shared[p] for p in prefixes], filler=-1).to(torch.int32)
-        self._prefill(tokens, table, [len(p) for p in prefixes], None, None)
+    def _prefill_round(self, rows: list[_Row], shared, own) -> list[ContinuationScore]:
+        """One call: each group's shared whole blocks (once), then the follow-ups that read them as cached.
 
-    def _prefill_rows(self, rows: list[_Row], shared, own) -> list[ContinuationScore]:
-        tables = [shared.get(r.tokens[: r.cached], []) + blocks for r, blocks in zip(rows, own)]
-        sampling = [SamplingParams.greedy(prompt_logprobs=1, prompt_start=r.context_length - 1) for r in rows]
+        The contexts' rows write the shared blocks whole at the columns the
+        follow-ups read them, so the planner runs them first (a same-step
+        prefix hit, ``prefill_core.block_order``): packed, in the same steps
+        where they fit. Their last-token output is not needed.
+        """
+        contexts = list(shared)
+        tables = [shared[p] for p in contexts] + [
+            shared.get(r.tokens[: r.cached], []) + blocks for r, blocks in zip(rows, own)
+        ]
+        context_sampling = [SamplingParams.greedy()] * len(contexts)
         results = self._prefill(
-            _matrix([r.tokens for r in rows]),
+            _matrix(contexts + [r.tokens for r in rows]),
             _matrix(tables, filler=-1).to(torch.int32),
-            [len(r.tokens) for r in rows],
-            [r.cached for r in rows],
-            sampling,
+            [len(p) for p in contexts] + [len(r.tokens) for r in rows],
+            [0] * len(contexts) + [r.cached for r in rows],
+            context_sampling
+            + [SamplingParams.greedy(prompt_logprobs=1, prompt_start=r.context_length - 1) for r in rows],
         )
-        return [_continuation_score(result.prompt_logprobs) for result in results]
+        return [_continuation_score(result.prompt_logprobs) for result in results[len(contexts) :]]
 
     def _prefill(self, tokens, table, lengths, cached, sampling):
         runtime = self.runtime
@@ -276,21 +280,6 @@ class Scorer:
                 runtime.capture(prepared.trace_signature)
                 runtime.allocate_workspace(prepared.program_signature)
         return runtime.assemble(runtime.invocations(batch, traced=self.traced), batch.num_rows)
-
-
-def _sharing_groups(prompts: list[list[int]], block_size: int) -> list[list[int]]:
-    """Every row in one group: ``largest_sharing_group`` peeled off until no two rows share a block."""
-    left = list(range(len(prompts)))
-    groups = []
-    while left:
-        group = largest_sharing_group([prompts[i] for i in left], block_size)
-        if not group:
-            groups += [[i] for i in left]
-            break
-        members = [left[j] for j in group]
-        groups.append(members)
-        left = [i for i in left if i not in set(members)]
-    return groups
 
 
 def _matrix(rows: Sequence[Sequence[int]], filler: int = 0) -> torch.Tensor:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 import lm_eval.models  # noqa: F401 (lm-eval fills its registry from this import only while the registry is empty)
 import torch
 from lm_eval.api.model import TemplateLM
@@ -76,7 +77,8 @@ class PrefillRuntimeLM(TemplateLM):
         row_blocks = ceil_div(self._max_length + 1, block_size)
         num_blocks = int(num_blocks) if num_blocks else max(4 * row_blocks, ceil_div(16384, block_size))
         layout = PageTableLayout(block_size, row_blocks, num_blocks)
-        policy = PrefillPolicy.fine_rungs(block_size, max_chunk_length=int(max_chunk))
+        # Packed steps where the backend and model run them (eager); a traced scorer still plans padded.
+        policy = attrs.evolve(PrefillPolicy.fine_rungs(block_size, max_chunk_length=int(max_chunk)), packed_steps=True)
         kv = self.model.new_kv_cache(num_blocks, block_size)
         config = PrefillRuntimeConfig.resolve(self.model, TorchBackend(device), kv, layout=layout, policy=policy)
         rows = int(batch_size) if str(batch_size).isdigit() else 32

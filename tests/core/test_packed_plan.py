@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import attrs
+import pytest
 from hypothesis import given
 
 from prefill_core import (
@@ -15,8 +16,10 @@ from prefill_core import (
     plan_packed,
     prepare_packed,
 )
+from prefill_core.computed_positions import written_columns
+from prefill_core.errors import BlockDependencyCycleError
 from prefill_core.intmath import ceil_div
-from tests.strategies import cases
+from tests.strategies import cases, same_step_prefix_specs
 
 
 def _plan(case):
@@ -139,3 +142,47 @@ def test_logits_and_sampled_rows_pack_in_separate_steps_with_packed_identities()
     assert [p.request.source_rows for p in prepared] == [(0, 2), (1,)]
     assert all(p.program_signature.variant is RequestKind.PACKED and p.trace_signature is None for p in prepared)
     assert [p.program_signature.padded_batch for p in prepared] == [2, 1]
+
+
+@given(same_step_prefix_specs())
+def test_a_row_reading_blocks_another_row_writes_is_packed_after_the_writers_last_segment(spec):
+    """Same-step prefix hits: every reader's first segment comes at or after its writer's last, in (step, offset)."""
+    case = spec.build()
+    bs = case.layout.block_size
+    order, first, last = 0, {}, {}
+    for request in plan_packed(case.batch, case.policy, case.layout):
+        for step in request.steps:
+            order += 1
+            for segment in step.segments:
+                first.setdefault(segment.row, (order, segment.offset))
+                last[segment.row] = (order, segment.offset)
+    writer = {}
+    for row, r in enumerate(case.batch.rows):
+        columns = written_columns(r.length, r.cached, bs)
+        writer.update({r.blocks[j]: row for j in columns})
+    for row, r in enumerate(case.batch.rows):
+        columns = written_columns(r.length, r.cached, bs)
+        read = r.blocks[: columns.start if columns else ceil_div(r.length, bs)]
+        for block in set(read) & writer.keys():
+            assert last[writer[block]] < first[row], (row, block, writer[block])
+
+
+def test_a_logits_row_reading_a_sampled_rows_blocks_packs_the_sampled_rows_first():
+    """Row 0 (logits) reads block 5 that row 1 (sampled) writes whole: row 1's step runs first."""
+    batch = PrefillBatch.from_rows([PrefillRow(40, 32, 0, (5, 6)), PrefillRow(32, 0, 1, (5,), SamplingParams.greedy())])
+    requests = plan_packed(batch, PrefillPolicy(), PageTableLayout(32, 4, 7))
+    assert [r.source_rows for r in requests] == [(1,), (0,)]
+
+
+def test_readers_across_both_kinds_each_way_are_a_named_cycle_error():
+    """A logits row reading a sampled row's block and a sampled row reading a logits row's: no kind order serves."""
+    batch = PrefillBatch.from_rows(
+        [
+            PrefillRow(40, 32, 0, (5, 6)),
+            PrefillRow(32, 0, 1, (5,), SamplingParams.greedy()),
+            PrefillRow(40, 32, 2, (7, 8), SamplingParams.greedy()),
+            PrefillRow(32, 0, 3, (7,)),
+        ]
+    )
+    with pytest.raises(BlockDependencyCycleError, match="row 2: blocks is invalid"):
+        plan_packed(batch, PrefillPolicy(), PageTableLayout(32, 4, 9))

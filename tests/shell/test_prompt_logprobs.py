@@ -1,11 +1,12 @@
-"""Prompt log-probs equal transformers' log_softmax gathered at the next token, eager and traced, cached or not."""
+"""Prompt log-probs equal transformers' log_softmax gathered at the next token: padded (eager, traced) and packed."""
 
 from __future__ import annotations
 
+import attrs
 import pytest
 import torch
 
-from prefill_core import PageTableLayout, PrefillPolicy, SamplingParams
+from prefill_core import PageTableLayout, PrefillPolicy, RequestKind, SamplingParams
 from prefill_shell.backends import TorchBackend
 from prefill_shell.config import PrefillRuntimeConfig
 from prefill_shell.prompt_logprobs import POSITIONS_PER_CALL
@@ -17,10 +18,11 @@ SMALL_CHUNKS = PrefillPolicy(max_chunk_length=256, chunk_quantum=128, length_lad
 TOP_N = 3
 
 
-def _runtime(model, block_size: int) -> PrefillRuntime:
+def _runtime(model, block_size: int, *, packed: bool = False) -> PrefillRuntime:
     layout = PageTableLayout(block_size, 512 // block_size, 2048 // block_size)
     kv = model.new_kv_cache(layout.num_blocks, layout.block_size)
-    config = PrefillRuntimeConfig.resolve(model, TorchBackend(), kv, layout=layout, policy=SMALL_CHUNKS)
+    policy = attrs.evolve(SMALL_CHUNKS, packed_steps=packed)
+    config = PrefillRuntimeConfig.resolve(model, TorchBackend(), kv, layout=layout, policy=policy)
     return PrefillRuntime(config)
 
 
@@ -98,3 +100,48 @@ def test_transient_logits_stay_one_piece_at_a_time(tiny_model, kit, monkeypatch)
     assert len(result.prompt_logprobs) == 299
     assert max(seen) == POSITIONS_PER_CALL and sum(seen) == 299  # the prompt pieces (the last token has its own head)
     assert runtime.backend.ledger.live() == []
+
+
+@pytest.mark.parametrize("block_size", [16, 32, 64])
+def test_packed_steps_match_the_padded_path_and_transformers(tiny_model, oracle, kit, block_size):
+    """Packed steps (rows split across steps and requests), uncached and cached: equal to padded and transformers."""
+    rows = [kit.make_tokens(n, seed) for n, seed in ((300, 1), (130, 2), (300, 3), (block_size + 9, 4))]
+    lengths, cached = [len(r) for r in rows], [0, 0, 128, block_size]
+    starts = (0, 5, 200, block_size)
+    sampling = [SamplingParams.greedy(prompt_logprobs=TOP_N, prompt_start=s) for s in starts]
+    results = {}
+    for packed in (False, True):
+        runtime = _runtime(tiny_model, block_size, packed=packed)
+        blocks = kit.assign_blocks(lengths, block_size, runtime.config.layout.num_blocks, 7)
+        table, tokens = kit.page_table(blocks), kit.token_matrix(rows)
+        for r in (2, 3):  # the cached prefixes go in first
+            _run(runtime, tokens[r : r + 1, : cached[r]], table[r : r + 1], [cached[r]], [0], None, traced=False)
+        batch = runtime.prepare(tokens, table, lengths, cached, sampling=sampling)
+        kinds = {p.request.kind is RequestKind.PACKED for p in batch.requests}
+        assert kinds == {packed}
+        if packed:  # row 2 starts in the first request's last step and ends in a later request
+            assert any(2 not in p.request.source_rows for p in batch.requests if 2 in _segment_rows(p.request))
+        results[packed] = runtime.assemble(runtime.invocations(batch), batch.num_rows)
+        assert runtime.backend.ledger.live() == []
+    for padded, packed, row, start in zip(results[False], results[True], rows, starts):
+        _check_row(packed, row, start, _expected(oracle.hf, row), TOP_N)
+        assert [e.token for e in packed.prompt_logprobs] == [e.token for e in padded.prompt_logprobs]
+        for a, b in zip(packed.prompt_logprobs, padded.prompt_logprobs):
+            assert abs(a.logprob - b.logprob) <= 1e-4 and [t for t, _ in a.top] == [t for t, _ in b.top]
+        assert packed.token == padded.token
+
+
+def _segment_rows(request) -> set[int]:
+    return {segment.row for step in request.steps for segment in step.segments}
+
+
+def test_each_row_gets_its_own_number_of_alternatives(tiny_model, oracle, kit):
+    """Rows of one step asking for 0, 1 and 4 alternatives get exactly that many, packed and padded."""
+    rows = [kit.make_tokens(n, seed) for n, seed in ((70, 11), (50, 12), (90, 13))]
+    sampling = [SamplingParams.greedy(prompt_logprobs=n) for n in (0, 1, 4)]
+    for packed in (False, True):
+        runtime = _runtime(tiny_model, 32, packed=packed)
+        table = kit.page_table(kit.assign_blocks([70, 50, 90], 32, runtime.config.layout.num_blocks, 5))
+        results = _run(runtime, kit.token_matrix(rows), table, [70, 50, 90], [0, 0, 0], sampling, False)
+        for result, row, n in zip(results, rows, (0, 1, 4)):
+            _check_row(result, row, 0, _expected(oracle.hf, row), n)
