@@ -10,7 +10,7 @@ VENV310 = $(shell scripts/ensure-venv.sh 3.10)
 MODEL = $(shell scripts/ensure-model.sh)
 ENV = PYTHONPATH=$(CURDIR) PYTHONDONTWRITEBYTECODE=1 PREFILL_SMOLLM2=$(MODEL)
 RUN = $(ENV) $(VENV)/bin/python
-PYTEST = -m pytest -q -p no:cacheprovider
+PYTEST = -m pytest -q -p no:cacheprovider --durations=15
 
 .PHONY: venv venvs model demo test lint lint-imports test-py312 test-py310 test-tt fuzz bench explain
 
