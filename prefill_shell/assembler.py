@@ -19,12 +19,12 @@ from collections.abc import Callable, Iterable, Iterator
 
 import torch
 
-from prefill_core import SamplingPath
+from prefill_core import PreparedPrefill, SamplingPath
 from prefill_core.errors import PrefillInputError, PrefillStateError
 
 from .backends.base import Backend
 from .contract import LOGITS, SAMPLED_TOKENS, TOKEN_LOGPROB, TOP_IDS, TOP_LOGPROBS, TensorSpec
-from .result import InvocationResult, InvocationState, PrefillResult
+from .result import BatchResult, InvocationResult, InvocationState, PrefillResult, refuse_per_row_extras
 from .torch_sampling import sample_row, top_logprobs
 
 __all__ = ["PrefillResultAssembler"]
@@ -63,19 +63,28 @@ class PrefillResultAssembler:
 
     def assemble(self, invocations: Iterable[InvocationResult], num_rows: int) -> list[PrefillResult]:
         """Every row's result, in the caller's row order."""
-        if isinstance(num_rows, bool) or not isinstance(num_rows, int) or num_rows < 1:
-            raise PrefillInputError(
-                f"assemble: num_rows={num_rows!r} is invalid: must be the call's row count, an int >= 1 "
-                "(PreparedBatch.num_rows)",
-                field="num_rows",
-            )
+        _check_num_rows(num_rows)
         results: list[PrefillResult | None] = [None] * num_rows
         for result in self.stream(invocations, num_rows):
             results[result.row] = result
-        missing = [row for row, result in enumerate(results) if result is None]
-        if missing:
-            raise PrefillStateError(f"no result was produced for rows {missing}")
+        _require_every_row([row for row, result in enumerate(results) if result is None])
         return results  # type: ignore[return-value]
+
+    def assemble_batch(self, invocations: Iterable[InvocationResult], num_rows: int) -> BatchResult:
+        """Every row's outputs written straight into caller-ordered tensors: ``assemble`` as one ``BatchResult``.
+
+        The same checks, read-then-release order, bookkeeping and errors as
+        ``assemble``; an invocation holding a row that asks top or prompt
+        log-probs raises ``InvalidSamplingError`` before it is read.
+        """
+        _check_num_rows(num_rows)
+        writer = _BatchWriter(num_rows)
+        for invocation in invocations:
+            self._check_collectable(invocation, num_rows)
+            request = invocation.prepared.request
+            refuse_per_row_extras(request.source_rows, request.sampling)
+            writer.put(invocation.prepared, self._read(invocation))
+        return writer.result()
 
     def _check_collectable(self, invocation: InvocationResult, num_rows: int | None) -> None:
         """Refuses, before anything is read, what is not an unread invocation of this runtime for this call."""
@@ -99,6 +108,13 @@ class PrefillResultAssembler:
             )
 
     def _collect_one(self, invocation: InvocationResult) -> list[PrefillResult]:
+        results = self._normalize(invocation, self._read(invocation))
+        if invocation.prompt is None:
+            return results
+        return [r._replace(prompt_logprobs=invocation.prompt.get(r.row, ())) for r in results]
+
+    def _read(self, invocation: InvocationResult) -> dict[TensorSpec, torch.Tensor]:
+        """One synchronized read of every output, then the release; ``host``-path rows are sampled here."""
         self.pending.pop(invocation, None)
         invocation.state = InvocationState.ASSEMBLED
         specs = list(invocation.outputs)
@@ -109,17 +125,13 @@ class PrefillResultAssembler:
             self._release(invocation.owned, primary=primary)
             raise
         self._release(invocation.owned)
-        results = self._normalize(invocation, host)
-        if invocation.prompt is None:
-            return results
-        return [r._replace(prompt_logprobs=invocation.prompt.get(r.row, ())) for r in results]
+        if invocation.prepared.sampling_path is SamplingPath.HOST:
+            return self._sample_on_host(invocation, host[LOGITS])
+        return host
 
     def _normalize(self, invocation: InvocationResult, host: dict[TensorSpec, torch.Tensor]) -> list[PrefillResult]:
-        prepared = invocation.prepared
-        request = prepared.request
-        if prepared.sampling_path is SamplingPath.HOST:
-            host = self._sample_on_host(invocation, host[LOGITS])
-        if prepared.sampling_path is SamplingPath.LOGITS:
+        request = invocation.prepared.request
+        if invocation.prepared.sampling_path is SamplingPath.LOGITS:
             rows = zip(request.source_rows, host[LOGITS].unbind(0))
             return [PrefillResult(row=row, logits=logits) for row, logits in rows]
         tokens, token_lp = host[SAMPLED_TOKENS].tolist(), host[TOKEN_LOGPROB].tolist()
@@ -151,3 +163,66 @@ class PrefillResultAssembler:
         if ids is not None:
             host.update({TOP_IDS: ids, TOP_LOGPROBS: values})
         return host
+
+
+def _check_num_rows(num_rows: object) -> None:
+    if isinstance(num_rows, bool) or not isinstance(num_rows, int) or num_rows < 1:
+        raise PrefillInputError(
+            f"assemble: num_rows={num_rows!r} is invalid: must be the call's row count, an int >= 1 "
+            "(PreparedBatch.num_rows)",
+            field="num_rows",
+        )
+
+
+def _require_every_row(missing: list[int]) -> None:
+    if missing:
+        raise PrefillStateError(f"no result was produced for rows {missing}")
+
+
+def _active(values: torch.Tensor, count: int) -> torch.Tensor:
+    """An output's active rows (a padded wave's padding rows follow them)."""
+    return values if values.shape[0] == count else values[:count]
+
+
+class _BatchWriter:
+    """A call's caller-ordered output tensors, filled invocation by invocation (``assemble_batch``).
+
+    Every row is returned by one invocation. A column an invocation fills
+    whole, in caller order, is that read's own host copy; otherwise rows are
+    copied in, and a row that returned nothing there holds -1 (tokens) or NaN.
+    """
+
+    def __init__(self, num_rows: int):
+        self.every_row = tuple(range(num_rows))
+        self.returned: set[int] = set()
+        self.tokens: torch.Tensor | None = None
+        self.logprobs: torch.Tensor | None = None
+        self.logits: torch.Tensor | None = None
+
+    def put(self, prepared: PreparedPrefill, host: dict[TensorSpec, torch.Tensor]) -> None:
+        rows = prepared.request.source_rows
+        count = len(rows)
+        # Reads return the contract's host dtypes: int64 tokens, float32 log-probs and logits.
+        if prepared.sampling_path is SamplingPath.LOGITS:
+            self.logits = self._placed(self.logits, rows, _active(host[LOGITS], count), float("nan"))
+        else:
+            self.tokens = self._placed(self.tokens, rows, _active(host[SAMPLED_TOKENS], count), -1)
+            self.logprobs = self._placed(self.logprobs, rows, _active(host[TOKEN_LOGPROB], count), float("nan"))
+        self.returned.update(rows)
+
+    def _placed(self, column: torch.Tensor | None, rows: tuple[int, ...], values: torch.Tensor, fill) -> torch.Tensor:
+        if column is None and rows == self.every_row:
+            return values
+        if column is None:
+            column = torch.full((len(self.every_row), *values.shape[1:]), fill, dtype=values.dtype)
+        return column.index_copy_(0, torch.tensor(rows), values)
+
+    def result(self) -> BatchResult:
+        num_rows = len(self.every_row)
+        if len(self.returned) < num_rows:
+            _require_every_row([row for row in self.every_row if row not in self.returned])
+        tokens = torch.full((num_rows,), -1, dtype=torch.int64) if self.tokens is None else self.tokens
+        logprobs = (
+            torch.full((num_rows,), float("nan"), dtype=torch.float32) if self.logprobs is None else self.logprobs
+        )
+        return BatchResult(tokens, logprobs, self.logits)

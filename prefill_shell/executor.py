@@ -26,7 +26,7 @@ from prefill_core import PrefillProgramSignature, WarmupManifest
 from prefill_core.errors import PrefillInputError, PrefillStateError
 
 from .progress import ProgressCallback, ProgressCounter
-from .result import InvocationResult, PrefillResult
+from .result import BatchResult, InvocationResult, PrefillResult, refuse_per_row_extras
 from .runtime import PrefillRuntime, PreparedBatch
 from .trace import require_coverage
 
@@ -112,15 +112,29 @@ class PrefillExecutor:
         sampling=None,
         mode: str = "auto",
         on_progress: ProgressCallback | None = None,
-    ) -> list[PrefillResult]:
-        """prepare + (traced or eager) invoke + streaming assemble, in caller row order."""
+        *,
+        batched: bool = False,
+    ) -> list[PrefillResult] | BatchResult:
+        """prepare + (traced or eager) invoke + streaming assemble, in caller row order.
+
+        ``batched=True``: the outputs as caller-ordered tensors
+        (``BatchResult``, ``PrefillRuntime.assemble_batch``), no per-row
+        result built; a row asking top or prompt log-probs then raises
+        ``InvalidSamplingError`` before anything runs.
+        """
+        call = (tokens, page_table, prompt_lengths, cached_lengths, slots, sampling)
+        return self._prefill(call, mode, on_progress, batched=batched)
+
+    def _prefill(self, call: tuple, mode: str, on_progress, *, batched: bool):
         with self.runtime.hold():
             # Traces replay padded waves: a call that may replay is planned padded, an eager one may be packed.
             padded = mode == "traced" or (mode == "auto" and bool(self.runtime.captured_traces()))
-            batch = self.runtime.prepare(
-                tokens, page_table, prompt_lengths, cached_lengths, slots, sampling, packed=False if padded else None
-            )
-            return self.runtime.assemble(self.invocations(batch, mode, on_progress), batch.num_rows)
+            batch = self.runtime.prepare(*call, packed=False if padded else None)
+            if not batched:
+                return self.runtime.assemble(self.invocations(batch, mode, on_progress), batch.num_rows)
+            for prepared in batch.requests:
+                refuse_per_row_extras(prepared.request.source_rows, prepared.request.sampling)
+            return self.runtime.assemble_batch(self.invocations(batch, mode, on_progress), batch.num_rows)
 
     def close(self) -> None:
         """Releases every trace and workspace, then the runtime's orphans; refuses further calls."""

@@ -43,7 +43,7 @@ from .executor import PrefillExecutor
 from .lane_dispatch import LaneCall, run_in_turn, run_on_threads
 from .notes import add_note
 from .progress import ProgressCallback
-from .result import PrefillResult
+from .result import BatchResult, PrefillResult, refuse_per_row_extras
 
 __all__ = ["LaneGroup"]
 
@@ -141,8 +141,20 @@ class LaneGroup:
         slots=None,
         sampling=None,
         mode: str = "auto",
-    ) -> list[PrefillResult]:
-        """Routes rows to lanes by group slot, runs every lane's rows, returns results in caller row order."""
+        *,
+        batched: bool = False,
+    ) -> list[PrefillResult] | BatchResult:
+        """Routes rows to lanes by group slot, runs every lane's rows, returns results in caller row order.
+
+        ``batched=True``: as caller-ordered tensors (``BatchResult``); a row
+        asking top or prompt log-probs raises ``InvalidSamplingError`` before
+        any lane runs.
+        """
+        if batched:
+            if isinstance(sampling, (list, tuple)):
+                refuse_per_row_extras(range(len(sampling)), sampling)
+            results = self.prefill(tokens, page_table, prompt_lengths, cached_lengths, slots, sampling, mode)
+            return BatchResult.from_results(results)
         matrix = as_token_matrix(tokens)
         num_rows = int(matrix.shape[0])
         table = host_page_table(page_table, num_rows)

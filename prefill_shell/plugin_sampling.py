@@ -39,6 +39,8 @@ from prefill_core.errors import InvalidSamplingError, row_error
 
 __all__ = ["Penalties", "RowSampling", "rows_from_plugin"]
 
+_NAMES = ("temperature", "top_k", "top_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
+_NAMES += ("seed", "num_logprobs", "enable_log_probs")
 _NO_LOGPROBS = -2
 _NO_SEED = -1
 _DEFAULTS = {
@@ -73,8 +75,8 @@ class RowSampling:
     wants_logprob: bool
 
 
-def _column(sampling: Any, name: str, num_rows: int) -> list:
-    """The field ``name`` as one Python value per row (a scalar is every row's value)."""
+def _field(sampling: Any, name: str, num_rows: int) -> Any:
+    """The field ``name``: a list of one Python value per row, or one value for every row (a scalar)."""
     value = getattr(sampling, name, _DEFAULTS.get(name))
     if isinstance(value, torch.Tensor):
         value = value.item() if value.dim() == 0 else value.tolist()
@@ -82,8 +84,9 @@ def _column(sampling: Any, name: str, num_rows: int) -> list:
         if len(value) < num_rows:
             msg = f"sampling_params.{name}=<{len(value)} values> is invalid: must hold one value per row ({num_rows})"
             raise InvalidSamplingError(msg, field=f"sampling_params.{name}")
-        return list(value[:num_rows])  # the plugin may pad rows past the batch: they are not rows here
-    return [value] * num_rows
+        items = list(value[:num_rows])  # the plugin may pad rows past the batch: they are not rows here
+        return items[0] if len(set(items)) == 1 else items  # one value held by every row is every row's value
+    return value
 
 
 def _is_number(value: object) -> bool:
@@ -124,27 +127,34 @@ def _core_params(temperature: Any, top_k: Any, top_p: Any, seed: Any, vocab_size
     return SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
 
 
+def _row_sampling(row: int, values: dict[str, Any], vocab_size: int) -> RowSampling:
+    """One row's ``RowSampling`` from its field values (``row`` names it in an error)."""
+    return RowSampling(
+        _core_params(values["temperature"], values["top_k"], values["top_p"], values["seed"], vocab_size),
+        _penalties(row, values["presence_penalty"], values["frequency_penalty"], values["repetition_penalty"]),
+        _wants_logprob(row, values["num_logprobs"], values["enable_log_probs"]),
+    )
+
+
 def rows_from_plugin(sampling: Any, num_rows: int, vocab_size: int) -> list[RowSampling]:
     """One ``RowSampling`` per row from a ``TTSamplingParams``-like object (attributes read by name)."""
-    names = ("temperature", "top_k", "top_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
-    names += ("seed", "num_logprobs", "enable_log_probs")
-    for name in names[:3]:
+    for name in _NAMES[:3]:
         if not hasattr(sampling, name):
             msg = f"sampling_params has no {name}: it must carry temperature, top_k and top_p (TTSamplingParams)"
             raise InvalidSamplingError(msg, field=f"sampling_params.{name}")
-    columns = [_column(sampling, name, num_rows) for name in names]
-    # Rows usually share a few value tuples: each is mapped (and checked) once, and rows that share one share
-    # its objects, so the core judges each distinct parameter object once.
+    values = {name: _field(sampling, name, num_rows) for name in _NAMES}
+    per_row = [name for name in _NAMES if isinstance(values[name], list)]
+    if num_rows == 0:
+        return []
+    if not per_row:  # one value for every row: one mapping, named at row 0
+        return [_row_sampling(0, values, vocab_size)] * num_rows
+    # Rows usually share a few value tuples: each is mapped (and checked) once, at the first row holding it,
+    # and rows that share one share its objects, so the core judges each distinct parameter object once.
     mapped: dict[tuple, RowSampling] = {}
     rows = []
-    for row, values in enumerate(zip(*columns)):
-        found = mapped.get(values)
+    for row, key in enumerate(zip(*(values[name] for name in per_row))):
+        found = mapped.get(key)
         if found is None:
-            t, k, p, presence, frequency, repetition, seed, num_logprobs, enabled = values
-            found = mapped[values] = RowSampling(
-                _core_params(t, k, p, seed, vocab_size),
-                _penalties(row, presence, frequency, repetition),
-                _wants_logprob(row, num_logprobs, enabled),
-            )
+            found = mapped[key] = _row_sampling(row, {**values, **dict(zip(per_row, key))}, vocab_size)
         rows.append(found)
     return rows

@@ -1,18 +1,19 @@
-"""Result values handed to the caller: one ``PrefillResult`` per source row."""
+"""Result values handed to the caller: one ``PrefillResult`` per source row, or one ``BatchResult`` per call."""
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import torch
 
-from prefill_core import PreparedPrefill
-from prefill_core.errors import PrefillStateError
+from prefill_core import PreparedPrefill, SamplingParams
+from prefill_core.errors import InvalidSamplingError, PrefillStateError, row_error
 
 from .ledger import DeviceTensor
 
-__all__ = ["InvocationResult", "InvocationState", "PrefillResult"]
+__all__ = ["BatchResult", "InvocationResult", "InvocationState", "PrefillResult", "refuse_per_row_extras"]
 
 
 def _same_logits(a: Any, b: Any) -> bool:
@@ -55,6 +56,51 @@ class PrefillResult(NamedTuple):
 
     def __hash__(self) -> int:  # logits are left out: equal results hash alike
         return hash((self[0], *self[2:]))
+
+
+class BatchResult(NamedTuple):
+    """A whole call's outputs as caller-ordered tensors (``PrefillExecutor.prefill(..., batched=True)``).
+
+    ``tokens`` int64 ``[B]`` and ``logprobs`` float32 ``[B]`` (the sampled
+    token's raw log-prob) hold the rows that sampled: -1 and NaN in rows that
+    returned logits. ``logits`` float32 ``[B, V]`` holds the rows that asked
+    for no sampling (NaN in the others), or is None when no row did. Row ``r``
+    holds exactly what ``PrefillResult`` ``r`` of ``prefill`` would hold.
+    """
+
+    tokens: torch.Tensor
+    logprobs: torch.Tensor
+    logits: torch.Tensor | None = None
+
+    @classmethod
+    def from_results(cls, results: Sequence[PrefillResult]) -> BatchResult:
+        """The same call's per-row results (in caller order, none asking top or prompt log-probs) as tensors."""
+        rows = range(len(results))
+        tokens = torch.tensor([-1 if r.logits is not None else r.token for r in results], dtype=torch.int64)
+        nan = float("nan")
+        logprobs = torch.tensor([nan if r.logits is not None else r.logprob for r in results], dtype=torch.float32)
+        kept = [row for row in rows if results[row].logits is not None]
+        if not kept:
+            return cls(tokens, logprobs)
+        width = results[kept[0]].logits.shape[0]
+        logits = torch.full((len(results), width), nan, dtype=torch.float32)
+        logits[kept] = torch.stack([results[row].logits for row in kept]).float()
+        return cls(tokens, logprobs, logits)
+
+
+def refuse_per_row_extras(rows: Sequence[int], sampling: Sequence[SamplingParams | None]) -> None:
+    """Refuses a row asking top or prompt log-probs: a ``BatchResult`` holds one token and log-prob per row."""
+    for row, params in zip(rows, sampling):
+        if not isinstance(params, SamplingParams):
+            continue  # None asks for logits; anything else is the planner's to name
+        if params.num_logprobs:
+            field, value = "sampling.num_logprobs", params.num_logprobs
+        elif params.prompt_logprobs is not None:
+            field, value = "sampling.prompt_logprobs", params.prompt_logprobs
+        else:
+            continue
+        rule = "a batch-shaped result holds one token and its log-prob per row: ask for it through prefill()"
+        raise row_error(InvalidSamplingError, row, field, value, rule)
 
 
 class InvocationState(enum.Enum):

@@ -51,7 +51,7 @@ from .postprocess import PrefillPostprocessor, wave_params
 from .prepared_batch import PreparedBatch, check_runnable, checked_request
 from .progress import ProgressCallback, ProgressCounter
 from .prompt_logprobs import PromptLogprobCollector, prompt_steps, requested_spans, take_entries
-from .result import InvocationResult, PrefillResult
+from .result import BatchResult, InvocationResult, PrefillResult
 from .step_loop import EagerSteps, PrefillStepLoop
 from .trace import CapturedTrace, PrefillTraceLifecycle, require_coverage, warmup_step
 
@@ -260,6 +260,11 @@ class PrefillRuntime:
     def assemble(self, invocations: Iterable[InvocationResult], num_rows: int) -> list[PrefillResult]:
         """Reads each invocation before pulling the next; results in caller row order."""
         return self._assembler.assemble(invocations, num_rows)
+
+    @exclusive
+    def assemble_batch(self, invocations: Iterable[InvocationResult], num_rows: int) -> BatchResult:
+        """``assemble`` as caller-ordered tensors (``BatchResult``): no per-row result is built."""
+        return self._assembler.assemble_batch(invocations, num_rows)
 
     @exclusive
     def prefill(

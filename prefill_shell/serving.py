@@ -54,6 +54,7 @@ from .executor import PrefillExecutor
 from .model import PrefillModel
 from .penalties import sample_penalised
 from .plugin_sampling import RowSampling, rows_from_plugin
+from .result import BatchResult
 from .runtime import PrefillRuntime
 
 __all__ = ["ServingFacade", "IGNORED_KEYWORDS"]
@@ -120,7 +121,7 @@ class ServingFacade:
         return [self.executor]
 
     def _prefill_target(self) -> PrefillExecutor:
-        """What runs a normalised call: anything with ``PrefillExecutor.prefill``'s signature."""
+        """What runs a normalised call: anything with ``PrefillExecutor.prefill``'s signature (``batched`` included)."""
         return self.executor
 
     def _pool_rows(self) -> int:
@@ -241,38 +242,36 @@ class ServingFacade:
         mode = "traced" if enable_trace else "eager"
         target = self._prefill_target()
         if sampling_params is None:
-            results = target.prefill(tokens, page_table, prompt_lens, start_pos, empty_slots, None, mode=mode)
-            return torch.stack([r.logits for r in results]).float().unsqueeze(1)  # [B, 1, V]
+            out = target.prefill(tokens, page_table, prompt_lens, start_pos, empty_slots, None, mode=mode, batched=True)
+            return out.logits.unsqueeze(1)  # [B, 1, V]
         rows = rows_from_plugin(sampling_params, num_rows, self.model.spec.vocab_size)
         penalised = [row for row, sampling in enumerate(rows) if not sampling.penalties.neutral]
         core = [sampling.params for sampling in rows]
         for row in penalised:  # the device returns this row's logits; it is sampled here
             core[row] = None
-        results = target.prefill(tokens, page_table, prompt_lens, start_pos, empty_slots, core, mode=mode)
+        out = target.prefill(tokens, page_table, prompt_lens, start_pos, empty_slots, core, mode=mode, batched=True)
         output_tokens = compatibility_kwargs.get("output_tokens")
-        return self._sampled(results, rows, penalised, tokens, prompt_lens, output_tokens)
+        return self._sampled(out, rows, penalised, tokens, prompt_lens, output_tokens)
 
-    def _sampled(self, results, rows: list[RowSampling], penalised: list[int], tokens, prompt_lens, output_tokens):
-        sampled = [result.token for result in results]
-        penalised_logprobs = {}
+    def _sampled(self, out: BatchResult, rows: list[RowSampling], penalised: list[int], tokens, prompt_lens, outputs):
+        """``(tokens, log_probs)`` from the call's tensors; penalised rows are sampled here from their logits."""
+        sampled, logprobs = out.tokens, out.logprobs
         if penalised:
             lengths = prompt_lens.tolist() if isinstance(prompt_lens, torch.Tensor) else list(prompt_lens)
-        for row in penalised:  # sampled here, from the device's logits
+        for row in penalised:
             sampling = rows[row]
             seed = sampling.params.seed
             seed = self._rng.getrandbits(63) if seed is None else seed
             prompt = torch.as_tensor(tokens[row][: lengths[row]], dtype=torch.int64)
-            sampled[row], penalised_logprobs[row] = sample_penalised(
-                results[row].logits, prompt, _output_row(output_tokens, row), sampling.penalties, sampling.params, seed
+            sampled[row], logprobs[row] = sample_penalised(
+                out.logits[row], prompt, _output_row(outputs, row), sampling.penalties, sampling.params, seed
             )
-        out_tokens = torch.tensor(sampled, dtype=torch.int64)
         wanted = [row for row, sampling in enumerate(rows) if sampling.wants_logprob]
         if not wanted:
-            return out_tokens, None
+            return sampled, None
         log_probs = torch.ones(len(rows), dtype=torch.float32)
-        for row in wanted:
-            log_probs[row] = penalised_logprobs.get(row, results[row].logprob)
-        return out_tokens, log_probs
+        log_probs[wanted] = logprobs[wanted]
+        return sampled, log_probs
 
     def _check_call(self, kv_cache: Any, enable_trace: Any) -> None:
         if not isinstance(enable_trace, bool):
