@@ -51,8 +51,14 @@ def lm_eval_modules():
 
 
 @pytest.fixture(scope="module")
-def both_runs(lm_eval_modules, gguf_file):
-    """(prefill-runtime results, hf results) of one simple_evaluate each: same tasks, max_length, batch size."""
+def both_runs(lm_eval_modules, gguf_file, smollm2_hf, smollm2_tokenizer):
+    """(prefill-runtime results, hf results) of one simple_evaluate each: same tasks, max_length, batch size.
+
+    lm-eval's ``hf`` model is its ``HFLM`` class around transformers' Llama loaded from the same GGUF by
+    transformers itself (the session's ``smollm2_hf``: the load is shared with the other SmolLM2 tests).
+    """
+    from lm_eval.models.huggingface import HFLM
+
     evaluator, task_manager = lm_eval_modules
     gguf = Path(gguf_file)
     common = dict(
@@ -70,11 +76,8 @@ def both_runs(lm_eval_modules, gguf_file):
             model_args=f"model={gguf},max_length={MAX_LENGTH},max_chunk={MAX_CHUNK},block_size=16",
             **common,
         )
-        theirs = evaluator.simple_evaluate(
-            model="hf",
-            model_args=f"pretrained={gguf.parent},gguf_file={gguf.name},device=cpu,dtype=float32,max_length={MAX_LENGTH}",
-            **common,
-        )
+        hf = HFLM(pretrained=smollm2_hf, tokenizer=smollm2_tokenizer, max_length=MAX_LENGTH, batch_size=BATCH_SIZE)
+        theirs = evaluator.simple_evaluate(model=hf, **common)
     finally:
         os.chdir(previous)
         torch.set_num_threads(threads)
