@@ -12,8 +12,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from prefill_shell.reference.smollm2 import ENV_VAR, ModelFileMissingError, smollm2_path
-
 pytestmark = pytest.mark.skipif(sys.version_info[:2] != (3, 12), reason="lm-eval is tested on 3.12")
 
 REPO = Path(__file__).resolve().parents[2]
@@ -23,17 +21,6 @@ MAX_CHUNK = 64
 """The runtime's longest step, below MAX_LENGTH: windows and contexts run in several chunks."""
 BATCH_SIZE = 8
 OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
-
-
-@pytest.fixture(scope="module")
-def gguf_file() -> Path:
-    """The pinned SmolLM2 GGUF; skipped only when nothing points at it and the cache lacks it."""
-    try:
-        return smollm2_path()
-    except ModelFileMissingError as missing:
-        if os.environ.get(ENV_VAR):
-            raise
-        pytest.skip(f"{missing} (make test fetches it)")
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +38,7 @@ def lm_eval_modules():
 
 
 @pytest.fixture(scope="module")
-def both_runs(lm_eval_modules, gguf_file, smollm2_hf, smollm2_tokenizer):
+def both_runs(lm_eval_modules, smollm2_file, smollm2_hf, smollm2_tokenizer):
     """(prefill-runtime results, hf results) of one simple_evaluate each: same tasks, max_length, batch size.
 
     lm-eval's ``hf`` model is its ``HFLM`` class around transformers' Llama loaded from the same GGUF by
@@ -60,7 +47,7 @@ def both_runs(lm_eval_modules, gguf_file, smollm2_hf, smollm2_tokenizer):
     from lm_eval.models.huggingface import HFLM
 
     evaluator, task_manager = lm_eval_modules
-    gguf = Path(gguf_file)
+    gguf = Path(smollm2_file)
     common = dict(
         tasks=["prefill_mc", "prefill_rolling"],
         batch_size=BATCH_SIZE,
@@ -149,7 +136,7 @@ def _readme_command() -> list[str]:
     return [sys.executable, *words[1:]]
 
 
-def test_the_readme_command_runs_lm_evals_cli_with_prefill_runtime(lm_eval_modules, gguf_file):
+def test_the_readme_command_runs_lm_evals_cli_with_prefill_runtime(lm_eval_modules, smollm2_file):
     """The README's command (plus --limit 4) registers prefill-runtime and prints lm-eval's results table."""
     command = _readme_command()
     assert command[1:5] == ["-m", "prefill_shell.lm_eval", "--model", "prefill-runtime"]

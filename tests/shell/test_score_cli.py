@@ -3,25 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
 from prefill_core.errors import InvalidScoringRequestError
 from prefill_shell.cli import main
-from prefill_shell.reference.smollm2 import ENV_VAR, ModelFileMissingError, smollm2_path
 from prefill_shell.score_cli import read_pairs
-
-
-@pytest.fixture(scope="module")
-def smollm2_file():
-    """The pinned SmolLM2 GGUF; skipped only when nothing points at it and the cache lacks it."""
-    try:
-        return smollm2_path()
-    except ModelFileMissingError as missing:
-        if os.environ.get(ENV_VAR):
-            raise
-        pytest.skip(f"{missing} (make test fetches it)")
 
 
 def test_a_malformed_pairs_file_names_its_line(tmp_path, capsys):
