@@ -25,6 +25,16 @@ def tiny_model():
     return random_llama(0, "tiny", max_position_embeddings=8192)
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One torch thread while a module runs (modules opt in with ``usefixtures``): their many small steps pay for a
+    second intra-op thread on a shared 2-core machine, where it spin-waits for a descheduled partner."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def oracle(tiny_model, tmp_path_factory):
     """An ``Oracle`` over transformers' Llama holding ``tiny_model``'s weights."""

@@ -17,16 +17,9 @@ from hypothesis import strategies as st
 from prefill_core import PrefillPolicy
 from tests.helpers import SMALL_POLICY, TOL, build_runtime, make_tokens, max_abs_diff, page_table, row_kv
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # many small steps: see the fixture
+
 BS = 32
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Runs this module's many tiny steps on one thread: on a shared, loaded CPU two threads contend."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _poison(kv, blocks, value: float) -> None:

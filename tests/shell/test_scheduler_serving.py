@@ -18,6 +18,8 @@ from prefill_core import PrefillPolicy
 from prefill_shell.backends import TorchBackend
 from prefill_shell.serving import ServingFacade
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # many small steps: see the fixture
+
 BLOCK = 16
 NUM_BLOCKS = {256: 64, 2048: 176}
 """Pool size per budget: at 2048 a step must be able to hold more than the budget, so the budget cuts chunks."""
@@ -71,15 +73,6 @@ def run(facade: ServingFacade, requests: list[SimRequest], *, budget: int, trace
     scheduler = Scheduler(requests, pool, budget=budget, max_num_seqs=MAX_SEQS, decode_steps=DECODE_STEPS)
     drive(facade, scheduler, traced=traced, sampling=_plugin_sampling if sampled else None, seed=budget)
     return scheduler.stats
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One torch thread for this module: its many small steps pay for intra-op threads on a shared machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -19,22 +19,15 @@ from prefill_shell.backends import TorchBackend
 from prefill_shell.demo import document
 from prefill_shell.serving import ServingFacade
 
-transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # many small steps: see the fixture
+
+pytest.importorskip("transformers")
 pytest.importorskip("gguf")
 
 BLOCK = 16
 LENGTHS = (70, 121, 150, 97, 133)
 POLICY = PrefillPolicy(max_chunk_length=128, chunk_quantum=128, length_ladder=(128,), waves=(1, 2, 4))
 REL_TOL = 1e-4
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One torch thread for this module: its small steps pay for intra-op threads on a shared machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
