@@ -48,7 +48,7 @@ def _reads_and_writes(request: PrefillRequest, block_size: int) -> tuple[set[int
 
 def row_dependencies(batch: PrefillBatch, block_size: int) -> list[set[int]]:
     """For each row of ``batch``, the other rows that write a block it reads as cached."""
-    if not any(batch.cached):
+    if len(batch) < 2 or not any(batch.cached):  # no other row to depend on, or nothing read as cached
         return [set() for _ in range(len(batch))]
     sides = [
         _row_reads_and_writes(length, cached, blocks, block_size)
@@ -60,7 +60,8 @@ def row_dependencies(batch: PrefillBatch, block_size: int) -> list[set[int]]:
 
 def request_dependencies(requests: tuple[PrefillRequest, ...], block_size: int) -> list[set[int]]:
     """For each request, the indices of the other requests that write a block it reads as cached."""
-    if not any(any(request.cached) for request in requests):  # nothing is read as cached: no order to keep
+    # One request has no other to depend on; with nothing read as cached there is no order to keep.
+    if len(requests) < 2 or not any(any(request.cached) for request in requests):
         return [set() for _ in requests]
     sides = [_reads_and_writes(request, block_size) for request in requests]
     writer_of = {block: index for index, (_, writes) in enumerate(sides) for block in writes}

@@ -52,16 +52,14 @@ class Scope:
     * ``needs``: each row's mapped block count, ``ceil(length / block_size)``
       (the planner reads it too);
     * ``prefixes``: each row's mapped prefix, its first ``needs`` entries;
-    * ``mapped_ids``: the set of every mapped block id;
     * ``has_repeats``: whether any block id is mapped twice in the batch.
 
-    ``mapped_ids`` and ``has_repeats`` are the two fast paths of the block-id
-    rules, kept because a 4096-block row (the ``plan_131072_*`` rows of
-    benchmarks/plan_overhead.py) measurably pays for the walks they skip:
-    the set's min and max clear ``block_outside_pool`` (every prefix has an
-    entry once ``short_prefix`` passed), and the three repeat rules can fire
-    only when ``has_repeats``, so a batch without a repeat skips their dict
-    walks.
+    ``has_repeats`` and ``block_outside_pool``'s per-row range are the two
+    fast paths of the block-id rules, kept because a 4096-block row (the
+    ``plan_131072_*`` rows of benchmarks/plan_overhead.py) measurably pays
+    for the walks they skip: a row's min and max clear it of
+    ``block_outside_pool``, and the three repeat rules can fire only when
+    ``has_repeats``, so a batch without a repeat skips their dict walks.
     """
 
     def __init__(self, batch, limits: Limits | None = None):
@@ -71,8 +69,7 @@ class Scope:
             return
         self.needs = ceil_div_column(batch.lengths, limits.block_size)
         self.prefixes = [blocks[:need] for blocks, need in zip(batch.blocks, self.needs)]
-        self.mapped_ids = set().union(*self.prefixes)
-        self.has_repeats = len(self.mapped_ids) != sum(len(prefix) for prefix in self.prefixes)
+        self.has_repeats = len(set().union(*self.prefixes)) != sum(len(prefix) for prefix in self.prefixes)
 
     @cached_property
     def first_written(self) -> list[int]:
@@ -159,6 +156,10 @@ def blocks_not_tuple(scope: Scope) -> Hit | None:
 
 def block_not_int(scope: Scope) -> Hit | None:
     for row, blocks in enumerate(scope.batch.blocks):
+        # The set of a row's types first: a 131072-token row maps 4096 blocks, and the column walk
+        # costs most of its plan (benchmarks/plan_overhead.py, row long_row).
+        if set(map(type, blocks)) <= {int}:
+            continue
         for column, block in enumerate(blocks):
             if type(block) is not int:
                 return Hit(row, f"blocks[{column}]", block)
@@ -215,9 +216,9 @@ def short_prefix(scope: Scope) -> Hit | None:
 
 def block_outside_pool(scope: Scope) -> Hit | None:
     pool = scope.limits.num_blocks
-    if 0 <= min(scope.mapped_ids) and max(scope.mapped_ids) < pool:  # fast path (see Scope)
-        return None
     for row, prefix in enumerate(scope.prefixes):
+        if not prefix or (0 <= min(prefix) and max(prefix) < pool):  # the row's range first (see Scope)
+            continue
         for column, block in enumerate(prefix):
             if not 0 <= block < pool:
                 return Hit(row, f"blocks[{column}]", block)

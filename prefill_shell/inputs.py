@@ -1,17 +1,26 @@
 """``PrefillInputStager``: caller tensors -> host step values -> device inputs.
 
-Host values are torch CPU tensors built per chunk from the plan and the
-caller's tokens, one per ``contract.STEP_INPUTS`` entry: the token block
-(zero past each prompt and for padding rows), the chunk start, the slots
-(-1 for padding rows), the exact fill table and, for chunked requests, the
-read table, and the chunk-relative last-token index.
+Host values are torch CPU tensors built from the plan and the caller's
+tokens and page table, one per ``contract.STEP_INPUTS`` entry: the token
+block (zero past each prompt and for padding rows), the chunk start, the
+slots (-1 for padding rows), the exact fill table and, for chunked
+requests, the read table, and the chunk-relative last-token index.
+
+A chunked request's tensors are built once for the whole row (its tokens
+from the first chunk start on, every chunk's fill table as one matrix, the
+read table, the slot) and each chunk's step values are views into them,
+taken when the step is read: a 131072-token row is 63 chunks at 2048, and
+per-chunk tensors cost more than the rest of its prepare together
+(``benchmarks/plan_overhead.py``, row ``long_row``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
-from prefill_core import PackedStep, PageTableView, PrefillChunk, PrefillRequest
+from prefill_core import SKIP, PackedStep, PageTableView, PrefillChunk, PrefillRequest
 
 from .backends.base import Backend
 from .contract import (
@@ -73,22 +82,6 @@ def _padded_copy(src: torch.Tensor, rows: int, cols: int, filler: int) -> torch.
     return src.clone(memory_format=torch.contiguous_format)
 
 
-def _token_block(tokens: torch.Tensor, request: PrefillRequest, chunk: PrefillChunk, padded_batch: int) -> torch.Tensor:
-    width = min(chunk.length, tokens.shape[1] - chunk.start)
-    if width <= 0:
-        return torch.zeros(padded_batch, chunk.length, dtype=torch.int64)
-    block = _caller_rows(tokens, request, slice(chunk.start, chunk.start + width))  # [A, width]
-    if min(request.lengths) < chunk.start + width:  # some row ends inside the block: zero its tail
-        positions = torch.arange(chunk.start, chunk.start + width)
-        block = block.masked_fill(positions >= torch.tensor(request.lengths).unsqueeze(1), 0)
-    return _padded_copy(block, padded_batch, chunk.length, 0)
-
-
-def _table_tensor(rows: tuple[tuple[int, ...], ...]) -> torch.Tensor:
-    # One flat conversion is several times cheaper than a nested one.
-    return torch.tensor([entry for row in rows for entry in row], dtype=torch.int32).view(len(rows), -1)
-
-
 def _table_from_caller(
     page_table: torch.Tensor, view: PageTableView, request: PrefillRequest, first_block: int
 ) -> torch.Tensor:
@@ -111,43 +104,104 @@ def _table_from_caller(
     return _padded_copy(src, view.num_rows, view.width, view.filler)
 
 
-def _host_step(
-    tokens: torch.Tensor, request: PrefillRequest, chunk: PrefillChunk, page_table: torch.Tensor | None
-) -> HostStep:
-    b, active = request.padded_batch, request.active_batch_size
+def _request_table(request: PrefillRequest) -> torch.Tensor:
+    """A caller-shaped page table holding the request's rows (at their caller rows) from the core's block ids."""
+    width = max(1, *(len(blocks) for blocks in request.blocks))
+    table = torch.full((max(request.source_rows) + 1, width), SKIP, dtype=torch.int32)
+    for row, blocks in zip(request.source_rows, request.blocks):
+        table[row, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+    return table
+
+
+def _wave_step(tokens: torch.Tensor, request: PrefillRequest, page_table: torch.Tensor) -> HostStep:
+    """The one step of a regular request: rows padded to the wave, tokens ``[0, padded_length)``."""
+    chunk = request.chunk(0)
+    b, active, length = request.padded_batch, request.active_batch_size, request.chunk_length
+    width = min(length, tokens.shape[1])
+    block = _caller_rows(tokens, request, slice(0, width))  # [A, width]
+    if min(request.lengths) < width:  # some row ends inside the block: zero its tail
+        block = block.masked_fill(torch.arange(width) >= torch.tensor(request.lengths).unsqueeze(1), 0)
     pad = b - active
-    if page_table is None:
-        fill = _table_tensor(request.fill_table_of(chunk))
-        read = None if request.read_table is None else _table_tensor(request.read_table_values())
-    else:
-        fill = _table_from_caller(page_table, chunk.fill_table, request, chunk.first_block)
-        read = None if request.read_table is None else _table_from_caller(page_table, request.read_table, request, 0)
-    # Each row's last token (position length - 1), made chunk-relative only
-    # here, at the staging boundary; padding rows point at token 0 of their
-    # (zero) row.
-    last = [length - chunk.start - 1 for length in request.lengths] if chunk.is_final else [0] * active
     values = {
-        INPUT_TOKENS: _token_block(tokens, request, chunk, b),
-        CHUNK_START: torch.full((b,), chunk.start, dtype=torch.int64),
+        INPUT_TOKENS: _padded_copy(block, b, length, 0),
+        CHUNK_START: torch.zeros(b, dtype=torch.int64),
         SLOTS: torch.tensor(request.slots + (-1,) * pad, dtype=torch.int32),
-        FILL_TABLE: fill,
-        LAST_TOKEN_INDEX: torch.tensor(last + [0] * pad, dtype=torch.int64),
+        FILL_TABLE: _table_from_caller(page_table, chunk.fill_table, request, 0),
+        # Each row's last token (position length - 1); padding rows point at token 0 of their (zero) row.
+        LAST_TOKEN_INDEX: torch.tensor([n - 1 for n in request.lengths] + [0] * pad, dtype=torch.int64),
     }
-    if read is not None:
-        values[READ_TABLE] = read
     return HostStep(chunk, values)
+
+
+class ChunkedSteps(Sequence):
+    """A chunked request's host steps: the row's tensors built once, each step's values views into them.
+
+    ``steps[i]`` is chunk i's ``HostStep``, made when read (views only, no
+    copy); the tensors it views are built here, at prepare.
+    """
+
+    def __init__(self, tokens: torch.Tensor, request: PrefillRequest, page_table: torch.Tensor):
+        self.request = request
+        row, length = request.source_rows[0], request.lengths[0]
+        first, chunk, count = request.first_chunk_start, request.chunk_length, request.num_chunks
+        # The row's tokens from the first chunk start to the last chunk's end, zero past the prompt.
+        prompt = tokens[row : row + 1, first:length]
+        self.tokens = torch.constant_pad_nd(prompt, (0, count * chunk - prompt.shape[1]), 0)
+        self.starts = torch.arange(first, first + count * chunk, chunk, dtype=torch.int64)
+        self.slots = torch.tensor(request.slots, dtype=torch.int32)
+        self.read = _table_from_caller(page_table, request.read_table, request, 0)
+        self.fills = self._fill_tables(page_table)
+        # Chunk-relative index of the last token in the final chunk; 0 in the others (not read there).
+        self.last = torch.tensor([length - first - (count - 1) * chunk - 1], dtype=torch.int64)
+        self.not_last = torch.zeros(1, dtype=torch.int64)
+
+    def _fill_tables(self, page_table: torch.Tensor) -> torch.Tensor:
+        """Every chunk's fill table as one ``[chunks, width]`` matrix, from one cut of the caller's row.
+
+        Chunk i writes the ``chunk // bs`` blocks from its first block on;
+        the final chunk the blocks up to the row's end (none when the row is
+        fully cached); every other column is ``SKIP``.
+        """
+        request = self.request
+        per_chunk = request.chunk_length // request.block_size
+        first_block = request.first_chunk_start // request.block_size
+        written = (request.num_chunks - 1) * per_chunk + request.final_fill_table.real_blocks[0]
+        row = request.source_rows[0]
+        blocks = page_table[row : row + 1, first_block : first_block + written].to(torch.int32)
+        grid = torch.constant_pad_nd(blocks, (0, request.num_chunks * per_chunk - written), SKIP)
+        grid = grid.view(request.num_chunks, per_chunk)
+        return torch.constant_pad_nd(grid, (0, request.fill_table.width - per_chunk), SKIP)
+
+    def __len__(self) -> int:
+        return self.request.num_chunks
+
+    def __getitem__(self, index: int) -> HostStep:
+        chunk = self.request.chunk(index)  # IndexError past either end, negative indexes from the end
+        offset = chunk.start - self.request.first_chunk_start
+        values = {
+            INPUT_TOKENS: self.tokens[:, offset : offset + chunk.length],
+            CHUNK_START: self.starts[chunk.index : chunk.index + 1],
+            SLOTS: self.slots,
+            FILL_TABLE: self.fills[chunk.index : chunk.index + 1],
+            LAST_TOKEN_INDEX: self.last if chunk.is_final else self.not_last,
+            READ_TABLE: self.read,
+        }
+        return HostStep(chunk, values)
 
 
 def build_host_steps(
     tokens: torch.Tensor, request: PrefillRequest, page_table: torch.Tensor | None = None
-) -> list[HostStep]:
+) -> Sequence[HostStep]:
     """Host values for every chunk of ``request``, in execution order.
 
-    With the caller's ``page_table`` (the one the request was planned from)
-    tables are cut from it with tensor ops; without it they come from the
-    core's pure materializer. Both give the same integers.
+    ``page_table`` is the caller's table the request was planned from
+    (tables are cut from it with tensor ops); without it, one is made from
+    the request's block ids (the same integers).
     """
-    return [_host_step(tokens, request, chunk, page_table) for chunk in request.chunks]
+    table = _request_table(request) if page_table is None else page_table
+    if request.kind.is_chunked:
+        return ChunkedSteps(tokens, request, table)
+    return [_wave_step(tokens, request, table)]
 
 
 class PrefillInputStager:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import attrs
 
 from prefill_core import PageTableLayout, PreparedPrefill
@@ -28,7 +30,7 @@ class PreparedBatch:
     """
 
     requests: tuple[PreparedPrefill, ...]
-    steps: tuple[tuple[HostStep, ...], ...]
+    steps: tuple[Sequence[HostStep], ...]  # a chunked request's: inputs.ChunkedSteps, views made when read
     num_rows: int
     runtime: object = attrs.field(repr=False)
     layout: PageTableLayout

@@ -182,7 +182,7 @@ class PrefillRuntime:
                 requests = prepare_in_sub_batches(batch, config.policy, config.layout, max_position=max_position)
             else:
                 requests = prepare_prefill(batch, config.policy, config.layout, max_position=max_position)
-            steps = tuple(tuple(build_host_steps(matrix, p.request, table)) for p in requests)
+            steps = tuple(build_host_steps(matrix, p.request, table) for p in requests)
         spans = requested_spans(batch)
         prompt = tuple(prompt_steps(matrix, spans, p.request, s) for p, s in zip(requests, steps)) if spans else ()
         return PreparedBatch(requests, steps, len(batch), self, config.layout, prompt)

@@ -32,12 +32,26 @@ def planned_calls(draw):
 
 @given(call=planned_calls())
 def test_tables_cut_from_the_caller_tensor_equal_the_materializer(call):
-    """For every chunk of every planned request, the fill and read tables are the same integers either way."""
+    """For every chunk of every planned request, the staged fill and read tables are the core's integers."""
     table, requests = call
     tokens = torch.ones(table.shape[0], 400, dtype=torch.int64)
     for request in requests:
-        for fast, pure in zip(build_host_steps(tokens, request, table), build_host_steps(tokens, request)):
-            assert torch.equal(fast[FILL_TABLE], pure[FILL_TABLE])
-            assert (READ_TABLE in fast) == (READ_TABLE in pure)
-            if READ_TABLE in pure:
-                assert torch.equal(fast[READ_TABLE], pure[READ_TABLE])
+        steps = build_host_steps(tokens, request, table)
+        assert len(steps) == request.num_chunks
+        for step, chunk in zip(steps, request.chunks):
+            assert step.chunk == chunk
+            assert step[FILL_TABLE].tolist() == [list(row) for row in request.fill_table_of(chunk)]
+            assert (READ_TABLE in step) == request.kind.is_chunked
+            if READ_TABLE in step:
+                assert step[READ_TABLE].tolist() == [list(row) for row in request.read_table_values()]
+
+
+@given(call=planned_calls())
+def test_without_the_caller_table_the_steps_hold_the_same_values(call):
+    """Steps built from the request's own block ids equal the ones cut from the caller's table, value for value."""
+    table, requests = call
+    tokens = torch.arange(table.shape[0] * 400, dtype=torch.int64).view(table.shape[0], 400)
+    for request in requests:
+        for cut, own in zip(build_host_steps(tokens, request, table), build_host_steps(tokens, request), strict=True):
+            assert cut.keys() == own.keys()
+            assert all(torch.equal(cut[spec], own[spec]) for spec in cut)
