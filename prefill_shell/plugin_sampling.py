@@ -103,9 +103,21 @@ def _rows_value(name: str, values: list | tuple, num_rows: int) -> Any:
         msg = f"sampling_params.{name}=<{len(values)} values> is invalid: must hold one value per row ({num_rows})"
         raise InvalidSamplingError(msg, field=f"sampling_params.{name}")
     items = values[:num_rows]  # the plugin may pad rows past the batch: they are not rows here
-    if items and items.count(items[0]) == len(items):
+    if not items:
+        return list(items)
+    if items.count(items[0]) == len(items):
+        _check_one_value(name, 0, items[0])
         return items[0]  # one value held by every row is every row's value
+    for row, item in enumerate(items):
+        _check_one_value(name, row, item)
     return list(items)
+
+
+def _check_one_value(name: str, row: int, item: Any) -> None:
+    """A row's entry is one value: a nested list (a 2-D tensor's rows) would be taken for a row list."""
+    if isinstance(item, (list, tuple, dict, set, torch.Tensor)):
+        rule = "must hold one value per row (a list or 1-D tensor of numbers), not a nested list"
+        raise row_error(InvalidSamplingError, row, f"sampling_params.{name}", item, rule)
 
 
 def _is_number(value: object) -> bool:

@@ -48,3 +48,14 @@ def test_a_bad_row_is_named_at_the_first_row_holding_its_encoding(field, bad):
     with pytest.raises(InvalidSamplingError, match=rf"row 1: sampling_params\.{field}=") as caught:
         rows_from_plugin(SimpleNamespace(**_columns(rows, as_tensors=False)), len(rows), VOCAB)
     assert caught.value.row == 1 and caught.value.field == f"sampling_params.{field}"
+
+
+@pytest.mark.parametrize("field", ["temperature", "top_k", "enable_log_probs", "seed"])
+@pytest.mark.parametrize("nested", [[[1], [1]], [[1], [2]], torch.ones(2, 1)])
+def test_a_nested_per_row_field_is_a_named_error_never_fewer_rows(field, nested):
+    """A 2-D tensor or list of lists (equal rows or not) names the field and row; it never maps fewer rows."""
+    good = {name: values[0] for name, values in PLUGIN_FIELD_VALUES.items()}
+    columns = _columns([good, good], as_tensors=False) | {field: nested}
+    with pytest.raises(InvalidSamplingError, match=rf"row 0: sampling_params\.{field}=.*nested") as caught:
+        rows_from_plugin(SimpleNamespace(**columns), 2, VOCAB)
+    assert caught.value.row == 0 and caught.value.field == f"sampling_params.{field}"
