@@ -1,4 +1,4 @@
-"""Sampling parameters as vLLM's Tenstorrent plugin sends them -> one ``RowSampling`` per row.
+"""Sampling parameters as vLLM's Tenstorrent plugin sends them -> one ``RowSampling`` per row (``PluginRows``).
 
 The plugin's ``TTSamplingParams`` carries, per row (a list, a 1-D tensor, or
 one scalar for every row): ``temperature``, ``top_k``, ``top_p``,
@@ -24,6 +24,12 @@ one scalar for every row): ``temperature``, ``top_k``, ``top_p``,
 
 Every other value goes to the core's ``SamplingParams`` as it is, so the
 rule table names a bad temperature or top-p with its row.
+
+Each distinct encoding is mapped once per call, at the first row holding it
+(the row an error names); rows holding equal encodings share its objects,
+so the core judges each distinct ``SamplingParams`` once. ``PluginRows``
+also lists, once, what the facade needs beside the core's sampling list:
+the penalised rows and the rows wanting a log-prob.
 """
 
 from __future__ import annotations
@@ -37,12 +43,13 @@ import torch
 from prefill_core import SamplingParams
 from prefill_core.errors import InvalidSamplingError, row_error
 
-__all__ = ["Penalties", "RowSampling", "rows_from_plugin"]
+__all__ = ["Penalties", "PluginRows", "RowSampling", "rows_from_plugin"]
 
 _NAMES = ("temperature", "top_k", "top_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
 _NAMES += ("seed", "num_logprobs", "enable_log_probs")
 _NO_LOGPROBS = -2
 _NO_SEED = -1
+_GREEDY = SamplingParams(temperature=0.0, top_k=1, top_p=1.0)  # a seedless greedy row: one shared value
 _DEFAULTS = {
     "presence_penalty": 0.0,
     "frequency_penalty": 0.0,
@@ -66,6 +73,9 @@ class Penalties:
         return self.repetition == 1.0 and self.presence == 0.0 and self.frequency == 0.0
 
 
+_NO_PENALTIES = Penalties()
+
+
 @attrs.frozen
 class RowSampling:
     """One row's sampling: the core's params, its penalties, and whether its token's log-prob is wanted."""
@@ -78,15 +88,36 @@ class RowSampling:
 def _field(sampling: Any, name: str, num_rows: int) -> Any:
     """The field ``name``: a list of one Python value per row, or one value for every row (a scalar)."""
     value = getattr(sampling, name, _DEFAULTS.get(name))
-    if isinstance(value, torch.Tensor):
-        value = value.item() if value.dim() == 0 else value.tolist()
+    if value is None or isinstance(value, (int, float)):  # one value for every row (the usual optional field)
+        return value
     if isinstance(value, (list, tuple)):
-        if len(value) < num_rows:
-            msg = f"sampling_params.{name}=<{len(value)} values> is invalid: must hold one value per row ({num_rows})"
-            raise InvalidSamplingError(msg, field=f"sampling_params.{name}")
-        items = list(value[:num_rows])  # the plugin may pad rows past the batch: they are not rows here
-        return items[0] if len(set(items)) == 1 else items  # one value held by every row is every row's value
+        return _rows_value(name, value, num_rows)
+    if isinstance(value, torch.Tensor):
+        return value.item() if value.dim() == 0 else _rows_value(name, value.tolist(), num_rows)
     return value
+
+
+def _rows_value(name: str, values: list | tuple, num_rows: int) -> Any:
+    """A per-row list cut to the batch, or its one value when every row holds it."""
+    if len(values) < num_rows:
+        msg = f"sampling_params.{name}=<{len(values)} values> is invalid: must hold one value per row ({num_rows})"
+        raise InvalidSamplingError(msg, field=f"sampling_params.{name}")
+    items = values[:num_rows]  # the plugin may pad rows past the batch: they are not rows here
+    if not items:
+        return list(items)
+    if items.count(items[0]) == len(items):
+        _check_one_value(name, 0, items[0])
+        return items[0]  # one value held by every row is every row's value
+    for row, item in enumerate(items):
+        _check_one_value(name, row, item)
+    return list(items)
+
+
+def _check_one_value(name: str, row: int, item: Any) -> None:
+    """A row's entry is one value: a nested list (a 2-D tensor's rows) would be taken for a row list."""
+    if isinstance(item, (list, tuple, dict, set, torch.Tensor)):
+        rule = "must hold one value per row (a list or 1-D tensor of numbers), not a nested list"
+        raise row_error(InvalidSamplingError, row, f"sampling_params.{name}", item, rule)
 
 
 def _is_number(value: object) -> bool:
@@ -100,6 +131,8 @@ def _penalties(row: int, presence: Any, frequency: Any, repetition: Any) -> Pena
     if not _is_number(repetition) or not math.isfinite(repetition) or repetition <= 0:
         rule = "must be a finite number > 0 (1.0: none)"
         raise row_error(InvalidSamplingError, row, "sampling_params.repetition_penalty", repetition, rule)
+    if repetition == 1.0 and presence == 0.0 and frequency == 0.0:
+        return _NO_PENALTIES
     return Penalties(float(repetition), float(presence), float(frequency))
 
 
@@ -121,7 +154,7 @@ def _core_params(temperature: Any, top_k: Any, top_p: Any, seed: Any, vocab_size
     """The core's parameters; values outside the encodings pass through for the rule table to name."""
     seed = None if seed is None or seed == _NO_SEED else seed
     if type(top_k) is int and top_k == 1 or _is_number(top_p) and top_p == 0.0:
-        return SamplingParams(temperature=0.0, top_k=1, top_p=1.0, seed=seed)
+        return _GREEDY if seed is None else SamplingParams(temperature=0.0, top_k=1, top_p=1.0, seed=seed)
     if type(top_k) is int and (top_k <= 0 or top_k >= vocab_size):
         top_k = 0
     return SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
@@ -136,8 +169,32 @@ def _row_sampling(row: int, values: dict[str, Any], vocab_size: int) -> RowSampl
     )
 
 
-def rows_from_plugin(sampling: Any, num_rows: int, vocab_size: int) -> list[RowSampling]:
-    """One ``RowSampling`` per row from a ``TTSamplingParams``-like object (attributes read by name)."""
+@attrs.frozen
+class PluginRows:
+    """A call's sampling row by row, and the rows the facade treats apart, each listed once."""
+
+    rows: list[RowSampling]  # one per row; rows holding one encoding share one object
+    core: list[SamplingParams | None]  # what the runtime gets: None at a row sampled here (it returns logits)
+    penalised: list[int]  # rows with a penalty: sampled on the host from their logits
+    logprob_rows: list[int]  # rows that want their sampled token's log-prob
+
+    @classmethod
+    def uniform(cls, one: RowSampling, num_rows: int) -> PluginRows:
+        """Every row holds ``one``: nothing to judge row by row."""
+        penalised = [] if one.penalties.neutral else list(range(num_rows))
+        core = [None if penalised else one.params] * num_rows
+        return cls([one] * num_rows, core, penalised, list(range(num_rows)) if one.wants_logprob else [])
+
+    @classmethod
+    def per_row(cls, rows: list[RowSampling]) -> PluginRows:
+        """Each row holds its own ``RowSampling`` (rows sharing an encoding share the object)."""
+        penalised = [row for row, sampling in enumerate(rows) if not sampling.penalties.neutral]
+        core = [sampling.params if sampling.penalties.neutral else None for sampling in rows]
+        return cls(rows, core, penalised, [row for row, sampling in enumerate(rows) if sampling.wants_logprob])
+
+
+def rows_from_plugin(sampling: Any, num_rows: int, vocab_size: int) -> PluginRows:
+    """The rows' sampling from a ``TTSamplingParams``-like object (attributes read by name)."""
     for name in _NAMES[:3]:
         if not hasattr(sampling, name):
             msg = f"sampling_params has no {name}: it must carry temperature, top_k and top_p (TTSamplingParams)"
@@ -145,9 +202,9 @@ def rows_from_plugin(sampling: Any, num_rows: int, vocab_size: int) -> list[RowS
     values = {name: _field(sampling, name, num_rows) for name in _NAMES}
     per_row = [name for name in _NAMES if isinstance(values[name], list)]
     if num_rows == 0:
-        return []
+        return PluginRows([], [], [], [])
     if not per_row:  # one value for every row: one mapping, named at row 0
-        return [_row_sampling(0, values, vocab_size)] * num_rows
+        return PluginRows.uniform(_row_sampling(0, values, vocab_size), num_rows)
     # Rows usually share a few value tuples: each is mapped (and checked) once, at the first row holding it,
     # and rows that share one share its objects, so the core judges each distinct parameter object once.
     mapped: dict[tuple, RowSampling] = {}
@@ -157,4 +214,4 @@ def rows_from_plugin(sampling: Any, num_rows: int, vocab_size: int) -> list[RowS
         if found is None:
             found = mapped[key] = _row_sampling(row, {**values, **dict(zip(per_row, key))}, vocab_size)
         rows.append(found)
-    return rows
+    return PluginRows.per_row(rows)

@@ -53,7 +53,7 @@ from .config import PrefillRuntimeConfig
 from .executor import PrefillExecutor
 from .model import PrefillModel
 from .penalties import sample_penalised
-from .plugin_sampling import RowSampling, rows_from_plugin
+from .plugin_sampling import PluginRows, rows_from_plugin
 from .result import BatchResult
 from .runtime import PrefillRuntime
 
@@ -244,33 +244,29 @@ class ServingFacade:
         if sampling_params is None:
             out = target.prefill(tokens, page_table, prompt_lens, start_pos, empty_slots, None, mode=mode, batched=True)
             return out.logits.unsqueeze(1)  # [B, 1, V]
-        rows = rows_from_plugin(sampling_params, num_rows, self.model.spec.vocab_size)
-        penalised = [row for row, sampling in enumerate(rows) if not sampling.penalties.neutral]
-        core = [sampling.params for sampling in rows]
-        for row in penalised:  # the device returns this row's logits; it is sampled here
-            core[row] = None
-        out = target.prefill(tokens, page_table, prompt_lens, start_pos, empty_slots, core, mode=mode, batched=True)
-        output_tokens = compatibility_kwargs.get("output_tokens")
-        return self._sampled(out, rows, penalised, tokens, prompt_lens, output_tokens)
+        plugin = rows_from_plugin(sampling_params, num_rows, self.model.spec.vocab_size)
+        out = target.prefill(
+            tokens, page_table, prompt_lens, start_pos, empty_slots, plugin.core, mode=mode, batched=True
+        )
+        return self._sampled(out, plugin, tokens, prompt_lens, compatibility_kwargs.get("output_tokens"))
 
-    def _sampled(self, out: BatchResult, rows: list[RowSampling], penalised: list[int], tokens, prompt_lens, outputs):
+    def _sampled(self, out: BatchResult, plugin: PluginRows, tokens, prompt_lens, outputs):
         """``(tokens, log_probs)`` from the call's tensors; penalised rows are sampled here from their logits."""
         sampled, logprobs = out.tokens, out.logprobs
-        if penalised:
+        if plugin.penalised:
             lengths = prompt_lens.tolist() if isinstance(prompt_lens, torch.Tensor) else list(prompt_lens)
-        for row in penalised:
-            sampling = rows[row]
+        for row in plugin.penalised:
+            sampling = plugin.rows[row]
             seed = sampling.params.seed
             seed = self._rng.getrandbits(63) if seed is None else seed
             prompt = torch.as_tensor(tokens[row][: lengths[row]], dtype=torch.int64)
             sampled[row], logprobs[row] = sample_penalised(
                 out.logits[row], prompt, _output_row(outputs, row), sampling.penalties, sampling.params, seed
             )
-        wanted = [row for row, sampling in enumerate(rows) if sampling.wants_logprob]
-        if not wanted:
+        if not plugin.logprob_rows:
             return sampled, None
-        log_probs = torch.ones(len(rows), dtype=torch.float32)
-        log_probs[wanted] = logprobs[wanted]
+        log_probs = torch.ones(len(plugin.rows), dtype=torch.float32)
+        log_probs[plugin.logprob_rows] = logprobs[plugin.logprob_rows]
         return sampled, log_probs
 
     def _check_call(self, kv_cache: Any, enable_trace: Any) -> None:

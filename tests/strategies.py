@@ -11,6 +11,8 @@
   after each mapped prefix and optional sampling parameters.
 * ``invalid_cases``: a valid spec with exactly one rule broken, labelled with
   the ``PrefillInputError`` subclass, row and field the core must report.
+* ``plugin_encodings``: per-row sampling encodings as vLLM's Tenstorrent
+  plugin sends them, drawn from a few distinct ones so rows repeat.
 
 Block ids are handed out arithmetically (no per-block draws), so examples
 stay cheap even when a row maps thousands of blocks.
@@ -931,3 +933,31 @@ def same_step_prefix_specs(draw) -> CaseSpec:
 def _first_written_column(row: PrefillRow, bs: int) -> int:
     written = written_columns(row.length, row.cached, bs)
     return written.start if written else -(-row.length // bs)
+
+
+# ---------------------------------------------------------------- serving plugin
+
+PLUGIN_FIELD_VALUES = {
+    "temperature": (0.0, 0.7),
+    "top_k": (1, 0, -1, 5, 4096),
+    "top_p": (0.0, 0.9, 1.0),
+    "presence_penalty": (0.0, 0.5),
+    "frequency_penalty": (0.0, -0.25),
+    "repetition_penalty": (1.0, 1.3),
+    "seed": (-1, 7),
+    "num_logprobs": (-2, 0),
+}
+"""Valid values of the plugin's per-row sampling fields, in its encodings (few each, so rows repeat)."""
+
+
+@st.composite
+def plugin_encodings(draw, max_rows: int = 12) -> list[dict]:
+    """Per-row plugin encodings (field -> value) of 1..max_rows rows, drawn from a few distinct ones."""
+    distinct = draw(
+        st.lists(
+            st.fixed_dictionaries({name: st.sampled_from(values) for name, values in PLUGIN_FIELD_VALUES.items()}),
+            min_size=1,
+            max_size=4,
+        )
+    )
+    return draw(st.lists(st.sampled_from(distinct), min_size=1, max_size=max_rows))
