@@ -12,7 +12,7 @@ reads.
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Collection, Sequence
 
 import attrs
@@ -23,7 +23,6 @@ from prefill_core import ceil_div
 __all__ = [
     "SharedPrefixBatch",
     "common_prefix_length",
-    "largest_sharing_group",
     "share_prefix",
     "share_prefixes",
     "sharing_groups",
@@ -83,15 +82,6 @@ def common_prefix_length(prompts: Sequence[Sequence[int]]) -> int:
             same += 1
         length = same
     return length
-
-
-def largest_sharing_group(prompts: Sequence[Sequence[int]], block_size: int) -> list[int]:
-    """The rows whose first block is the most common first block, if at least two share it (else none)."""
-    heads = Counter(tuple(p[:block_size]) for p in prompts if len(p) >= block_size)
-    if not heads:
-        return []
-    head, count = heads.most_common(1)[0]
-    return [i for i, p in enumerate(prompts) if tuple(p[:block_size]) == head] if count > 1 else []
 
 
 def sharing_groups(prompts: Sequence[Sequence[int]], block_size: int) -> list[list[int]]:
