@@ -175,7 +175,9 @@ class ChunkedSteps(Sequence):
     def __len__(self) -> int:
         return self.request.num_chunks
 
-    def __getitem__(self, index: int) -> HostStep:
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
         chunk = self.request.chunk(index)  # IndexError past either end, negative indexes from the end
         offset = chunk.start - self.request.first_chunk_start
         values = {
