@@ -157,7 +157,7 @@ def blocks_not_tuple(scope: Scope) -> Hit | None:
 def block_not_int(scope: Scope) -> Hit | None:
     for row, blocks in enumerate(scope.batch.blocks):
         # The set of a row's types first: a 131072-token row maps 4096 blocks, and the column walk
-        # costs most of its plan (benchmarks/plan_overhead.py, row long_row).
+        # costs most of its batch check (benchmarks/vs_tt_metal_planner.py, case 131072_cached_2048).
         if set(map(type, blocks)) <= {int}:
             continue
         for column, block in enumerate(blocks):
