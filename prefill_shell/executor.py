@@ -137,10 +137,15 @@ class PrefillExecutor:
             return self.runtime.assemble_batch(self.invocations(batch, mode, on_progress), batch.num_rows)
 
     def close(self) -> None:
-        """Releases every trace and workspace, then the runtime's orphans; refuses further calls."""
-        self._closed = True
-        self.runtime.release_traces()
-        self.runtime.cleanup()
+        """Releases every trace and workspace, then the runtime's orphans; refuses further calls.
+
+        Holds the runtime throughout: a close from another thread while a call
+        runs is refused before it marks anything closed.
+        """
+        with self.runtime.hold():
+            self._closed = True
+            self.runtime.release_traces()
+            self.runtime.cleanup()
 
     def _check_open(self) -> None:
         if self._closed:

@@ -1,0 +1,101 @@
+"""``ServingFacade`` under a careless caller: every bad argument is a named error that runs nothing and writes no KV."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from prefill_core import PrefillPolicy
+from prefill_core.errors import (
+    PrefillStateError,
+)
+from prefill_shell.backends import TorchBackend
+from prefill_shell.serving import ServingFacade
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+BLOCK, POOL = 16, 48
+POLICY = PrefillPolicy(max_chunk_length=128, chunk_quantum=128, length_ladder=(128,))
+WAIT = 30  # seconds before a broken thread test gives up instead of hanging
+
+
+def _facade(model, **kwargs) -> ServingFacade:
+    facade = ServingFacade(model, TorchBackend(), max_seq_len=256, max_batch_size=4, policy=POLICY, **kwargs)
+    spec = model.spec
+    facade.allocate_kv_cache((POOL, spec.num_kv_heads, BLOCK, spec.head_dim), model.dtype, spec.num_layers)
+    return facade
+
+
+def _pool(facade) -> list[torch.Tensor]:
+    return [t.clone() for t in facade.kv.keys + facade.kv.values]
+
+
+def _unchanged(before, facade) -> bool:
+    return all(torch.equal(a, b) for a, b in zip(before, _pool(facade)))
+
+
+@pytest.fixture(scope="module")
+def call(kit):
+    tokens = kit.token_matrix([kit.make_tokens(64, seed=1), kit.make_tokens(50, seed=2)])
+    table = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]], dtype=torch.int32)
+    return SimpleNamespace(tokens=tokens, table=table, prompt_lens=torch.tensor([64, 50]))
+
+
+def _forward(facade, call, **kwargs):
+    args = dict(tokens=call.tokens, page_table=call.table, enable_trace=False, prompt_lens=call.prompt_lens)
+    args.update(kwargs)
+    return facade.prefill_forward(args.pop("tokens"), args.pop("page_table"), **args)
+
+
+def _penalised(**fields):
+    """Row 0 carries a repetition penalty (sampled by the facade), row 1 is a plain greedy row."""
+    base = dict(temperature=[0.7, 0.0], top_k=[20, 1], top_p=[0.9, 0.0], repetition_penalty=[1.3, 1.0], seed=[5, -1])
+    return SimpleNamespace(**(base | fields))
+
+
+class _ParkingModel:
+    """Delegates to a model; the first body call on ``parked_thread`` waits at a barrier, then for ``go``."""
+
+    def __init__(self, inner):
+        self.inner, self.spec, self.dtype = inner, inner.spec, inner.dtype
+        self.new_kv_cache = inner.new_kv_cache
+        self.parked_thread: int | None = None
+        self.barrier = threading.Barrier(2, timeout=WAIT)
+        self.go = threading.Event()
+
+    def forward_hidden(self, *args):
+        if threading.get_ident() == self.parked_thread and not self.go.is_set():
+            self.barrier.wait()
+            assert self.go.wait(WAIT)
+        return self.inner.forward_hidden(*args)
+
+    def lm_head(self, rows):
+        return self.inner.lm_head(rows)
+
+
+@pytest.mark.parametrize("entry", ["cleanup", "allocate_kv_cache"])
+def test_a_teardown_from_another_thread_during_a_call_is_refused_and_changes_nothing(tiny_model, call, entry):
+    """cleanup/allocate_kv_cache while another thread's call runs raise PrefillStateError; the facade still serves."""
+    parking = _ParkingModel(tiny_model)
+    facade = _facade(parking)
+    want = _forward(_facade(tiny_model), call)
+    box = {}
+
+    def work():
+        parking.parked_thread = threading.get_ident()
+        box["out"] = _forward(facade, call)
+
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+    parking.barrier.wait()  # the other thread is inside a model body call
+    try:
+        with pytest.raises(PrefillStateError, match="while a call is in progress"):
+            getattr(facade, entry)()
+    finally:
+        parking.go.set()
+        thread.join(WAIT)
+    assert torch.equal(box["out"], want)
+    assert torch.equal(_forward(facade, call), want)
