@@ -20,7 +20,9 @@ one scalar for every row): ``temperature``, ``top_k``, ``top_p``,
   per row whether the sampled token's log-prob is wanted.
 * Penalties keep vLLM's domains (presence and frequency in [-2, 2],
   repetition > 0); a row with any non-neutral penalty is sampled on the host
-  (``penalties.py``) from the device's logits.
+  (``penalties.py``) from the device's logits. The runtime then sees no
+  sampling for that row, so the core's temperature, top-k, top-p and seed
+  rules judge its values here, before anything runs.
 
 Every other value goes to the core's ``SamplingParams`` as it is, so the
 rule table names a bad temperature or top-p with its row.
@@ -40,8 +42,9 @@ from typing import Any
 import attrs
 import torch
 
-from prefill_core import SamplingParams
+from prefill_core import PrefillBatch, SamplingParams
 from prefill_core.errors import InvalidSamplingError, row_error
+from prefill_core.rules import RULES, Scope
 
 __all__ = ["Penalties", "PluginRows", "RowSampling", "rows_from_plugin"]
 
@@ -74,6 +77,7 @@ class Penalties:
 
 
 _NO_PENALTIES = Penalties()
+_HOST_SAMPLED_RULES = tuple(rule for rule in RULES if rule.name in ("temperature", "top_k", "top_p", "seed"))
 
 
 @attrs.frozen
@@ -147,6 +151,9 @@ def _wants_logprob(row: int, num_logprobs: Any, enabled: Any) -> bool:
             "row, so -1 (whole vocabulary) and top-k lists cannot be returned"
         )
         raise row_error(InvalidSamplingError, row, "sampling_params.num_logprobs", num_logprobs, rule)
+    if enabled is not None and enabled not in (True, False):
+        rule = "must be a bool per row (or None: num_logprobs decides)"
+        raise row_error(InvalidSamplingError, row, "sampling_params.enable_log_probs", enabled, rule)
     return wanted if enabled is None else bool(enabled)
 
 
@@ -160,13 +167,22 @@ def _core_params(temperature: Any, top_k: Any, top_p: Any, seed: Any, vocab_size
     return SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
 
 
+def _check_host_sampled(row: int, params: SamplingParams) -> None:
+    """The core's sampling rules on a row the facade samples itself (the runtime sees no params for it)."""
+    scope = Scope(PrefillBatch((1,), (0,), (0,), ((0,),), (params,)))  # the row alone, as a one-row batch
+    for rule in _HOST_SAMPLED_RULES:
+        hit = rule.find(scope)
+        if hit is not None:
+            raise rule.error_for(attrs.evolve(hit, row=row), None)
+
+
 def _row_sampling(row: int, values: dict[str, Any], vocab_size: int) -> RowSampling:
     """One row's ``RowSampling`` from its field values (``row`` names it in an error)."""
-    return RowSampling(
-        _core_params(values["temperature"], values["top_k"], values["top_p"], values["seed"], vocab_size),
-        _penalties(row, values["presence_penalty"], values["frequency_penalty"], values["repetition_penalty"]),
-        _wants_logprob(row, values["num_logprobs"], values["enable_log_probs"]),
-    )
+    params = _core_params(values["temperature"], values["top_k"], values["top_p"], values["seed"], vocab_size)
+    penalties = _penalties(row, values["presence_penalty"], values["frequency_penalty"], values["repetition_penalty"])
+    if not penalties.neutral:
+        _check_host_sampled(row, params)
+    return RowSampling(params, penalties, _wants_logprob(row, values["num_logprobs"], values["enable_log_probs"]))
 
 
 @attrs.frozen

@@ -10,9 +10,11 @@ import torch
 
 from prefill_core import PrefillPolicy
 from prefill_core.errors import (
+    InvalidSamplingError,
     PrefillStateError,
 )
 from prefill_shell.backends import TorchBackend
+from prefill_shell.plugin_sampling import rows_from_plugin
 from prefill_shell.serving import ServingFacade
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -54,6 +56,33 @@ def _penalised(**fields):
     """Row 0 carries a repetition penalty (sampled by the facade), row 1 is a plain greedy row."""
     base = dict(temperature=[0.7, 0.0], top_k=[20, 1], top_p=[0.9, 0.0], repetition_penalty=[1.3, 1.0], seed=[5, -1])
     return SimpleNamespace(**(base | fields))
+
+
+@pytest.mark.parametrize(
+    "field, bad",
+    [
+        ("temperature", [float("nan"), 0.0]),
+        ("temperature", [-1.0, 0.0]),
+        ("top_p", [2.0, 0.0]),
+        ("seed", [2**70, -1]),
+    ],
+)
+def test_a_penalised_rows_sampling_values_are_judged_before_anything_runs(tiny_model, call, field, bad):
+    """A row the facade samples itself (penalties) gets the core's sampling rules: named at its row, no KV written."""
+    facade = _facade(tiny_model)
+    before = _pool(facade)
+    with pytest.raises(InvalidSamplingError, match=f"row 0: sampling.{field}="):
+        _forward(facade, call, sampling_params=_penalised(**{field: bad}))
+    assert _unchanged(before, facade)
+    tokens, _ = _forward(facade, call, sampling_params=_penalised())
+    assert tokens.shape == (2,)
+
+
+def test_enable_log_probs_other_than_a_bool_is_named_at_its_row():
+    """enable_log_probs='no' is refused at its row, never read as truthy (a log-prob the row did not ask for)."""
+    sampling = SimpleNamespace(temperature=0.0, top_k=1, top_p=0.0, num_logprobs=0, enable_log_probs=[True, "no"])
+    with pytest.raises(InvalidSamplingError, match="row 1: sampling_params.enable_log_probs='no'"):
+        rows_from_plugin(sampling, 2, 256)
 
 
 class _ParkingModel:
