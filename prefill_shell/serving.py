@@ -40,15 +40,16 @@ serving several lanes replaces"):
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from prefill_core import PageTableLayout, PrefillPolicy, SamplingPath, ceil_div, manifest_for
-from prefill_core.errors import KVCacheMismatchError, PrefillConfigError, PrefillStateError
+from prefill_core.errors import InvalidSamplingError, KVCacheMismatchError, PrefillConfigError, PrefillStateError
 
 from .backends.base import Backend
+from .batch_builder import as_token_matrix
 from .config import PrefillRuntimeConfig
 from .executor import PrefillExecutor
 from .model import PrefillModel
@@ -96,6 +97,9 @@ class ServingFacade:
         prefill_traces: bool = True,
         seed: int = 0,
     ):
+        for name, value in (("max_seq_len", max_seq_len), ("max_batch_size", max_batch_size)):
+            if type(value) is not int or value <= 0:
+                raise PrefillConfigError(f"{type(self).__name__}: {name}={value!r} is invalid: must be an int > 0")
         self.model = model
         self.backend = backend
         self.max_seq_len = max_seq_len
@@ -178,7 +182,7 @@ class ServingFacade:
 
     def _checked_shape(self, shape, dtype, num_layers) -> tuple[int, int]:
         spec = self.model.spec
-        dims = tuple(shape)
+        dims = tuple(shape) if isinstance(shape, Sequence) else (shape,)
         if len(dims) != 4 or not all(type(d) is int for d in dims):
             msg = f"kv_cache_shape={dims!r} is invalid: must be 4 ints (num_blocks, kv_heads, block_size, head_dim)"
             raise PrefillConfigError(msg)
@@ -236,7 +240,7 @@ class ServingFacade:
         self._check_call(kv_cache, enable_trace)
         tokens, page_table = _cast(tokens, torch.int64), _cast(page_table, torch.int32)
         prompt_lens, start_pos = _cast(prompt_lens, torch.int64), _cast(start_pos, torch.int64)
-        num_rows = len(tokens)
+        num_rows = _num_rows(tokens)
         if prompt_lens is None:
             prompt_lens = [len(row) for row in tokens]
         mode = "traced" if enable_trace else "eager"
@@ -245,12 +249,14 @@ class ServingFacade:
             out = target.prefill(tokens, page_table, prompt_lens, start_pos, empty_slots, None, mode=mode, batched=True)
             return out.logits.unsqueeze(1)  # [B, 1, V]
         plugin = rows_from_plugin(sampling_params, num_rows, self.model.spec.vocab_size)
+        given = compatibility_kwargs.get("output_tokens")
+        outputs = {row: _output_row(given, row) for row in plugin.penalised}  # checked before anything runs
         out = target.prefill(
             tokens, page_table, prompt_lens, start_pos, empty_slots, plugin.core, mode=mode, batched=True
         )
-        return self._sampled(out, plugin, tokens, prompt_lens, compatibility_kwargs.get("output_tokens"))
+        return self._sampled(out, plugin, tokens, prompt_lens, outputs)
 
-    def _sampled(self, out: BatchResult, plugin: PluginRows, tokens, prompt_lens, outputs):
+    def _sampled(self, out: BatchResult, plugin: PluginRows, tokens, prompt_lens, outputs: dict):
         """``(tokens, log_probs)`` from the call's tensors; penalised rows are sampled here from their logits."""
         sampled, logprobs = out.tokens, out.logprobs
         if plugin.penalised:
@@ -261,7 +267,7 @@ class ServingFacade:
             seed = self._rng.getrandbits(63) if seed is None else seed
             prompt = torch.as_tensor(tokens[row][: lengths[row]], dtype=torch.int64)
             sampled[row], logprobs[row] = sample_penalised(
-                out.logits[row], prompt, _output_row(outputs, row), sampling.penalties, sampling.params, seed
+                out.logits[row], prompt, outputs[row], sampling.penalties, sampling.params, seed
             )
         if not plugin.logprob_rows:
             return sampled, None
@@ -283,17 +289,45 @@ class ServingFacade:
 
 
 def _cast(value, dtype: torch.dtype):
-    """An integer tensor cast to ``dtype`` (as the adapter does); anything else as it is, for named checks."""
+    """An integer tensor cast to ``dtype`` (as the adapter does); anything else as it is, for named checks.
+
+    A tensor holding a value ``dtype`` cannot (an int64 block id past int32)
+    stays as it is too: the cast would wrap it onto another value, which the
+    runtime would then take for the caller's.
+    """
     if not isinstance(value, torch.Tensor) or value.dtype is dtype:
         return value
     if value.is_floating_point() or value.dtype is torch.bool:
         return value
+    if value.numel() and torch.iinfo(value.dtype).bits > torch.iinfo(dtype).bits:
+        low, high = (int(v) for v in torch.aminmax(value))
+        if low < torch.iinfo(dtype).min or high > torch.iinfo(dtype).max:
+            return value
     return value.to(dtype)
 
 
+def _num_rows(tokens) -> int:
+    """The call's row count; tokens that are not rows (a 0-d or 1-d tensor, a number) get the runtime's named error."""
+    if not hasattr(tokens, "__len__") or isinstance(tokens, torch.Tensor) and tokens.dim() != 2:
+        as_token_matrix(tokens)  # raises the PrefillInputError naming tokens
+    return len(tokens)
+
+
 def _output_row(output_tokens, row: int) -> torch.Tensor:
-    """Row ``row``'s output token ids: none unless passed; ids outside [0, vocab) are padding (vLLM pads)."""
+    """Row ``row``'s output token ids: none unless passed; ids outside [0, vocab) are padding (vLLM pads).
+
+    Anything but integer ids for the row (a missing row, floats, text) is an
+    ``InvalidSamplingError`` naming it.
+    """
     if output_tokens is None:
         return torch.zeros(0, dtype=torch.int64)
-    ids = torch.as_tensor(output_tokens[row], dtype=torch.int64).reshape(-1)
+    try:
+        ids = torch.as_tensor(output_tokens[row])
+    except (TypeError, ValueError, IndexError, KeyError, RuntimeError) as error:
+        ids = error
+    if not isinstance(ids, torch.Tensor) or ids.is_floating_point() or ids.is_complex() or ids.dtype is torch.bool:
+        shown = f"{type(output_tokens).__name__}: {ids!r}" if isinstance(ids, Exception) else f"<{ids.dtype}>"
+        msg = f"row {row}: output_tokens={shown} is invalid: a penalised row needs its output token ids (ints)"
+        raise InvalidSamplingError(msg, row=row, field="output_tokens")
+    ids = ids.to(torch.int64).reshape(-1)
     return ids[ids >= 0]

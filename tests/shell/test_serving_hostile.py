@@ -10,7 +10,10 @@ import torch
 
 from prefill_core import PrefillPolicy
 from prefill_core.errors import (
+    InvalidPageTableError,
     InvalidSamplingError,
+    PrefillConfigError,
+    PrefillInputError,
     PrefillStateError,
 )
 from prefill_shell.backends import TorchBackend
@@ -58,6 +61,25 @@ def _penalised(**fields):
     return SimpleNamespace(**(base | fields))
 
 
+def test_a_zero_d_tokens_tensor_is_a_named_error(tiny_model, call):
+    """tokens as a 0-d tensor is the runtime's PrefillInputError naming tokens, not len()'s TypeError."""
+    facade = _facade(tiny_model)
+    with pytest.raises(PrefillInputError, match="tokens="):
+        _forward(facade, call, tokens=torch.tensor(5))
+
+
+@pytest.mark.parametrize("block", [2**32, 2**40, 2**63 - 1])
+def test_an_int64_block_id_past_int32_is_refused_not_wrapped_onto_another_block(tiny_model, call, block):
+    """An int64 page table is not cast to int32 when that would wrap an id onto a real block: the id is named."""
+    facade = _facade(tiny_model)
+    before = _pool(facade)
+    table = call.table.to(torch.int64)
+    table[0, 3] = block
+    with pytest.raises(InvalidPageTableError, match=f"blocks\\[3\\]={block} "):
+        _forward(facade, call, page_table=table)
+    assert _unchanged(before, facade)
+
+
 @pytest.mark.parametrize(
     "field, bad",
     [
@@ -78,11 +100,38 @@ def test_a_penalised_rows_sampling_values_are_judged_before_anything_runs(tiny_m
     assert tokens.shape == (2,)
 
 
+@pytest.mark.parametrize("output_tokens", ["abc", [[1, 2]], [[1.5, 2.0], [3.0]]], ids=["text", "a row short", "floats"])
+def test_bad_output_tokens_of_a_penalised_row_are_named_before_anything_runs(tiny_model, call, output_tokens):
+    """output_tokens giving a penalised row no integer ids: an InvalidSamplingError naming the row; no KV written."""
+    facade = _facade(tiny_model)
+    before = _pool(facade)
+    sampling = _penalised(repetition_penalty=[1.3, 1.3])
+    row = 1 if output_tokens == [[1, 2]] else 0
+    with pytest.raises(InvalidSamplingError, match=f"row {row}: output_tokens="):
+        _forward(facade, call, sampling_params=sampling, output_tokens=output_tokens)
+    assert _unchanged(before, facade)
+
+
 def test_enable_log_probs_other_than_a_bool_is_named_at_its_row():
     """enable_log_probs='no' is refused at its row, never read as truthy (a log-prob the row did not ask for)."""
     sampling = SimpleNamespace(temperature=0.0, top_k=1, top_p=0.0, num_logprobs=0, enable_log_probs=[True, "no"])
     with pytest.raises(InvalidSamplingError, match="row 1: sampling_params.enable_log_probs='no'"):
         rows_from_plugin(sampling, 2, 256)
+
+
+def test_a_kv_cache_shape_that_is_not_a_sequence_is_a_config_error(tiny_model):
+    """allocate_kv_cache(48, ...) names the shape, where tuple(48) raised a TypeError."""
+    facade = ServingFacade(tiny_model, TorchBackend(), max_seq_len=256, policy=POLICY)
+    with pytest.raises(PrefillConfigError, match="kv_cache_shape=\\(48,\\)"):
+        facade.allocate_kv_cache(48, tiny_model.dtype, tiny_model.spec.num_layers)
+
+
+@pytest.mark.parametrize("name, value", [("max_seq_len", None), ("max_batch_size", 2.5), ("max_batch_size", 0)])
+def test_the_facades_sizes_must_be_positive_ints(tiny_model, name, value):
+    """A max_seq_len or max_batch_size that is not an int > 0 is a PrefillConfigError at construction."""
+    sizes = dict(max_seq_len=256, max_batch_size=4) | {name: value}
+    with pytest.raises(PrefillConfigError, match=f"{name}={value!r}"):
+        ServingFacade(tiny_model, TorchBackend(), policy=POLICY, **sizes)
 
 
 class _ParkingModel:
