@@ -32,7 +32,8 @@ class CallGuard:
     next replay overwrites.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, owner: str = "PrefillRuntime") -> None:
+        self.owner_name = owner  # what a refusal names: the class whose call is in progress
         self.lock = threading.Lock()
         self.owner: int | None = None  # the holding thread's ident, set once the lock is held
         self.depth = 0
@@ -41,7 +42,7 @@ class CallGuard:
         """The error for an entry into ``what`` while another thread holds the guard."""
         holder = next((t.name for t in threading.enumerate() if t.ident == self.owner), "another thread")
         return PrefillStateError(
-            f"PrefillRuntime.{what} was called on thread {threading.current_thread().name!r} while a call is in "
+            f"{self.owner_name}.{what} was called on thread {threading.current_thread().name!r} while a call is in "
             f"progress on thread {holder!r}; a runtime serves one call at a time (one runtime per execution "
             f"lane, driven by one thread): nothing was run"
         )

@@ -35,10 +35,17 @@ from typing import Any
 
 import torch
 
-from prefill_core import WarmupManifest, route_to_lanes
-from prefill_core.errors import CleanupError, PrefillConfigError, PrefillInputError, TraceCoverageError
+from prefill_core import SamplingParams, WarmupManifest, route_to_lanes
+from prefill_core.errors import (
+    CleanupError,
+    EmptyBatchError,
+    PrefillConfigError,
+    PrefillInputError,
+    TraceCoverageError,
+)
 
 from .batch_builder import as_token_matrix, host_page_table
+from .call_guard import CallGuard, exclusive
 from .executor import PrefillExecutor
 from .lane_dispatch import LaneCall, run_in_turn, run_on_threads
 from .notes import add_note
@@ -65,10 +72,21 @@ def _same_for_every_lane(executors: Sequence[PrefillExecutor]) -> int:
 
 
 def _per_row(value: Any, field: str, num_rows: int) -> list | None:
-    """A per-row argument as a list of ``num_rows`` entries (``None`` stays ``None``)."""
+    """A per-row argument as a list of ``num_rows`` entries (``None`` stays ``None``).
+
+    A 1-D tensor or a sequence; anything else (a 0-d tensor, a number) is a
+    ``PrefillInputError`` naming ``field``. The lanes judge the entries.
+    """
     if value is None:
         return None
-    items = value.tolist() if isinstance(value, torch.Tensor) else list(value)
+    if isinstance(value, torch.Tensor) and value.dim() == 1:
+        items = value.tolist()
+    elif isinstance(value, Sequence) and not isinstance(value, (str, bytes, torch.Tensor)):
+        items = list(value)
+    else:
+        shown = f"<tensor {tuple(value.shape)}>" if isinstance(value, torch.Tensor) else type(value).__name__
+        msg = f"{field}={shown} is invalid: must be a sequence or a 1-D tensor with one entry per row ({num_rows})"
+        raise PrefillInputError(msg, field=field)
     if len(items) != num_rows:
         raise PrefillInputError(f"{field} has {len(items)} entries: must have one per row ({num_rows})", field=field)
     return items
@@ -112,6 +130,9 @@ class LaneGroup:
             raise PrefillConfigError("lane group: needs at least one lane")
         self.per_lane_batch = _same_for_every_lane(self.lanes)
         self.threaded = bool(threaded)
+        # One call at a time for the whole group, as for each lane's runtime: a second thread's entry is refused
+        # before any lane prepares, runs or closes (a lane held only by its own runtime could be half served).
+        self._guard = CallGuard("LaneGroup")
 
     @property
     def num_lanes(self) -> int:
@@ -122,6 +143,7 @@ class LaneGroup:
         """Slots of the whole group: ``num_lanes * per_lane_batch``."""
         return self.num_lanes * self.per_lane_batch
 
+    @exclusive
     def warm_up(
         self, manifest: WarmupManifest | Sequence[WarmupManifest], on_progress: ProgressCallback | None = None
     ) -> None:
@@ -132,6 +154,7 @@ class LaneGroup:
         for executor, lane_manifest in zip(self.lanes, manifests):
             executor.warm_up(lane_manifest, on_progress)
 
+    @exclusive
     def prefill(
         self,
         tokens,
@@ -151,16 +174,20 @@ class LaneGroup:
         any lane runs.
         """
         if batched:
-            if isinstance(sampling, (list, tuple)):
-                refuse_per_row_extras(range(len(sampling)), sampling)
+            if isinstance(sampling, (list, tuple, SamplingParams)):
+                listed = [sampling] if isinstance(sampling, SamplingParams) else sampling
+                refuse_per_row_extras(range(len(listed)), listed)
             results = self.prefill(tokens, page_table, prompt_lengths, cached_lengths, slots, sampling, mode)
             return BatchResult.from_results(results)
         matrix = as_token_matrix(tokens)
         num_rows = int(matrix.shape[0])
+        if not num_rows:
+            raise EmptyBatchError("lane group: tokens holds no rows: a batch needs at least one row", field="rows")
         table = host_page_table(page_table, num_rows)
         lengths = _per_row(prompt_lengths, "prompt_lengths", num_rows)
         cached = _per_row(cached_lengths, "cached_lengths", num_rows)
-        params = _per_row(sampling, "sampling", num_rows)
+        one = sampling is None or isinstance(sampling, SamplingParams)  # one value for every row, as a runtime takes
+        params = [sampling] * num_rows if one else _per_row(sampling, "sampling", num_rows)
         routes = route_to_lanes(_per_row(slots, "slots", num_rows), num_rows, self.per_lane_batch, self.num_lanes)
         batches = []
         for route in routes:
@@ -204,10 +231,12 @@ class LaneGroup:
             raise
         return calls
 
+    @exclusive
     def cleanup(self) -> None:
         """Retries every lane's orphans; ``CleanupError`` names the lanes that still hold some."""
         self._each_lane("cleanup", lambda executor: executor.runtime.cleanup())
 
+    @exclusive
     def close(self) -> None:
         """Closes every lane (traces, workspaces, orphans), even when one fails; refuses further calls."""
         self._each_lane("close", lambda executor: executor.close())

@@ -1,0 +1,133 @@
+"""``LaneGroup`` under a careless caller: the forms a runtime takes, named errors for the rest, one call at a time."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from lane_kit import PER_LANE, group_call, lane_runtime, make_group, pool_of
+
+from prefill_core import SamplingParams
+from prefill_core.errors import EmptyBatchError, InvalidSamplingError, PrefillInputError, PrefillStateError
+from prefill_shell.executor import PrefillExecutor
+from prefill_shell.lane_group import LaneGroup
+from prefill_shell.reference import random_llama
+from prefill_shell.testing.sweep import single_threaded
+
+ROWS = [(40, 0, None), (70, 0, None), (30, 0, None)]
+SLOTS = (PER_LANE + 1, 0, PER_LANE)  # lane 1, lane 0, lane 1
+WAIT = 30  # seconds before a broken thread test gives up instead of hanging
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    return random_llama(0, "tiny")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """One intra-op torch thread: a tiny model's ops are too small to split, and on shared cores threads contend."""
+    with single_threaded():
+        yield
+
+
+@pytest.fixture(scope="module")
+def call():
+    return group_call(ROWS, SLOTS, 2)
+
+
+def test_one_sampling_params_for_every_row_is_served_as_the_list_of_it(tiny_model, call):
+    """sampling=SamplingParams(...) means that value for every row, as on a runtime (it raised a TypeError)."""
+    params = SamplingParams(temperature=0.8, top_k=5, seed=3, num_logprobs=2)
+    one = make_group(tiny_model, 2).prefill(**(call.kwargs() | {"sampling": params}))
+    listed = make_group(tiny_model, 2).prefill(**(call.kwargs() | {"sampling": [params] * len(ROWS)}))
+    assert one == listed and [r.row for r in one] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("field", ["num_logprobs", "prompt_logprobs"])
+def test_batched_refuses_one_params_asking_per_row_extras_before_any_lane_runs(tiny_model, call, field):
+    """batched=True with one SamplingParams asking top or prompt log-probs is refused by name, as a list of it is."""
+    group = make_group(tiny_model, 2)
+    before = [pool_of(lane.runtime) for lane in group.lanes]
+    params = SamplingParams(**{field: 2})
+    with pytest.raises(InvalidSamplingError, match=f"sampling.{field}=2"):
+        group.prefill(**(call.kwargs() | {"sampling": params}), batched=True)
+    after = [pool_of(lane.runtime) for lane in group.lanes]
+    assert all(torch.equal(a, b) for pools in zip(before, after) for a, b in zip(*pools))
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("slots", torch.tensor(5)), ("prompt_lengths", torch.tensor(40)), ("cached_lengths", 0), ("prompt_lengths", 40)],
+)
+def test_a_per_row_argument_that_is_not_rows_is_named(tiny_model, call, field, value):
+    """A 0-d tensor or a number where one entry per row belongs is a PrefillInputError naming the field."""
+    with pytest.raises(PrefillInputError, match=f"{field}="):
+        make_group(tiny_model, 2).prefill(**(call.kwargs() | {field: value}))
+
+
+def test_a_call_without_rows_is_an_empty_batch_error(tiny_model):
+    """Zero rows is an EmptyBatchError, as on a runtime (it returned an empty list the facade then failed on)."""
+    with pytest.raises(EmptyBatchError):
+        make_group(tiny_model, 2).prefill(torch.zeros(0, 8, dtype=torch.int64), [], [], slots=[], batched=True)
+
+
+class _ParkingModel:
+    """Delegates to a model; the first body call on ``parked_thread`` waits at a barrier, then for ``go``."""
+
+    def __init__(self, inner):
+        self.inner, self.spec, self.dtype = inner, inner.spec, inner.dtype
+        self.new_kv_cache = inner.new_kv_cache
+        self.parked_thread: int | None = None
+        self.barrier = threading.Barrier(2, timeout=WAIT)
+        self.go = threading.Event()
+
+    def forward_hidden(self, *args):
+        if threading.get_ident() == self.parked_thread and not self.go.is_set():
+            self.barrier.wait()
+            assert self.go.wait(WAIT)
+        return self.inner.forward_hidden(*args)
+
+    def lm_head(self, rows):
+        return self.inner.lm_head(rows)
+
+
+def _lane1_only(call) -> dict:
+    rows = list(call.routes[1].source_rows)
+    return dict(
+        tokens=call.tokens[rows],
+        page_table=call.table[rows],
+        prompt_lengths=[call.lengths[r] for r in rows],
+        slots=[SLOTS[r] for r in rows],
+    )
+
+
+@pytest.mark.parametrize("entry", ["prefill on an idle lane", "cleanup", "close"])
+def test_a_second_thread_is_refused_by_the_group_and_changes_nothing(tiny_model, call, entry):
+    """While a call runs lane 0, another thread's call (even one on lane 1 only), cleanup or close is refused."""
+    parking = _ParkingModel(tiny_model)
+    group = LaneGroup([PrefillExecutor(lane_runtime(parking, 0)), PrefillExecutor(lane_runtime(tiny_model, 1))])
+    want = make_group(tiny_model, 2).prefill(**call.kwargs())
+    second = {
+        "prefill on an idle lane": lambda: group.prefill(**_lane1_only(call)),
+        "cleanup": group.cleanup,
+        "close": group.close,
+    }[entry]
+    box = {}
+
+    def work():
+        parking.parked_thread = threading.get_ident()
+        box["out"] = group.prefill(**call.kwargs())
+
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+    parking.barrier.wait()  # the other thread is inside lane 0's model body
+    try:
+        with pytest.raises(PrefillStateError, match="while a call is in progress"):
+            second()
+    finally:
+        parking.go.set()
+        thread.join(WAIT)
+    assert box["out"] == want
+    assert group.prefill(**call.kwargs()) == want
