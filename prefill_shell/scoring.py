@@ -28,13 +28,14 @@ whole KV pool) and go back to it after each round, on failure too.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterator, Sequence
 
 import attrs
 import torch
 
 from prefill_core import SamplingParams, ceil_div
-from prefill_core.errors import CapacityError, InvalidScoringRequestError, row_error
+from prefill_core.errors import CapacityError, InvalidScoringRequestError, PrefillConfigError, row_error
 
 from .prefix_sharing import share_prefix, sharing_groups
 from .runtime import PrefillRuntime
@@ -56,6 +57,10 @@ class BlockPool:
 
     def __init__(self, block_ids: Sequence[int]):
         self._free = list(block_ids)
+        for index, block in enumerate(self._free):
+            if not _is_int(block) or block < 0:
+                raise PrefillConfigError(f"BlockPool block_ids[{index}]={block!r} is invalid: must be an int >= 0")
+        self._free = [int(block) for block in self._free]
         self.size = len(self._free)
 
     @property
@@ -79,6 +84,7 @@ def rolling_windows(tokens: Sequence[int], prefix_token: int, max_length: int) -
     ``prefix_token``, each later one on the tokens just before it, so that
     ``context + continuation`` is at most ``max_length + 1`` tokens.
     """
+    _check_max_length(max_length)
     tokens = list(tokens)
     windows, done = [], 0
     while done < len(tokens):
@@ -88,6 +94,46 @@ def rolling_windows(tokens: Sequence[int], prefix_token: int, max_length: int) -
         windows.append((context, tokens[done:end]))
         done = end
     return windows
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _check_max_length(max_length: object) -> None:
+    """A window length: an int >= 1 (a window of 0 tokens would never advance over a document)."""
+    if not _is_int(max_length) or max_length < 1:
+        raise PrefillConfigError(f"max_length={max_length!r} is invalid: must be None or an int >= 1")
+
+
+def _refused(index: int, field: str, shown: str, rule: str) -> InvalidScoringRequestError:
+    return InvalidScoringRequestError(f"row {index}: {field}={shown} is invalid: {rule}", row=index, field=field)
+
+
+def _token_ids(index: int, field: str, value: object) -> list[int]:
+    """``value`` as a list of Python ints: a sequence of ints, a 1-D integer tensor or array, else a named error."""
+    if isinstance(value, torch.Tensor):
+        if value.dim() != 1 or value.is_floating_point() or value.is_complex() or value.dtype is torch.bool:
+            rule = "must be a sequence of token ids (ints) or a 1-D integer tensor"
+            raise _refused(index, field, f"<tensor {value.dtype} {tuple(value.shape)}>", rule)
+        return value.tolist()
+    if type(value).__module__ == "numpy" and getattr(value, "ndim", None) == 1:
+        value = value.tolist()  # its items are judged below, as a list's
+    if not isinstance(value, Sequence) or isinstance(value, (str, bytes)):
+        rule = "must be a sequence of token ids (ints); encode text first (score_text)"
+        raise _refused(index, field, f"<{type(value).__name__}>", rule)
+    for position, item in enumerate(value):
+        if not _is_int(item):
+            raise _refused(index, f"{field}[{position}]", repr(item), "token ids must be ints")
+    return [int(item) for item in value]
+
+
+def _pair(index: int, pair: object) -> tuple[list[int], list[int]]:
+    """A ``(context, continuation)`` pair's token ids; anything else names its row."""
+    if not isinstance(pair, Sequence) or isinstance(pair, (str, bytes)) or len(pair) != 2:
+        rule = "must be a (context, continuation) pair of token-id sequences"
+        raise _refused(index, "pair", f"<{type(pair).__name__}>", rule)
+    return _token_ids(index, "context", pair[0]), _token_ids(index, "continuation", pair[1])
 
 
 def encode_pair(tokenizer, context: str, continuation: str) -> tuple[list[int], list[int]]:
@@ -130,6 +176,10 @@ class Scorer:
         max_rows: int = 32,
         traced: bool = False,
     ):
+        if max_length is not None:
+            _check_max_length(max_length)
+        if not _is_int(max_rows) or max_rows < 1:
+            raise PrefillConfigError(f"Scorer max_rows={max_rows!r} is invalid: must be an int >= 1")
         layout = runtime.config.layout
         self.runtime = runtime
         self.pool = BlockPool(range(layout.num_blocks)) if pool is None else pool
@@ -142,6 +192,9 @@ class Scorer:
     # -- public API ---------------------------------------------------------
     def score(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[ContinuationScore]:
         """Each ``(context, continuation)`` pair's score, in the caller's order."""
+        if not isinstance(pairs, Sequence) or isinstance(pairs, (str, bytes)):
+            msg = f"pairs=<{type(pairs).__name__}> is invalid: must be a sequence of (context, continuation) pairs"
+            raise InvalidScoringRequestError(msg, field="pairs")
         rows = self._rows(pairs)
         scores: list[ContinuationScore | None] = [None] * len(rows)
         for group_rows in self._rounds(rows):
@@ -153,7 +206,11 @@ class Scorer:
         """Each document's log-likelihood over lm-eval's disjoint rolling windows of ``max_length``."""
         if self.max_length is None:
             raise InvalidScoringRequestError("score_rolling needs the Scorer's max_length (the window length)")
-        windows = [rolling_windows(doc, prefix_token, self.max_length) for doc in documents]
+        if not _is_int(prefix_token):
+            msg = f"prefix_token={prefix_token!r} is invalid: must be a token id (an int)"
+            raise InvalidScoringRequestError(msg, field="prefix_token")
+        documents = [_token_ids(index, "document", doc) for index, doc in enumerate(documents)]
+        windows = [rolling_windows(doc, int(prefix_token), self.max_length) for doc in documents]
         flat = self.score([w for doc in windows for w in doc])
         totals, at = [], 0
         for doc in windows:
@@ -170,8 +227,8 @@ class Scorer:
         """Truncated token rows, laid out by group: shared lengths come from ``prefix_sharing``."""
         rows: list[_Row | None] = [None] * len(pairs)
         full, context_lengths = [], []
-        for i, (context, continuation) in enumerate(pairs):
-            tokens, length = self._truncated(i, list(context), list(continuation))
+        for i, pair in enumerate(pairs):
+            tokens, length = self._truncated(i, *_pair(i, pair))
             full.append(tokens)
             context_lengths.append(length)
         # What a row may share is its context without the last token: the row
