@@ -31,6 +31,7 @@ from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from prefill_core import PageTableLayout, PrefillPolicy, ceil_div
+from prefill_core.errors import PrefillConfigError
 
 from ..backends import TorchBackend
 from ..config import PrefillRuntimeConfig
@@ -41,6 +42,28 @@ from ..text import load_model, load_tokenizer
 __all__ = ["PrefillRuntimeLM"]
 
 _TRUE = ("1", "true", "yes")
+_FALSE = ("0", "false", "no", "")
+
+
+def _model_int(name: str, value: Any, default: int | None) -> int | None:
+    """A ``--model_args`` count: an int >= 1, given as an int or a string of digits; None or "" is ``default``."""
+    if value is None or value == "":
+        return default
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if type(value) is not int or value < 1:
+        raise PrefillConfigError(f"prefill-runtime model argument {name}={value!r} is invalid: must be an int >= 1")
+    return value
+
+
+def _model_flag(name: str, value: Any) -> bool:
+    """A ``--model_args`` switch: a bool, or one of true/false, yes/no, 1/0 in any case."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text not in _TRUE + _FALSE:
+        raise PrefillConfigError(f"prefill-runtime model argument {name}={value!r} is invalid: must be true or false")
+    return text in _TRUE
 
 
 def _model_ref(model: str | None) -> str | None:
@@ -72,17 +95,20 @@ class PrefillRuntimeLM(TemplateLM):
         self.model = load_model(ref, device=device)
         self.tokenizer = load_tokenizer(ref)
         spec = self.model.spec
-        self._max_length = int(max_length) if max_length else spec.max_position - 1
-        block_size = int(block_size)
+        self._max_length = _model_int("max_length", max_length, spec.max_position - 1)
+        block_size = _model_int("block_size", block_size, 16)
         row_blocks = ceil_div(self._max_length + 1, block_size)
-        num_blocks = int(num_blocks) if num_blocks else max(4 * row_blocks, ceil_div(16384, block_size))
+        num_blocks = _model_int("num_blocks", num_blocks, max(4 * row_blocks, ceil_div(16384, block_size)))
         layout = PageTableLayout(block_size, row_blocks, num_blocks)
         # Packed steps where the backend and model run them (eager); a traced scorer still plans padded.
-        policy = attrs.evolve(PrefillPolicy.fine_rungs(block_size, max_chunk_length=int(max_chunk)), packed_steps=True)
+        policy = attrs.evolve(
+            PrefillPolicy.fine_rungs(block_size, max_chunk_length=_model_int("max_chunk", max_chunk, 2048)),
+            packed_steps=True,
+        )
         kv = self.model.new_kv_cache(num_blocks, block_size)
         config = PrefillRuntimeConfig.resolve(self.model, TorchBackend(device), kv, layout=layout, policy=policy)
         rows = int(batch_size) if str(batch_size).isdigit() else 32
-        traced = str(traced).lower() in _TRUE
+        traced = _model_flag("traced", traced)
         self.scorer = Scorer(PrefillRuntime(config), max_length=self._max_length, max_rows=max(rows, 1), traced=traced)
 
     # -- what TemplateLM asks for ----------------------------------------

@@ -1,0 +1,36 @@
+"""prefill-runtime's lm-eval model arguments: a count not an int >= 1 or a switch not a bool is a named error."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from prefill_core.errors import PrefillConfigError
+
+pytestmark = pytest.mark.skipif(sys.version_info[:2] != (3, 12), reason="lm-eval is tested on 3.12")
+
+
+@pytest.fixture(scope="module")
+def model_class():
+    pytest.importorskip("lm_eval")
+    from prefill_shell.lm_eval import PrefillRuntimeLM
+
+    return PrefillRuntimeLM
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [("max_length", "abc"), ("max_length", 0), ("max_length", 2.5), ("block_size", 0), ("block_size", "x")]
+    + [("max_chunk", 0), ("num_blocks", -4), ("traced", "maybe")],
+)
+def test_a_bad_model_argument_is_a_config_error_naming_it(model_class, name, value):
+    """ValueError/ZeroDivisionError from int() or the layout before; max_length=0 silently meant the default."""
+    with pytest.raises(PrefillConfigError, match=f"model argument {name}="):
+        model_class(model="random:tiny", **{name: value})
+
+
+def test_model_arguments_as_lm_eval_passes_them_are_taken(model_class):
+    """Digit strings and true/false strings, as lm-eval's --model_args parser may hand them over, are read."""
+    lm = model_class(model="random:tiny", max_length="64", block_size="16", max_chunk=64, traced="True")
+    assert lm.max_length == 64 and lm.scorer.block_size == 16 and lm.scorer.traced
