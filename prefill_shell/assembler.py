@@ -57,7 +57,7 @@ class PrefillResultAssembler:
         With ``num_rows``, an invocation holding a row outside ``[0, num_rows)``
         raises ``PrefillInputError`` before it is read (it stays unread).
         """
-        for invocation in invocations:
+        for invocation in _each(invocations):
             self._check_collectable(invocation, num_rows)
             yield from self._collect_one(invocation)
 
@@ -79,7 +79,7 @@ class PrefillResultAssembler:
         """
         _check_num_rows(num_rows)
         writer = _BatchWriter(num_rows)
-        for invocation in invocations:
+        for invocation in _each(invocations):
             self._check_collectable(invocation, num_rows)
             request = invocation.prepared.request
             refuse_per_row_extras(request.source_rows, request.sampling)
@@ -163,6 +163,17 @@ class PrefillResultAssembler:
         if ids is not None:
             host.update({TOP_IDS: ids, TOP_LOGPROBS: values})
         return host
+
+
+def _each(invocations: object) -> Iterator[InvocationResult]:
+    """An iterator over ``invocations``; what cannot be iterated (None, one invocation) is named."""
+    if isinstance(invocations, InvocationResult) or not hasattr(invocations, "__iter__"):
+        raise PrefillInputError(
+            f"invocations={type(invocations).__name__} is invalid: must be an iterable of InvocationResult "
+            "(a list of invoke() results, or invocations())",
+            field="invocations",
+        )
+    return iter(invocations)
 
 
 def _check_num_rows(num_rows: object) -> None:

@@ -51,6 +51,15 @@ def _shown(value: object) -> str:
     return type(value).__name__
 
 
+def _dense(field: str, value: torch.Tensor, row: int | None = None) -> None:
+    """Refuses a tensor with no dense host-readable data (sparse, meta): torch's own errors would name nothing."""
+    if value.layout is torch.strided and not value.is_meta:
+        return
+    rule = "must be a dense tensor holding data (not sparse, not on the meta device)"
+    shown = f"<tensor {value.layout} on {value.device}>"
+    raise _fail(field, shown, rule) if row is None else _row_fail(row, field, shown, rule)
+
+
 def _numpy_hint(value: object) -> str:
     if type(value).__module__ != "numpy":
         return ""
@@ -75,6 +84,7 @@ def _int_vector(name: str, value, num_rows: int) -> list[int]:
     if isinstance(value, torch.Tensor):
         if value.dtype not in _INT_DTYPES or value.dim() != 1:
             raise _fail(name, _shown(value), "must be a 1-D integer tensor")
+        _dense(name, value)
         value = value.tolist()
     if not _is_sequence(value):
         raise _fail(name, _shown(value), "must be a sequence of ints or a 1-D integer tensor" + _numpy_hint(value))
@@ -91,6 +101,7 @@ def _caller_row(field: str, row: int, item) -> torch.Tensor | Sequence:
     if isinstance(item, torch.Tensor):
         if item.dtype not in _INT_DTYPES or item.dim() != 1:
             raise _row_fail(row, field, _shown(item), "a row must be a 1-D integer tensor or a list of ints")
+        _dense(field, item, row)
         return item
     if not _is_sequence(item):
         rule = "a row must be a list of ints or a 1-D integer tensor" + _numpy_hint(item)
@@ -109,6 +120,7 @@ def _int_matrix(field: str, value, filler: int) -> torch.Tensor:
     if isinstance(value, torch.Tensor):
         if value.dtype not in _INT_DTYPES or value.dim() != 2:
             raise _fail(field, _shown(value), "must be a 2-D integer tensor [rows, columns] or a list of int lists")
+        _dense(field, value)
         return value if value.is_cpu else value.to("cpu")
     if not _is_sequence(value):
         rule = "must be a 2-D integer tensor [rows, columns] or a list of int lists" + _numpy_hint(value)

@@ -79,13 +79,18 @@ def _per_row(value: Any, field: str, num_rows: int) -> list | None:
     """
     if value is None:
         return None
-    if isinstance(value, torch.Tensor) and value.dim() == 1:
+    if isinstance(value, torch.Tensor) and value.dim() == 1 and value.layout is torch.strided and not value.is_meta:
         items = value.tolist()
     elif isinstance(value, Sequence) and not isinstance(value, (str, bytes, torch.Tensor)):
         items = list(value)
     else:
-        shown = f"<tensor {tuple(value.shape)}>" if isinstance(value, torch.Tensor) else type(value).__name__
-        msg = f"{field}={shown} is invalid: must be a sequence or a 1-D tensor with one entry per row ({num_rows})"
+        shown = (
+            f"<tensor {tuple(value.shape)} on {value.device}>"
+            if isinstance(value, torch.Tensor)
+            else type(value).__name__
+        )
+        rule = f"must be a sequence or a dense 1-D tensor with one entry per row ({num_rows})"
+        msg = f"{field}={shown} is invalid: {rule}"
         raise PrefillInputError(msg, field=field)
     if len(items) != num_rows:
         raise PrefillInputError(f"{field} has {len(items)} entries: must have one per row ({num_rows})", field=field)

@@ -297,9 +297,11 @@ def _cast(value, dtype: torch.dtype):
     """
     if not isinstance(value, torch.Tensor) or value.dtype is dtype:
         return value
-    if value.is_floating_point() or value.dtype is torch.bool:
+    if value.is_floating_point() or value.is_complex() or value.dtype is torch.bool:
         return value
-    if value.numel() and torch.iinfo(value.dtype).bits > torch.iinfo(dtype).bits:
+    if value.layout is not torch.strided or value.is_meta:
+        return value  # no dense data to cast: the runtime names it
+    if value.dtype is torch.int64 and dtype is torch.int32 and value.numel():
         low, high = (int(v) for v in torch.aminmax(value))
         if low < torch.iinfo(dtype).min or high > torch.iinfo(dtype).max:
             return value

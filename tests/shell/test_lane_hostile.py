@@ -59,7 +59,8 @@ def test_batched_refuses_one_params_asking_per_row_extras_before_any_lane_runs(t
 
 @pytest.mark.parametrize(
     "field, value",
-    [("slots", torch.tensor(5)), ("prompt_lengths", torch.tensor(40)), ("cached_lengths", 0), ("prompt_lengths", 40)],
+    [("slots", torch.tensor(5)), ("prompt_lengths", torch.tensor(40)), ("cached_lengths", 0), ("prompt_lengths", 40)]
+    + [("prompt_lengths", torch.tensor([40, 70, 30], device="meta"))],
 )
 def test_a_per_row_argument_that_is_not_rows_is_named(tiny_model, call, field, value):
     """A 0-d tensor or a number where one entry per row belongs is a PrefillInputError naming the field."""

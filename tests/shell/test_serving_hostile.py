@@ -68,6 +68,23 @@ def test_a_zero_d_tokens_tensor_is_a_named_error(tiny_model, call):
         _forward(facade, call, tokens=torch.tensor(5))
 
 
+@pytest.mark.parametrize(
+    "field, make",
+    [
+        ("tokens", lambda t: t.to(torch.complex64)),
+        ("tokens", lambda t: t.to("meta")),
+        ("page_table", lambda t: t.to("meta")),
+    ],
+    ids=["complex tokens", "meta tokens", "meta int64 page_table"],
+)
+def test_a_tensor_with_no_dense_integer_data_is_named(tiny_model, call, field, make):
+    """Complex tokens (cast silently to their real part before) and meta tensors are named by the runtime."""
+    facade = _facade(tiny_model)
+    source = call.tokens if field == "tokens" else call.table.to(torch.int64)
+    with pytest.raises(PrefillInputError, match=f"{field}=<tensor"):
+        _forward(facade, call, **{field: make(source)})
+
+
 @pytest.mark.parametrize("block", [2**32, 2**40, 2**63 - 1])
 def test_an_int64_block_id_past_int32_is_refused_not_wrapped_onto_another_block(tiny_model, call, block):
     """An int64 page table is not cast to int32 when that would wrap an id onto a real block: the id is named."""
