@@ -33,24 +33,47 @@ def add_score_parser(sub) -> None:
     source = score.add_mutually_exclusive_group(required=True)
     source.add_argument("--pairs", help="JSON lines, each with 'context' and 'continuation' text")
     source.add_argument("--document", help="a text file scored over rolling windows of --max-length tokens")
-    score.add_argument("--max-length", type=int, default=None, help="lm-eval's max_length (default: the model's)")
-    score.add_argument("--block-size", type=int, default=16)
-    score.add_argument("--max-chunk", type=int, default=2048, help="the runtime's longest step")
+    score.add_argument("--max-length", type=_count, default=None, help="lm-eval's max_length (default: the model's)")
+    score.add_argument("--block-size", type=_count, default=16)
+    score.add_argument("--max-chunk", type=_count, default=2048, help="the runtime's longest step")
     score.add_argument("--device", default="cpu", help="torch device (cpu or cuda)")
     score.add_argument("--debug", action="store_true", help="show the traceback of a failure")
 
 
+def _count(text: str) -> int:
+    """An argument that counts tokens: an int >= 1 (argparse names the flag on failure)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be an integer >= 1")
+    return value
+
+
+def _read_text(path: str | Path) -> str:
+    """A UTF-8 file's text (a byte-order mark dropped); bytes that are not UTF-8 name the file."""
+    try:
+        return Path(path).read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as error:
+        msg = f"{path}: is not UTF-8 text (byte {error.start}: {error.reason})"
+        raise InvalidScoringRequestError(msg, field="file") from None
+
+
 def read_pairs(path: str | Path) -> list[tuple[str, str]]:
-    """``(context, continuation)`` per JSON line; a line without both names its line number."""
+    """``(context, continuation)`` per JSON line of text; a line without both as strings names its line number."""
     pairs = []
-    for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
+    for number, line in enumerate(_read_text(path).splitlines(), start=1):
         if not line.strip():
             continue
         try:
             item = json.loads(line)
-            pairs.append((str(item["context"]), str(item["continuation"])))
+            pair = (item["context"], item["continuation"])
+            if not all(isinstance(text, str) for text in pair):
+                raise TypeError(f"context and continuation must be strings, got {pair!r}")
+            pairs.append(pair)
         except (ValueError, KeyError, TypeError) as error:
-            msg = f"{path}:{number}: a pair must be a JSON object with 'context' and 'continuation' ({error!r})"
+            msg = f"{path}:{number}: a pair must be a JSON object with 'context' and 'continuation' strings ({error!r})"
             raise InvalidScoringRequestError(msg, row=number - 1, field="pairs") from None
     return pairs
 
@@ -67,7 +90,7 @@ def _scorer(args: argparse.Namespace, model) -> Scorer:
 
 def run_score(args: argparse.Namespace) -> None:
     text_pairs = read_pairs(args.pairs) if args.pairs else None  # bad input fails before the model loads
-    document = Path(args.document).read_text() if args.document else None
+    document = _read_text(args.document) if args.document else None
     model, tokenizer = load_model(args.model, device=args.device), load_tokenizer(args.model)
     if tokenizer is None:
         raise InvalidScoringRequestError(f"--model {args.model!r} has no tokenizer: score needs text", field="model")
