@@ -130,9 +130,17 @@ class LaneGroup:
     """
 
     def __init__(self, executors: Sequence[PrefillExecutor], *, threaded: bool = False):
-        self.lanes = tuple(executors)
+        try:
+            self.lanes = tuple(executors)
+        except TypeError:
+            raise PrefillConfigError(f"lane group: executors={type(executors).__name__} is not a sequence") from None
         if not self.lanes:
             raise PrefillConfigError("lane group: needs at least one lane")
+        for lane, executor in enumerate(self.lanes):
+            if not isinstance(executor, PrefillExecutor):
+                raise PrefillConfigError(
+                    f"lane group: lane {lane} is a {type(executor).__name__}, not a PrefillExecutor"
+                )
         self.per_lane_batch = _same_for_every_lane(self.lanes)
         self.threaded = bool(threaded)
         # One call at a time for the whole group, as for each lane's runtime: a second thread's entry is refused

@@ -37,6 +37,21 @@ from .serving import ServingFacade
 __all__ = ["LaneGroupFacade"]
 
 
+def _lane_pairs(lanes: Any) -> tuple:
+    """The lanes as ``(model, backend)`` pairs, at least one; anything else is a ``PrefillConfigError``."""
+    rule = "must be an iterable of (model, backend) pairs, one per lane, at least one"
+    try:
+        pairs = tuple(lanes)
+    except TypeError:
+        raise PrefillConfigError(f"lane group facade: lanes={type(lanes).__name__} is invalid: {rule}") from None
+    if not pairs:
+        raise PrefillConfigError("lane group facade: needs at least one (model, backend) lane")
+    for lane, pair in enumerate(pairs):
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2 or not hasattr(pair[0], "spec"):
+            raise PrefillConfigError(f"lane group facade: lanes[{lane}]={type(pair).__name__} is invalid: {rule}")
+    return tuple(tuple(pair) for pair in pairs)
+
+
 class LaneGroupFacade(ServingFacade):
     """``ServingFacade`` over one lane per ``(model, backend)`` pair, ``policy.lane_size`` slots each.
 
@@ -55,14 +70,14 @@ class LaneGroupFacade(ServingFacade):
         threaded: bool = False,
         seed: int = 0,
     ):
-        self.lane_models = tuple(lanes)
-        if not self.lane_models:
-            raise PrefillConfigError("lane group facade: needs at least one (model, backend) lane")
+        self.lane_models = _lane_pairs(lanes)
         model, backend = self.lane_models[0]
         for lane, (other, _) in enumerate(self.lane_models):
-            if other.spec != model.spec or other.dtype != model.dtype:
+            if getattr(other, "spec", None) != model.spec or getattr(other, "dtype", None) != model.dtype:
                 raise PrefillConfigError(f"lane group facade: lane {lane}'s model differs from lane 0's (spec, dtype)")
-        policy = policy or PrefillPolicy()
+        policy = PrefillPolicy() if policy is None else policy
+        if not isinstance(policy, PrefillPolicy):
+            raise PrefillConfigError(f"lane group facade: policy={type(policy).__name__} is invalid: a PrefillPolicy")
         self.per_lane_batch = policy.lane_size
         self.threaded = bool(threaded)
         self.group: LaneGroup | None = None

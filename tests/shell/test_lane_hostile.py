@@ -9,10 +9,18 @@ import torch
 from lane_kit import PER_LANE, group_call, lane_runtime, make_group, pool_of
 
 from prefill_core import SamplingParams
-from prefill_core.errors import EmptyBatchError, InvalidSamplingError, PrefillInputError, PrefillStateError
+from prefill_core.errors import (
+    EmptyBatchError,
+    InvalidSamplingError,
+    PrefillConfigError,
+    PrefillInputError,
+    PrefillStateError,
+)
+from prefill_shell.backends import TorchBackend
 from prefill_shell.executor import PrefillExecutor
 from prefill_shell.lane_group import LaneGroup
 from prefill_shell.reference import random_llama
+from prefill_shell.serving_lanes import LaneGroupFacade
 from prefill_shell.testing.sweep import single_threaded
 
 ROWS = [(40, 0, None), (70, 0, None), (30, 0, None)]
@@ -132,3 +140,30 @@ def test_a_second_thread_is_refused_by_the_group_and_changes_nothing(tiny_model,
         thread.join(WAIT)
     assert box["out"] == want
     assert group.prefill(**call.kwargs()) == want
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda model: LaneGroup(None),
+        lambda model: LaneGroup([1, 2]),
+        lambda model: LaneGroupFacade(None, max_seq_len=128),
+        lambda model: LaneGroupFacade([model, model], max_seq_len=128),
+        lambda model: LaneGroupFacade([(model, TorchBackend(), 1)], max_seq_len=128),
+        lambda model: LaneGroupFacade([(None, TorchBackend())], max_seq_len=128),
+        lambda model: LaneGroupFacade([(model, TorchBackend())], max_seq_len=128, policy="small"),
+    ],
+    ids=[
+        "group of None",
+        "group of ints",
+        "facade of None",
+        "models without backends",
+        "triples",
+        "None model",
+        "policy",
+    ],
+)
+def test_a_lane_group_built_from_what_is_not_lanes_is_a_config_error(tiny_model, build):
+    """Lanes that are not executors or (model, backend) pairs, or a policy that is not one, are PrefillConfigErrors."""
+    with pytest.raises(PrefillConfigError, match="lane group"):
+        build(tiny_model)
