@@ -141,9 +141,9 @@ def _penalties(row: int, presence: Any, frequency: Any, repetition: Any) -> Pena
 
 
 def _wants_logprob(row: int, num_logprobs: Any, enabled: Any) -> bool:
-    if num_logprobs is None or num_logprobs == _NO_LOGPROBS:
+    if num_logprobs is None or type(num_logprobs) is int and num_logprobs == _NO_LOGPROBS:
         wanted = False
-    elif num_logprobs == 0 and not isinstance(num_logprobs, bool):
+    elif type(num_logprobs) is int and num_logprobs == 0:  # an int: 0.0 and False are not the plugin's encoding
         wanted = True
     else:
         rule = (

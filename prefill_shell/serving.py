@@ -207,6 +207,8 @@ class ServingFacade:
         when ``can_sample_on_device``. Every lane, in lane order.
         """
         self._check_call(kv_cache, enable_trace)
+        if not isinstance(can_sample_on_device, bool):
+            raise TypeError("can_sample_on_device must be bool")
         paths = [SamplingPath.LOGITS, SamplingPath.HOST]
         if can_sample_on_device:
             paths += [SamplingPath.ARGMAX, SamplingPath.TOPK]

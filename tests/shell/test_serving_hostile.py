@@ -194,3 +194,21 @@ def test_a_teardown_from_another_thread_during_a_call_is_refused_and_changes_not
         thread.join(WAIT)
     assert torch.equal(box["out"], want)
     assert torch.equal(_forward(facade, call), want)
+
+
+@pytest.mark.parametrize(("other", "num_logprobs"), [(-2, 0.0), (0, -2.0), (-2, False), (-2, 0.5)])
+def test_num_logprobs_other_than_the_plugins_ints_is_named_at_its_row(other, num_logprobs):
+    """-2 and 0 are ints in the plugin's encoding: 0.0, -2.0, False and 0.5 are refused at their row, not read as them.
+
+    (Beside an equal int in every other row, a float or bool is one value held by every row: read as that int.)
+    """
+    sampling = SimpleNamespace(temperature=0.0, top_k=1, top_p=0.0, num_logprobs=[other, num_logprobs])
+    with pytest.raises(InvalidSamplingError, match=r"row 1: sampling_params\.num_logprobs="):
+        rows_from_plugin(sampling, 2, 256)
+
+
+def test_can_sample_on_device_must_be_a_bool(tiny_model):
+    """Warm-up reads can_sample_on_device as the plugin sends it, a bool; "yes" is a TypeError, as enable_trace's."""
+    facade = _facade(tiny_model)
+    with pytest.raises(TypeError, match="can_sample_on_device must be bool"):
+        facade.warmup_model_prefill(kv_cache=facade.kv, can_sample_on_device="yes", enable_trace=False)
