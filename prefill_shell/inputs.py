@@ -118,12 +118,12 @@ def _wave_step(tokens: torch.Tensor, request: PrefillRequest, page_table: torch.
     chunk = request.chunk(0)
     b, active, length = request.padded_batch, request.active_batch_size, request.chunk_length
     width = min(length, tokens.shape[1])
-    block = _caller_rows(tokens, request, slice(0, width))  # [A, width]
-    if min(request.lengths) < width:  # some row ends inside the block: zero its tail
-        block = block.masked_fill(torch.arange(width) >= torch.tensor(request.lengths).unsqueeze(1), 0)
+    block = _padded_copy(_caller_rows(tokens, request, slice(0, width)), b, length, 0)  # [B, length], our copy
+    if min(request.lengths) < width:  # some row ends inside the block: zero its tail (in our copy)
+        block[:active, :width].masked_fill_(torch.arange(width) >= torch.tensor(request.lengths).unsqueeze(1), 0)
     pad = b - active
     values = {
-        INPUT_TOKENS: _padded_copy(block, b, length, 0),
+        INPUT_TOKENS: block,
         CHUNK_START: torch.zeros(b, dtype=torch.int64),
         SLOTS: torch.tensor(request.slots + (-1,) * pad, dtype=torch.int32),
         FILL_TABLE: _table_from_caller(page_table, chunk.fill_table, request, 0),
