@@ -91,8 +91,8 @@ def segment_reads(segments: torch.Tensor, prefix_table: torch.Tensor, block_size
             continue
         width = ceil_div(start, block_size)
         blocks.append(prefix_table[i, :width])
-        visible = torch.ones(length, start + length, dtype=torch.bool, device=segments.device).tril(diagonal=start)
-        mask = torch.zeros(visible.shape, dtype=dtype, device=segments.device).masked_fill_(~visible, float("-inf"))
+        mask = torch.full((length, start + length), float("-inf"), dtype=dtype, device=segments.device)
+        mask.triu_(diagonal=start + 1)  # 0 where key j <= start + i, -inf past it
         reads.append(SegmentRead(offset, length, 1, start, prefix_at, mask))
         prefix_at += width * block_size
     return StepReads(reads, torch.cat(blocks)[None].to(torch.int64) if blocks else None)
