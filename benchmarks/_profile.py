@@ -21,7 +21,8 @@ ATTENTION = (
     "aten::index",  # paged K/V gathers
     "aten::index_put_",  # packed K/V writes
     "aten::index_copy_",  # padded K/V writes
-    "aten::tril",  # segment masks
+    "aten::tril",  # chunk masks (padded path)
+    "aten::triu_",  # segment masks (packed path)
 )
 NORMS_ROTARY = (
     "aten::rms_norm",
@@ -30,6 +31,7 @@ NORMS_ROTARY = (
     "aten::mul_",
     "aten::add",
     "aten::cat",
+    "aten::addcmul",
     "aten::neg",
     "aten::rsqrt",
     "aten::mean",

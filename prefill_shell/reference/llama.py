@@ -181,11 +181,25 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
 
 
 def _apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
-    # x: [B, H, S, D]; cos/signed_sin: [B, 1, S, D]. Half-split pairs (i, i + D/2), HF's layout:
+    # x: [..., S, heads, D]; cos/signed_sin: [..., S, 1, D]. Half-split pairs (i, i + D/2), HF's layout:
     # x*cos + cat(-x2, x1)*sin, with the minus folded into the first half of the sin table.
     half = x.shape[-1] // 2
     swapped = torch.cat((x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + swapped * signed_sin
+    return torch.addcmul(swapped.mul_(signed_sin), x, cos)
+
+
+def _split_qkv(
+    qkv: torch.Tensor, spec: LlamaSpec, cos: torch.Tensor, signed_sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``[..., S, q_out + 2 * kv_out]`` -> rotated ``q [..., S, H, D]``, ``k, v [..., S, Hkv, D]`` (views).
+
+    Q and K lie side by side in the fused projection's output, so one rotary
+    pass covers both heads' groups.
+    """
+    heads, kv_heads, dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
+    qk = _apply_rope(qkv[..., : (heads + kv_heads) * dim].unflatten(-1, (heads + kv_heads, dim)), cos, signed_sin)
+    v = qkv[..., (heads + kv_heads) * dim :].unflatten(-1, (kv_heads, dim))
+    return qk[..., :heads, :], qk[..., heads:, :], v
 
 
 def _expand_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
@@ -309,8 +323,8 @@ class PagedLlama:
         # Padded tails may run past the table; clamping keeps the gather in bounds
         # without a host check, and those positions never feed a real query.
         table_pos = positions.clamp(max=self.config.max_position_embeddings - 1)
-        cos = self._cos[table_pos].to(self.dtype).unsqueeze(1)  # [B, 1, S, D]
-        sin = self._signed_sin[table_pos].to(self.dtype).unsqueeze(1)
+        cos = self._cos[table_pos].to(self.dtype).unsqueeze(2)  # [B, S, 1, D]
+        sin = self._signed_sin[table_pos].to(self.dtype).unsqueeze(2)
         reads = None
         if read_table is not None:
             fixed = _capturing(start) if fixed_shape is None else fixed_shape
@@ -321,9 +335,9 @@ class PagedLlama:
         for i, layer in enumerate(self._layers):
             normed = _rms_norm(residual, layer.attn_norm, eps).view(batch, seq, -1)
             attn = self._attention(i, layer, normed, (cos, sin), fill_table, read_table, reads, kv)
-            residual = residual + F.linear(attn, layer.o)
+            residual.addmm_(attn, layer.o.t())  # residual += attn @ W_o^T, the add inside the GEMM
             mlp = self._mlp_hidden(layer, _rms_norm(residual, layer.mlp_norm, eps))
-            residual = residual + F.linear(mlp, layer.down)
+            residual.addmm_(mlp, layer.down.t())
         return _rms_norm(residual, self._final_norm, eps).view(batch, seq, -1)
 
     @torch.inference_mode()
@@ -337,26 +351,21 @@ class PagedLlama:
         kv: PagedKVCache,
     ) -> torch.Tensor:
         """One packed step; see ``PrefillModel.forward_packed``. Returns ``[1, T, hidden]``."""
-        spec, total = self.spec, tokens.shape[0]
-        cos = self._cos[positions].to(self.dtype)[None, None]  # [1, 1, T, D]
-        sin = self._signed_sin[positions].to(self.dtype)[None, None]
-        reads = segment_reads(segments, prefix_table, kv.block_size)
+        total = tokens.shape[0]
+        cos = self._cos[positions].to(self.dtype)[:, None]  # [T, 1, D]
+        sin = self._signed_sin[positions].to(self.dtype)[:, None]
+        reads = segment_reads(segments, prefix_table, kv.block_size, self.dtype)
         writes = packed_writes(write_slots, kv.block_size)
-        q_width, kv_width = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
         residual = F.embedding(tokens, self._embed)  # [T, H]
         eps = self.config.rms_norm_eps
         for i, layer in enumerate(self._layers):
-            q, k, v = F.linear(_rms_norm(residual, layer.attn_norm, eps), layer.qkv).split(
-                (q_width, kv_width, kv_width), dim=-1
-            )
-            q = _apply_rope(q.reshape(1, total, spec.num_heads, spec.head_dim).transpose(1, 2), cos, sin)
-            k = _apply_rope(k.reshape(1, total, spec.num_kv_heads, spec.head_dim).transpose(1, 2), cos, sin)
-            v = v.reshape(1, total, spec.num_kv_heads, spec.head_dim).transpose(1, 2)
+            qkv = F.linear(_rms_norm(residual, layer.attn_norm, eps), layer.qkv)
+            q, k, v = _split_qkv(qkv, self.config, cos, sin)  # token-major [T, heads, D]
             write_packed(kv, i, k, v, writes)
-            attn = segment_attention(kv, i, (q, k, v), reads, self._sdpa)  # [1, H, T, D]
-            residual = residual + F.linear(attn[0].transpose(0, 1).reshape(total, q_width), layer.o)
+            attn = segment_attention(kv, i, (q, k, v), reads, self._sdpa)  # [T, H, D]
+            residual.addmm_(attn.flatten(1), layer.o.t())  # residual += attn @ W_o^T, the add inside the GEMM
             mlp = self._mlp_hidden(layer, _rms_norm(residual, layer.mlp_norm, eps))
-            residual = residual + F.linear(mlp, layer.down)
+            residual.addmm_(mlp, layer.down.t())
         return _rms_norm(residual, self._final_norm, eps).view(1, total, -1)
 
     def _attention(
@@ -372,12 +381,8 @@ class PagedLlama:
     ) -> torch.Tensor:
         spec = self.spec
         batch, seq, _ = x.shape
-        q_width, kv_width = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
-        q, k, v = F.linear(x, layer.qkv).split((q_width, kv_width, kv_width), dim=-1)
-        q = q.reshape(batch, seq, spec.num_heads, spec.head_dim).transpose(1, 2)  # [B, H, S, D]
-        k = k.reshape(batch, seq, spec.num_kv_heads, spec.head_dim).transpose(1, 2)  # [B, Hkv, S, D]
-        v = v.reshape(batch, seq, spec.num_kv_heads, spec.head_dim).transpose(1, 2)
-        q, k = _apply_rope(q, *rope), _apply_rope(k, *rope)
+        rotated = _split_qkv(F.linear(x, layer.qkv), self.config, *rope)
+        q, k, v = (t.transpose(1, 2) for t in rotated)  # [B, heads, S, D]
         kv.fill(index, k, v, fill_table)
         if reads is None or reads.mask is None:  # regular prefill, or a chunk with no prefix
             out = self._sdpa(q, k, v, is_causal=True)

@@ -2,12 +2,19 @@
 
 A packed step's tokens are row segments laid end to end. Each segment's
 queries attend to its row's positions before ``start``, gathered from the
-pool through the segment's own prefix table and cut at exactly ``start``
-(nothing at or past it, no filler column, is ever gathered), followed by the
-segment's own fresh K/V under a causal mask. K/V are written token by token
-into the slots the step names (``block * bs + position % bs``): a segment
-may start at any position, and a fully cached row's re-run (slots ``-1``)
-writes nothing. Eager only: the shapes follow each step's segments.
+pool through the segment's own prefix table (one gather per layer covers
+every segment's prefix blocks) and cut at exactly ``start`` (no filler
+column is gathered, and no position at or past ``start`` meets a query),
+followed by the segment's own fresh K/V under a causal mask. K/V are
+written token by token into the slots the step names (``block * bs +
+position % bs``): a segment may start at any position, and a fully cached
+row's re-run (slots ``-1``) writes nothing. Eager only: the shapes follow
+each step's segments.
+
+Tensors here are token-major, ``[T, heads, D]``, as the QKV projection lays
+them out, so the attention output feeds ``o_proj`` without a transpose copy.
+Equal-length uncached segments that lie back to back (a batch of same-length
+prompts) run as one batched attention call rather than one call each.
 """
 
 from __future__ import annotations
@@ -20,73 +27,119 @@ import torch
 from prefill_core import ceil_div
 from prefill_shell.reference.kv_cache import PagedKVCache
 
-__all__ = ["PackedWrites", "SegmentRead", "packed_writes", "segment_attention", "segment_reads", "write_packed"]
+__all__ = [
+    "PackedWrites",
+    "SegmentRead",
+    "StepReads",
+    "packed_writes",
+    "segment_attention",
+    "segment_reads",
+    "write_packed",
+]
 
 
 class SegmentRead(NamedTuple):
-    """What one segment's queries read, decided once per step."""
+    """What the queries of ``rows`` back-to-back segments of ``length`` tokens read.
+
+    ``rows > 1`` only for uncached segments (``start`` 0, no mask), each causal over its own tokens.
+    """
 
     offset: int
     length: int
+    rows: int
     start: int
-    prefix_blocks: torch.Tensor | None  # [1, ceil(start / bs)] block ids; None when start is 0
-    mask: torch.Tensor | None  # [length, start + length] bool, key j visible to query i iff j <= start + i
+    prefix_at: int  # where its prefix begins among the step's gathered prefix positions
+    mask: torch.Tensor | None  # [length, start + length] additive: key j visible to query i iff j <= start + i
+
+    @property
+    def end(self) -> int:
+        """The token offset just past these segments."""
+        return self.offset + self.rows * self.length
+
+
+class StepReads(NamedTuple):
+    """A step's reads, decided once per step: one pool gather per layer covers every segment's prefix."""
+
+    segments: list[SegmentRead]
+    prefix_blocks: torch.Tensor | None  # [1, P] each cached segment's prefix blocks, end to end; None: none cached
 
 
 class PackedWrites(NamedTuple):
-    """The step's tokens that write, and where: ``tokens`` into ``blocks`` at ``offsets``."""
+    """The step's tokens that write, and where: ``tokens`` (None: every token) into ``blocks`` at ``offsets``."""
 
-    tokens: torch.Tensor
+    tokens: torch.Tensor | None
     blocks: torch.Tensor
     offsets: torch.Tensor
 
 
-def segment_reads(segments: torch.Tensor, prefix_table: torch.Tensor, block_size: int) -> list[SegmentRead]:
-    """One ``SegmentRead`` per row of the ``[G, 3]`` segment table (one host read of the table)."""
-    reads = []
+def segment_reads(segments: torch.Tensor, prefix_table: torch.Tensor, block_size: int, dtype: torch.dtype) -> StepReads:
+    """The step's reads from its ``[G, 3]`` segment table (one host read of the table).
+
+    Masks are built here once, in the model dtype, rather than per layer:
+    attention would otherwise turn a boolean mask into an additive one on every call.
+    """
+    reads: list[SegmentRead] = []
+    blocks: list[torch.Tensor] = []
+    prefix_at = 0
     for i, (offset, length, start) in enumerate(segments.tolist()):
         if start == 0:
-            reads.append(SegmentRead(offset, length, 0, None, None))
+            last = reads[-1] if reads else None
+            if last is not None and last.mask is None and (last.length, last.end) == (length, offset):
+                reads[-1] = last._replace(rows=last.rows + 1)
+            else:
+                reads.append(SegmentRead(offset, length, 1, 0, 0, None))
             continue
-        blocks = prefix_table[i : i + 1, : ceil_div(start, block_size)].to(torch.int64)
-        mask = torch.ones(length, start + length, dtype=torch.bool, device=segments.device).tril(diagonal=start)
-        reads.append(SegmentRead(offset, length, start, blocks, mask))
-    return reads
+        width = ceil_div(start, block_size)
+        blocks.append(prefix_table[i, :width])
+        mask = torch.full((length, start + length), float("-inf"), dtype=dtype, device=segments.device)
+        mask.triu_(diagonal=start + 1)  # 0 where key j <= start + i, -inf past it
+        reads.append(SegmentRead(offset, length, 1, start, prefix_at, mask))
+        prefix_at += width * block_size
+    return StepReads(reads, torch.cat(blocks)[None].to(torch.int64) if blocks else None)
 
 
 def packed_writes(write_slots: torch.Tensor, block_size: int) -> PackedWrites:
     """The tokens whose slot is not -1, with the block and in-block offset each one writes."""
+    if bool((write_slots >= 0).all()):
+        return PackedWrites(None, write_slots // block_size, write_slots % block_size)
     tokens = torch.nonzero(write_slots >= 0).flatten()
     slots = write_slots[tokens]
     return PackedWrites(tokens, slots // block_size, slots % block_size)
 
 
 def write_packed(kv: PagedKVCache, layer: int, k: torch.Tensor, v: torch.Tensor, writes: PackedWrites) -> None:
-    """Writes fresh ``k, v [1, Hkv, T, D]`` of the writing tokens into their slots of ``layer``."""
-    if writes.tokens.numel() == 0:
-        return
-    kv.keys[layer][writes.blocks, :, writes.offsets] = k[0, :, writes.tokens].transpose(0, 1).to(kv.dtype)
-    kv.values[layer][writes.blocks, :, writes.offsets] = v[0, :, writes.tokens].transpose(0, 1).to(kv.dtype)
+    """Writes fresh ``k, v [T, Hkv, D]`` of the writing tokens into their slots of ``layer``."""
+    if writes.tokens is not None:
+        if writes.tokens.numel() == 0:
+            return
+        k, v = k[writes.tokens], v[writes.tokens]
+    kv.keys[layer][writes.blocks, :, writes.offsets] = k.to(kv.dtype)
+    kv.values[layer][writes.blocks, :, writes.offsets] = v.to(kv.dtype)
 
 
 def segment_attention(
     kv: PagedKVCache,
     layer: int,
     qkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-    reads: list[SegmentRead],
+    reads: StepReads,
     sdpa: Callable[..., torch.Tensor],
 ) -> torch.Tensor:
-    """``[1, H, T, D]``: each segment's queries over its row's prefix and its own causal keys."""
+    """``[T, H, D]`` from token-major ``q [T, H, D]``, ``k, v [T, Hkv, D]``: each segment's
+    queries over its row's prefix and its own causal keys."""
     q, k, v = qkv
+    if reads.prefix_blocks is not None:
+        prefix_k, prefix_v = kv.gather(layer, reads.prefix_blocks)  # [1, Hkv, P * bs, D]
     outputs = []
-    for read in reads:
-        span = slice(read.offset, read.offset + read.length)
-        q_s, k_s, v_s = q[:, :, span], k[:, :, span], v[:, :, span]
-        if read.prefix_blocks is None:
-            outputs.append(sdpa(q_s, k_s, v_s, is_causal=True))
-            continue
-        old_k, old_v = kv.gather(layer, read.prefix_blocks)  # [1, Hkv, ceil(start / bs) * bs, D]
-        k_all = torch.cat((old_k[:, :, : read.start].to(k.dtype), k_s), dim=2)
-        v_all = torch.cat((old_v[:, :, : read.start].to(v.dtype), v_s), dim=2)
-        outputs.append(sdpa(q_s, k_all, v_all, attn_mask=read.mask))
-    return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
+    for read in reads.segments:
+        span = slice(read.offset, read.end)
+        # [rows, heads, length, D] views of the segments' tokens
+        q_s, k_s, v_s = (x[span].unflatten(0, (read.rows, read.length)).transpose(1, 2) for x in (q, k, v))
+        if read.mask is None:
+            out = sdpa(q_s, k_s, v_s, is_causal=True)
+        else:
+            cut = slice(read.prefix_at, read.prefix_at + read.start)
+            k_all = torch.cat((prefix_k[:, :, cut].to(k.dtype), k_s), dim=2)
+            v_all = torch.cat((prefix_v[:, :, cut].to(v.dtype), v_s), dim=2)
+            out = sdpa(q_s, k_all, v_all, attn_mask=read.mask)
+        outputs.append(out.transpose(1, 2).flatten(0, 1))  # [rows * length, H, D]
+    return outputs[0] if len(outputs) == 1 else torch.cat(outputs)

@@ -11,6 +11,7 @@ from prefill_shell.backends import TorchBackend
 from prefill_shell.config import PrefillRuntimeConfig
 from prefill_shell.executor import PrefillExecutor
 from prefill_shell.reference import random_llama, save_hf_folder
+from prefill_shell.reference.packed_attention import segment_reads
 from prefill_shell.runtime import PrefillRuntime
 
 transformers = pytest.importorskip("transformers")
@@ -145,3 +146,26 @@ def test_packed_sampled_rows_and_traced_calls(model, hf):
     traced = executor.prefill(call.tokens, call.table, call.lengths, call.cached, sampling=sampling, mode="traced")
     assert [traced[i].token for i in clear] == [packed[i].token for i in clear]
     executor.close()
+
+
+def test_equal_length_rows_batched_in_one_attention_call_match_transformers(model, hf):
+    """Back-to-back uncached rows of one length run as one batched attention call; each matches transformers."""
+    bs, lengths, cached = 16, [24, 24, 24, 40, 24, 24, 24], [0, 0, 0, 0, 16, 0, 0]
+    need = [ceil_div(n, bs) for n in lengths]
+    table = torch.full((len(lengths), max(need)), -1, dtype=torch.int32)
+    for i in range(len(lengths)):
+        table[i, : need[i]] = torch.arange(sum(need[:i]), sum(need[: i + 1]))
+    tokens = torch.randint(1, VOCAB, (len(lengths), max(lengths)), generator=torch.Generator().manual_seed(3))
+    layout = PageTableLayout(bs, max(need), sum(need))
+    policy = attrs.evolve(PrefillPolicy(), max_chunk_length=256, packed_steps=True)
+    runtime = PrefillRuntime(
+        PrefillRuntimeConfig.resolve(model, TorchBackend(), model.new_kv_cache(sum(need), bs), layout, policy)
+    )
+    runtime.prefill(tokens[4:5], table[4:5], [16])
+    (step,) = [s for p in runtime.prepare(tokens, table, lengths, cached).requests for s in p.request.steps]
+    segments = torch.tensor([[s.offset, s.length, s.start] for s in step.segments])
+    reads = segment_reads(segments, table[[s.row for s in step.segments]], bs, torch.float32)
+    assert [(r.rows, r.length, r.start) for r in reads.segments] == [(3, 24, 0), (1, 40, 0), (1, 8, 16), (2, 24, 0)]
+    for i, result in enumerate(runtime.prefill(tokens, table, lengths, cached)):
+        diff = (result.logits - _hf_last_logits(hf, tokens[i, : lengths[i]])).abs().max().item()
+        assert diff <= TOL, f"row {i}: {diff:.2e}"
