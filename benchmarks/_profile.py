@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 __all__ = ["profile_call"]
 
-MATMULS = ("aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm")
+MATMULS = ("aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "mkldnn::_linear_pointwise")  # the last: oneDNN
 ATTENTION = (
     "aten::_scaled_dot_product_flash_attention_for_cpu",
     "aten::_scaled_dot_product_attention_math",

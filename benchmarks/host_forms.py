@@ -1,6 +1,8 @@
 """Forms the code chose for speed, each measured beside the plain form it replaced.
 
-    python benchmarks/host_forms.py [--quick]
+    python benchmarks/host_forms.py [--quick] [--threads N]
+
+Two torch threads by default, as ``prefill_throughput.py`` runs the model.
 
 Each row times the chosen form and the plain alternative, interleaved in one
 run (the machine is shared and drifts), and reports both medians and the
@@ -9,11 +11,14 @@ plain form should come back.
 
 * ``inference_mode``: entering ``torch.inference_mode`` once per invocation
   (``PrefillRuntime.invoke``) vs once per model call (body and LM head).
-* ``lm_head_1row`` / ``lm_head_8rows``: the reference model's CPU LM head at
-  the bench model's 32000 x 512 head, vocab-major (``vocab_major_head``,
-  chosen up to ``VOCAB_MAJOR_MAX_ROWS`` rows) vs ``F.linear``;
-  ``lm_head_32rows``: beyond that bound the choice is ``F.linear``, and the
-  alternative is vocab-major.
+* ``lm_head_{1,8,32}rows``: the reference model's LM head at the bench
+  model's 32000 x 512 head, a ``Projection`` (weight prepacked for oneDNN
+  on the CPU, ``prefill_shell/reference/projection.py``) vs ``F.linear``.
+* ``qkv_{128,1024}rows`` / ``swiglu_mlp_{128,1024}rows``: the same choice in
+  the model body at SmolLM2-135M's shapes (576 wide, fused QKV 960 rows,
+  MLP 1536): the QKV projection, and the whole SwiGLU MLP with its residual
+  add (prepacked, activation and add fused into the GEMM calls, vs
+  ``F.linear``, ``F.silu``, ``mul`` and ``addmm``).
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._report import Metric, report
-from prefill_shell.reference.llama import VOCAB_MAJOR_MAX_ROWS, vocab_major_head
+from prefill_shell.reference.projection import Projection
 
 
 def _mode_per_call() -> None:
@@ -45,26 +50,44 @@ def _mode_per_invocation() -> None:
 
 
 _GEN = torch.Generator().manual_seed(0)
-HEAD = torch.randn(32000, 512, generator=_GEN)
-HEAD_ROWS = {n: torch.randn(n, 512, generator=_GEN) for n in (1, 8, 32)}
+HIDDEN, QKV, INTERMEDIATE = 576, 960, 1536  # SmolLM2-135M
 
 
-def _head(n: int, vocab_major: bool):
-    rows = HEAD_ROWS[n]
-    return (lambda: vocab_major_head(HEAD, rows)) if vocab_major else (lambda: F.linear(rows, HEAD))
+def _randn(*shape: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=_GEN)
 
 
-def _head_case(n: int) -> tuple:
-    """(chosen, alternative) for ``n`` rows, as ``PagedLlama.lm_head`` chooses on the CPU."""
-    chosen_major = n <= VOCAB_MAJOR_MAX_ROWS
-    return _head(n, chosen_major), _head(n, not chosen_major)
+def _head_case(rows: int) -> tuple:
+    head, x = _randn(32000, 512), _randn(rows, 512)
+    projection = Projection(head)
+    return (lambda: projection(x)), (lambda: F.linear(x, head))
+
+
+def _qkv_case(rows: int) -> tuple:
+    weight, x = _randn(QKV, HIDDEN), _randn(rows, HIDDEN)
+    projection = Projection(weight)
+    return (lambda: projection(x)), (lambda: F.linear(x, weight))
+
+
+def _mlp_case(rows: int) -> tuple:
+    gate, up, down = _randn(INTERMEDIATE, HIDDEN), _randn(INTERMEDIATE, HIDDEN), _randn(HIDDEN, INTERMEDIATE)
+    x, residual = _randn(rows, HIDDEN), _randn(rows, HIDDEN)
+    g, u, d = Projection(gate), Projection(up), Projection(down)
+
+    def chosen():
+        return d.plus(u.times(x, g.silu(x)), residual)
+
+    def plain():
+        return torch.addmm(residual, F.silu(F.linear(x, gate)).mul_(F.linear(x, up)), down.t())
+
+    return chosen, plain
 
 
 CASES = {
     "inference_mode": (_mode_per_invocation, _mode_per_call),
-    "lm_head_1row": _head_case(1),
-    "lm_head_8rows": _head_case(8),
-    "lm_head_32rows": _head_case(32),
+    **{f"lm_head_{n}rows": _head_case(n) for n in (1, 8, 32)},
+    **{f"qkv_{n}rows": _qkv_case(n) for n in (128, 1024)},
+    **{f"swiglu_mlp_{n}rows": _mlp_case(n) for n in (128, 1024)},
 }
 
 
@@ -80,7 +103,7 @@ def run(rounds: int, calls: int) -> list[Metric]:
     for r in range(rounds):
         for name, (chosen, plain) in CASES.items():
             pair = (chosen, plain) if r % 2 == 0 else (plain, chosen)
-            n = max(1, calls // 200) if name.startswith("lm_head") else calls  # a head GEMM takes milliseconds
+            n = calls if name == "inference_mode" else max(1, calls // 200)  # a GEMM takes milliseconds
             times = [_mean_us(fn, n) for fn in pair]
             chosen_us, plain_us = times if r % 2 == 0 else times[::-1]
             samples[name][0].append(chosen_us)
@@ -99,8 +122,9 @@ def run(rounds: int, calls: int) -> list[Metric]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--threads", type=int, default=2)
     ns = parser.parse_args()
-    torch.set_num_threads(1)
+    torch.set_num_threads(ns.threads)
     report("host_forms", run(rounds=5 if ns.quick else 21, calls=200 if ns.quick else 2000))
 
 

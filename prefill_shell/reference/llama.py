@@ -34,35 +34,19 @@ from prefill_core.errors import PrefillConfigError
 from prefill_shell.reference.config import LlamaSpec
 from prefill_shell.reference.kv_cache import PagedKVCache
 from prefill_shell.reference.packed_attention import packed_writes, segment_attention, segment_reads, write_packed
+from prefill_shell.reference.projection import Projection
 
-__all__ = ["PagedLlama", "VOCAB_MAJOR_MAX_ROWS", "llama_weight_shapes", "rope_inv_freq", "vocab_major_head"]
-
-VOCAB_MAJOR_MAX_ROWS = 8
-"""Up to this many rows the CPU LM head runs vocab-major (``vocab_major_head``); beyond, ``F.linear``."""
-
-
-def vocab_major_head(head: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """``F.linear(rows, head)`` as ``head @ rows^T``: float32 logits ``[N, vocab]``.
-
-    A prefill keeps one row per prompt, and for a few rows the CPU GEMM
-    streams the ``[vocab, hidden]`` weight much faster in this orientation;
-    for a full wave F.linear is as fast or faster (``benchmarks/host_forms.py``,
-    rows ``lm_head_*``). One row is sent as two, because a one-column product
-    falls to the matrix-vector kernel, which is no faster than F.linear.
-    """
-    n = rows.shape[0]
-    columns = torch.cat((rows, rows)).t() if n == 1 else rows.t()
-    return torch.mm(head, columns)[:, :n].t().float().contiguous()
+__all__ = ["PagedLlama", "llama_weight_shapes", "rope_inv_freq"]
 
 
 class _Layer(NamedTuple):
     attn_norm: torch.Tensor
-    qkv: torch.Tensor  # [q_out + 2 * kv_out, hidden]: one matmul for Q, K and V
-    o: torch.Tensor
+    qkv: Projection  # [q_out + 2 * kv_out, hidden]: one matmul for Q, K and V
+    o: Projection
     mlp_norm: torch.Tensor
-    gate: torch.Tensor
-    up: torch.Tensor
-    down: torch.Tensor
+    gate: Projection
+    up: Projection
+    down: Projection
 
 
 class _ChunkReads(NamedTuple):
@@ -227,7 +211,7 @@ class PagedLlama:
         self._layers = [self._layer(i) for i in range(config.num_layers)]
         self._embed = w["model.embed_tokens.weight"]
         self._final_norm = w["model.norm.weight"]
-        self._head = w["model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"]
+        self._head = Projection(w["model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"])
         freqs = torch.outer(torch.arange(config.max_position_embeddings, dtype=torch.float32), rope_inv_freq(config))
         angles = torch.cat((freqs, freqs), dim=-1)  # [max_position, head_dim]
         # Precomputed tables turn position handling into a gather with static shapes.
@@ -270,12 +254,12 @@ class PagedLlama:
         qkv = self._fuse([p + f"self_attn.{n}_proj.weight" for n in "qkv"])
         return _Layer(
             attn_norm=w[p + "input_layernorm.weight"],
-            qkv=qkv,
-            o=w[p + "self_attn.o_proj.weight"],
+            qkv=Projection(qkv),
+            o=Projection(w[p + "self_attn.o_proj.weight"]),
             mlp_norm=w[p + "post_attention_layernorm.weight"],
-            gate=w[p + "mlp.gate_proj.weight"],
-            up=w[p + "mlp.up_proj.weight"],
-            down=w[p + "mlp.down_proj.weight"],
+            gate=Projection(w[p + "mlp.gate_proj.weight"]),
+            up=Projection(w[p + "mlp.up_proj.weight"]),
+            down=Projection(w[p + "mlp.down_proj.weight"]),
         )
 
     def state_dict(self) -> dict[str, torch.Tensor]:
@@ -335,9 +319,8 @@ class PagedLlama:
         for i, layer in enumerate(self._layers):
             normed = _rms_norm(residual, layer.attn_norm, eps).view(batch, seq, -1)
             attn = self._attention(i, layer, normed, (cos, sin), fill_table, read_table, reads, kv)
-            residual.addmm_(attn, layer.o.t())  # residual += attn @ W_o^T, the add inside the GEMM
-            mlp = self._mlp_hidden(layer, _rms_norm(residual, layer.mlp_norm, eps))
-            residual.addmm_(mlp, layer.down.t())
+            residual = layer.o.plus(attn, residual)
+            residual = self._mlp(layer, _rms_norm(residual, layer.mlp_norm, eps), residual)
         return _rms_norm(residual, self._final_norm, eps).view(batch, seq, -1)
 
     @torch.inference_mode()
@@ -359,13 +342,12 @@ class PagedLlama:
         residual = F.embedding(tokens, self._embed)  # [T, H]
         eps = self.config.rms_norm_eps
         for i, layer in enumerate(self._layers):
-            qkv = F.linear(_rms_norm(residual, layer.attn_norm, eps), layer.qkv)
+            qkv = layer.qkv(_rms_norm(residual, layer.attn_norm, eps))
             q, k, v = _split_qkv(qkv, self.config, cos, sin)  # token-major [T, heads, D]
             write_packed(kv, i, k, v, writes)
             attn = segment_attention(kv, i, (q, k, v), reads, self._sdpa)  # [T, H, D]
-            residual.addmm_(attn.flatten(1), layer.o.t())  # residual += attn @ W_o^T, the add inside the GEMM
-            mlp = self._mlp_hidden(layer, _rms_norm(residual, layer.mlp_norm, eps))
-            residual.addmm_(mlp, layer.down.t())
+            residual = layer.o.plus(attn.flatten(1), residual)
+            residual = self._mlp(layer, _rms_norm(residual, layer.mlp_norm, eps), residual)
         return _rms_norm(residual, self._final_norm, eps).view(1, total, -1)
 
     def _attention(
@@ -381,7 +363,7 @@ class PagedLlama:
     ) -> torch.Tensor:
         spec = self.spec
         batch, seq, _ = x.shape
-        rotated = _split_qkv(F.linear(x, layer.qkv), self.config, *rope)
+        rotated = _split_qkv(layer.qkv(x), self.config, *rope)
         q, k, v = (t.transpose(1, 2) for t in rotated)  # [B, heads, S, D]
         kv.fill(index, k, v, fill_table)
         if reads is None or reads.mask is None:  # regular prefill, or a chunk with no prefix
@@ -403,16 +385,12 @@ class PagedLlama:
         return F.scaled_dot_product_attention(q, _expand_kv(k, groups), _expand_kv(v, groups), **kwargs)
 
     @staticmethod
-    def _mlp_hidden(layer: _Layer, x: torch.Tensor) -> torch.Tensor:
-        """silu(x W_gate^T) * (x W_up^T) as ``[B*S, I]``."""
+    def _mlp(layer: _Layer, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """``residual + (silu(x W_gate^T) * (x W_up^T)) W_down^T`` as ``[B*S, H]``."""
         x = x.view(-1, x.shape[-1])
-        hidden = F.silu(F.linear(x, layer.gate), inplace=True)
-        return hidden.mul_(F.linear(x, layer.up))
+        return layer.down.plus(layer.up.times(x, layer.gate.silu(x)), residual)
 
     @torch.inference_mode()
     def lm_head(self, hidden_rows: torch.Tensor) -> torch.Tensor:
         """``[N, hidden]`` -> float32 logits ``[N, vocab]``."""
-        rows = hidden_rows.to(self.dtype)
-        if self.device.type == "cpu" and rows.shape[0] <= VOCAB_MAJOR_MAX_ROWS:
-            return vocab_major_head(self._head, rows)
-        return F.linear(rows, self._head).float()
+        return self._head(hidden_rows.to(self.dtype)).float()

@@ -15,6 +15,13 @@ Tensors here are token-major, ``[T, heads, D]``, as the QKV projection lays
 them out, so the attention output feeds ``o_proj`` without a transpose copy.
 Equal-length uncached segments that lie back to back (a batch of same-length
 prompts) run as one batched attention call rather than one call each.
+
+On the CPU a cached segment's attention is two flash-attention calls, one
+over its prefix (every key visible) and one causal over its own keys,
+merged by their log-sum-exps (``prefix_then_causal``): the same softmax as
+one call over ``[prefix | own]`` under a mask, without building the mask or
+copying the prefix beside the fresh keys, and the causal half skips the key
+blocks past each query. Elsewhere the one masked call stands.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ __all__ = [
     "SegmentRead",
     "StepReads",
     "packed_writes",
+    "prefix_then_causal",
     "segment_attention",
     "segment_reads",
     "write_packed",
@@ -41,7 +49,7 @@ __all__ = [
 class SegmentRead(NamedTuple):
     """What the queries of ``rows`` back-to-back segments of ``length`` tokens read.
 
-    ``rows > 1`` only for uncached segments (``start`` 0, no mask), each causal over its own tokens.
+    ``rows > 1`` only for uncached segments (``start`` 0), each causal over its own tokens.
     """
 
     offset: int
@@ -49,7 +57,9 @@ class SegmentRead(NamedTuple):
     rows: int
     start: int
     prefix_at: int  # where its prefix begins among the step's gathered prefix positions
-    mask: torch.Tensor | None  # [length, start + length] additive: key j visible to query i iff j <= start + i
+    # [length, start + length] additive: key j visible to query i iff j <= start + i. None where no
+    # mask is needed: an uncached segment, or a cached one on the CPU (``prefix_then_causal``).
+    mask: torch.Tensor | None
 
     @property
     def end(self) -> int:
@@ -75,24 +85,28 @@ class PackedWrites(NamedTuple):
 def segment_reads(segments: torch.Tensor, prefix_table: torch.Tensor, block_size: int, dtype: torch.dtype) -> StepReads:
     """The step's reads from its ``[G, 3]`` segment table (one host read of the table).
 
-    Masks are built here once, in the model dtype, rather than per layer:
-    attention would otherwise turn a boolean mask into an additive one on every call.
+    Masks (off the CPU) are built here once, in the model dtype, rather than
+    per layer: attention would otherwise turn a boolean mask into an additive
+    one on every call.
     """
     reads: list[SegmentRead] = []
     blocks: list[torch.Tensor] = []
     prefix_at = 0
+    masked = segments.device.type != "cpu"
     for i, (offset, length, start) in enumerate(segments.tolist()):
         if start == 0:
             last = reads[-1] if reads else None
-            if last is not None and last.mask is None and (last.length, last.end) == (length, offset):
+            if last is not None and last.start == 0 and (last.length, last.end) == (length, offset):
                 reads[-1] = last._replace(rows=last.rows + 1)
             else:
                 reads.append(SegmentRead(offset, length, 1, 0, 0, None))
             continue
         width = ceil_div(start, block_size)
         blocks.append(prefix_table[i, :width])
-        mask = torch.full((length, start + length), float("-inf"), dtype=dtype, device=segments.device)
-        mask.triu_(diagonal=start + 1)  # 0 where key j <= start + i, -inf past it
+        mask = None
+        if masked:
+            mask = torch.full((length, start + length), float("-inf"), dtype=dtype, device=segments.device)
+            mask.triu_(diagonal=start + 1)  # 0 where key j <= start + i, -inf past it
         reads.append(SegmentRead(offset, length, 1, start, prefix_at, mask))
         prefix_at += width * block_size
     return StepReads(reads, torch.cat(blocks)[None].to(torch.int64) if blocks else None)
@@ -134,12 +148,31 @@ def segment_attention(
         span = slice(read.offset, read.end)
         # [rows, heads, length, D] views of the segments' tokens
         q_s, k_s, v_s = (x[span].unflatten(0, (read.rows, read.length)).transpose(1, 2) for x in (q, k, v))
-        if read.mask is None:
+        if read.start == 0:
             out = sdpa(q_s, k_s, v_s, is_causal=True)
         else:
             cut = slice(read.prefix_at, read.prefix_at + read.start)
-            k_all = torch.cat((prefix_k[:, :, cut].to(k.dtype), k_s), dim=2)
-            v_all = torch.cat((prefix_v[:, :, cut].to(v.dtype), v_s), dim=2)
-            out = sdpa(q_s, k_all, v_all, attn_mask=read.mask)
+            old_k, old_v = prefix_k[:, :, cut].to(k.dtype), prefix_v[:, :, cut].to(v.dtype)
+            if read.mask is None:
+                out = prefix_then_causal(q_s, (old_k, old_v), (k_s, v_s))
+            else:
+                out = sdpa(q_s, torch.cat((old_k, k_s), dim=2), torch.cat((old_v, v_s), dim=2), attn_mask=read.mask)
         outputs.append(out.transpose(1, 2).flatten(0, 1))  # [rows * length, H, D]
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
+
+
+def prefix_then_causal(
+    q: torch.Tensor, prefix: tuple[torch.Tensor, torch.Tensor], own: tuple[torch.Tensor, torch.Tensor]
+) -> torch.Tensor:
+    """Attention of ``q [1, H, S, D]`` over a prefix's keys (all visible) then its own (causal), on the CPU.
+
+    Each flash call returns its output and its rows' log-sum-exp of scores;
+    a part's share of the joint softmax is ``exp(lse_part - lse_joint)``.
+    The CPU flash kernel reads grouped K/V heads itself.
+    """
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    over_prefix, lse_prefix = flash(q, *prefix)
+    over_own, lse_own = flash(q, *own, is_causal=True)
+    joint = torch.logaddexp(lse_prefix, lse_own)
+    merged = over_prefix * (lse_prefix - joint).exp_()[..., None] + over_own * (lse_own - joint).exp_()[..., None]
+    return merged.to(q.dtype)

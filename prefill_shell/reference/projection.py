@@ -1,0 +1,62 @@
+"""``Projection``: one weight matrix of the reference Llama, applied as ``x @ W^T``.
+
+On the CPU in float32 the weight is also held reordered into oneDNN's
+blocked layout, once, at load, and every product runs oneDNN's linear on
+it (the kernel ``torch.compile`` uses on the CPU after freezing weights).
+``F.linear`` hands the plain weight to the BLAS on every call; on this
+project's CPUs the prepacked form is the faster one at the model's shapes
+(``benchmarks/host_forms.py``, rows ``projection_*``). The two fused forms
+put the SwiGLU activation and the residual add into the same kernel call.
+
+Elsewhere (CUDA, other dtypes, a torch built without oneDNN) every form is
+the plain ``F.linear`` expression it stands for.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["Projection", "prepacks"]
+
+_PACK_FOR_ROWS = 1024
+"""The row count oneDNN picks its weight layout for; any row count runs on it."""
+
+
+def prepacks(weight: torch.Tensor) -> bool:
+    """Whether ``Projection`` holds ``weight`` prepacked for oneDNN (CPU, float32, oneDNN built in)."""
+    return weight.device.type == "cpu" and weight.dtype == torch.float32 and torch.backends.mkldnn.is_available()
+
+
+class Projection:
+    """``x @ W^T`` for a ``[out, in]`` weight; ``weight`` stays the plain tensor (``state_dict`` shares it)."""
+
+    __slots__ = ("weight", "_packed")
+
+    def __init__(self, weight: torch.Tensor):
+        self.weight = weight
+        self._packed = torch.ops.mkldnn._reorder_linear_weight(weight, _PACK_FOR_ROWS) if prepacks(weight) else None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """``x @ W^T``."""
+        if self._packed is None:
+            return F.linear(x, self.weight)
+        return torch.ops.mkldnn._linear_pointwise(x, self._packed, None, "none", [], "")
+
+    def silu(self, x: torch.Tensor) -> torch.Tensor:
+        """``silu(x @ W^T)``: SwiGLU's gate."""
+        if self._packed is None:
+            return F.silu(F.linear(x, self.weight), inplace=True)
+        return torch.ops.mkldnn._linear_pointwise(x, self._packed, None, "swish", [], "")
+
+    def times(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+        """``(x @ W^T) * other``: SwiGLU's up projection times the gate."""
+        if self._packed is None:
+            return F.linear(x, self.weight).mul_(other)
+        return torch.ops.mkldnn._linear_pointwise.binary(x, other, self._packed, None, "mul")
+
+    def plus(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+        """``other + x @ W^T`` as a new tensor: a residual add."""
+        if self._packed is None:
+            return torch.addmm(other, x, self.weight.t())
+        return torch.ops.mkldnn._linear_pointwise.binary(x, other, self._packed, None, "add")

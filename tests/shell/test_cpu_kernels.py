@@ -1,0 +1,66 @@
+"""The reference Llama's CPU kernel forms equal the plain torch expressions they stand for."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from prefill_shell.reference.packed_attention import prefix_then_causal
+from prefill_shell.reference.projection import Projection, prepacks
+
+GEN = torch.Generator().manual_seed(5)
+
+
+def _randn(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.randn(*shape, generator=GEN).to(dtype)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 130])
+def test_a_projection_and_its_fused_forms_equal_f_linear(rows):
+    """x W^T, silu(x W^T), (x W^T) * other and other + x W^T match F.linear's, prepacked or not."""
+    weight, x, other = _randn(48, 40), _randn(rows, 40), _randn(rows, 48)
+    projection = Projection(weight)
+    assert prepacks(weight) == torch.backends.mkldnn.is_available()
+    plain = F.linear(x, weight)
+    tol = {"rtol": 1e-5, "atol": 1e-5}
+    torch.testing.assert_close(projection(x), plain, **tol)
+    torch.testing.assert_close(projection.silu(x), F.silu(plain), **tol)
+    torch.testing.assert_close(projection.times(x, other), plain * other, **tol)
+    torch.testing.assert_close(projection.plus(x, other), other + plain, **tol)
+    torch.testing.assert_close(projection(x.view(1, rows, 40)), plain.view(1, rows, 48), **tol)
+
+
+def test_a_projection_leaves_its_weight_and_inputs_alone():
+    """The plain weight stays the caller's tensor (state_dict shares it); no form writes its inputs."""
+    weight, x, other = _randn(16, 8), _randn(4, 8), _randn(4, 16)
+    before = (weight.clone(), x.clone(), other.clone())
+    projection = Projection(weight)
+    assert projection.weight is weight
+    for form in (projection.silu, lambda t: projection.times(t, other), lambda t: projection.plus(t, other)):
+        form(x)
+    assert all(torch.equal(a, b) for a, b in zip((weight, x, other), before))
+
+
+def test_a_bfloat16_projection_is_plain_f_linear():
+    """Only float32 weights are prepacked; a bfloat16 one runs F.linear exactly."""
+    weight, x = _randn(16, 8, dtype=torch.bfloat16), _randn(4, 8, dtype=torch.bfloat16)
+    assert not prepacks(weight)
+    assert torch.equal(Projection(weight)(x), F.linear(x, weight))
+
+
+@pytest.mark.parametrize(("start", "length"), [(1, 1), (16, 1), (5, 9), (64, 64), (7, 130)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prefix_then_causal_equals_one_masked_call_over_the_joined_keys(start, length, dtype):
+    """Two flash calls merged by log-sum-exp == SDPA over [prefix | own] with key j visible iff j <= start + i."""
+    heads, kv_heads, dim = 8, 2, 32
+    q = _randn(1, heads, length, dim, dtype=dtype)
+    prefix = (_randn(1, kv_heads, start, dim, dtype=dtype), _randn(1, kv_heads, start, dim, dtype=dtype))
+    own = (_randn(1, kv_heads, length, dim, dtype=dtype), _randn(1, kv_heads, length, dim, dtype=dtype))
+    visible = torch.ones(length, start + length, dtype=torch.bool).tril(diagonal=start)
+    keys, values = (torch.cat((p, o), dim=2) for p, o in zip(prefix, own))
+    expected = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible, enable_gqa=True)
+    got = prefix_then_causal(q, prefix, own)
+    assert got.dtype == dtype and got.shape == expected.shape
+    tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
+    torch.testing.assert_close(got, expected, **tol)
