@@ -7,6 +7,7 @@ Tests import what they use by name (``from tests.helpers import build_runtime``)
 from __future__ import annotations
 
 import random
+import threading
 from collections.abc import Sequence
 
 import torch
@@ -115,3 +116,29 @@ def build_runtime(
         kv = model.new_kv_cache(num_blocks, block_size)
     config = PrefillRuntimeConfig.resolve(model, backend or TorchBackend(), kv, layout=layout, policy=policy)
     return PrefillRuntime(config, seed=seed)
+
+
+class ParkingModel:
+    """Delegates to a model; the first body call on ``parked_thread`` waits at a barrier, then for ``go``.
+
+    Thread tests park one call inside the model body this way and act from
+    another thread while it is there; ``wait`` bounds every wait, so a broken
+    test fails instead of hanging.
+    """
+
+    def __init__(self, inner, wait: float = 30.0):
+        self.inner, self.spec, self.dtype = inner, inner.spec, inner.dtype
+        self.new_kv_cache = inner.new_kv_cache
+        self.parked_thread: int | None = None
+        self.wait = wait
+        self.barrier = threading.Barrier(2, timeout=wait)
+        self.go = threading.Event()
+
+    def forward_hidden(self, *args):
+        if threading.get_ident() == self.parked_thread and not self.go.is_set():
+            self.barrier.wait()
+            assert self.go.wait(self.wait), "the main thread never let the parked call go on"
+        return self.inner.forward_hidden(*args)
+
+    def lm_head(self, rows):
+        return self.inner.lm_head(rows)

@@ -19,25 +19,15 @@ from prefill_core.errors import (
 from prefill_shell.backends import TorchBackend
 from prefill_shell.executor import PrefillExecutor
 from prefill_shell.lane_group import LaneGroup
-from prefill_shell.reference import random_llama
 from prefill_shell.serving_lanes import LaneGroupFacade
-from prefill_shell.testing.sweep import single_threaded
+from tests.helpers import ParkingModel
 
 ROWS = [(40, 0, None), (70, 0, None), (30, 0, None)]
 SLOTS = (PER_LANE + 1, 0, PER_LANE)  # lane 1, lane 0, lane 1
 WAIT = 30  # seconds before a broken thread test gives up instead of hanging
 
 
-@pytest.fixture(scope="module")
-def tiny_model():
-    return random_llama(0, "tiny")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One intra-op torch thread: a tiny model's ops are too small to split, and on shared cores threads contend."""
-    with single_threaded():
-        yield
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
@@ -82,26 +72,6 @@ def test_a_call_without_rows_is_an_empty_batch_error(tiny_model):
         make_group(tiny_model, 2).prefill(torch.zeros(0, 8, dtype=torch.int64), [], [], slots=[], batched=True)
 
 
-class _ParkingModel:
-    """Delegates to a model; the first body call on ``parked_thread`` waits at a barrier, then for ``go``."""
-
-    def __init__(self, inner):
-        self.inner, self.spec, self.dtype = inner, inner.spec, inner.dtype
-        self.new_kv_cache = inner.new_kv_cache
-        self.parked_thread: int | None = None
-        self.barrier = threading.Barrier(2, timeout=WAIT)
-        self.go = threading.Event()
-
-    def forward_hidden(self, *args):
-        if threading.get_ident() == self.parked_thread and not self.go.is_set():
-            self.barrier.wait()
-            assert self.go.wait(WAIT)
-        return self.inner.forward_hidden(*args)
-
-    def lm_head(self, rows):
-        return self.inner.lm_head(rows)
-
-
 def _lane1_only(call) -> dict:
     rows = list(call.routes[1].source_rows)
     return dict(
@@ -115,7 +85,7 @@ def _lane1_only(call) -> dict:
 @pytest.mark.parametrize("entry", ["prefill on an idle lane", "cleanup", "close"])
 def test_a_second_thread_is_refused_by_the_group_and_changes_nothing(tiny_model, call, entry):
     """While a call runs lane 0, another thread's call (even one on lane 1 only), cleanup or close is refused."""
-    parking = _ParkingModel(tiny_model)
+    parking = ParkingModel(tiny_model)
     group = LaneGroup([PrefillExecutor(lane_runtime(parking, 0)), PrefillExecutor(lane_runtime(tiny_model, 1))])
     want = make_group(tiny_model, 2).prefill(**call.kwargs())
     second = {

@@ -19,6 +19,7 @@ from prefill_core.errors import (
 from prefill_shell.backends import TorchBackend
 from prefill_shell.plugin_sampling import rows_from_plugin
 from prefill_shell.serving import ServingFacade
+from tests.helpers import ParkingModel
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -151,30 +152,10 @@ def test_the_facades_sizes_must_be_positive_ints(tiny_model, name, value):
         ServingFacade(tiny_model, TorchBackend(), policy=POLICY, **sizes)
 
 
-class _ParkingModel:
-    """Delegates to a model; the first body call on ``parked_thread`` waits at a barrier, then for ``go``."""
-
-    def __init__(self, inner):
-        self.inner, self.spec, self.dtype = inner, inner.spec, inner.dtype
-        self.new_kv_cache = inner.new_kv_cache
-        self.parked_thread: int | None = None
-        self.barrier = threading.Barrier(2, timeout=WAIT)
-        self.go = threading.Event()
-
-    def forward_hidden(self, *args):
-        if threading.get_ident() == self.parked_thread and not self.go.is_set():
-            self.barrier.wait()
-            assert self.go.wait(WAIT)
-        return self.inner.forward_hidden(*args)
-
-    def lm_head(self, rows):
-        return self.inner.lm_head(rows)
-
-
 @pytest.mark.parametrize("entry", ["cleanup", "allocate_kv_cache"])
 def test_a_teardown_from_another_thread_during_a_call_is_refused_and_changes_nothing(tiny_model, call, entry):
     """cleanup/allocate_kv_cache while another thread's call runs raise PrefillStateError; the facade still serves."""
-    parking = _ParkingModel(tiny_model)
+    parking = ParkingModel(tiny_model)
     facade = _facade(parking)
     want = _forward(_facade(tiny_model), call)
     box = {}

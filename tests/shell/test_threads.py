@@ -16,34 +16,15 @@ import torch
 from prefill_core import PageTableLayout, PrefillPolicy, WarmupManifest
 from prefill_core.errors import PrefillStateError
 from prefill_shell.executor import PrefillExecutor
-from tests.helpers import assign_blocks, build_runtime, make_tokens, page_table, token_matrix
+from tests.helpers import ParkingModel, assign_blocks, build_runtime, make_tokens, page_table, token_matrix
 
 BS, POOL = 16, 64
 POLICY = PrefillPolicy(length_ladder=(32, 64), max_chunk_length=64, chunk_quantum=64, waves=(1, 2, 4), max_logprobs=3)
 WAIT = 30  # seconds before a broken test gives up instead of hanging
 
 
-class _ParkingModel:
-    """Delegates to a model; the first body call on the parked thread waits at a barrier, then for ``go``."""
-
-    def __init__(self, inner):
-        self.inner, self.spec, self.dtype = inner, inner.spec, inner.dtype
-        self.parked_thread: int | None = None
-        self.barrier = threading.Barrier(2, timeout=WAIT)
-        self.go = threading.Event()
-
-    def forward_hidden(self, *args):
-        if threading.get_ident() == self.parked_thread and not self.go.is_set():
-            self.barrier.wait()
-            assert self.go.wait(WAIT), "the main thread never let the parked call go on"
-        return self.inner.forward_hidden(*args)
-
-    def lm_head(self, rows):
-        return self.inner.lm_head(rows)
-
-
 def _runtime(model):
-    parking = _ParkingModel(model)
+    parking = ParkingModel(model)
     kv = model.new_kv_cache(POOL, BS)
     return build_runtime(parking, policy=POLICY, layout=PageTableLayout(BS, 16, POOL), kv=kv), parking
 
