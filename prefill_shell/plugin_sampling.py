@@ -109,9 +109,11 @@ def _rows_value(name: str, values: list | tuple, num_rows: int) -> Any:
     items = values[:num_rows]  # the plugin may pad rows past the batch: they are not rows here
     if not items:
         return list(items)
-    if items.count(items[0]) == len(items):
-        _check_one_value(name, 0, items[0])
-        return items[0]  # one value held by every row is every row's value
+    first = items[0]
+    # Equal values of one type: 1 == True == 1.0, and a row's True must still meet the rules as a bool.
+    if items.count(first) == len(items) and set(map(type, items)) == {type(first)}:
+        _check_one_value(name, 0, first)
+        return first  # one value held by every row is every row's value
     for row, item in enumerate(items):
         _check_one_value(name, row, item)
     return list(items)
@@ -225,9 +227,10 @@ def rows_from_plugin(sampling: Any, num_rows: int, vocab_size: int) -> PluginRow
     # and rows that share one share its objects, so the core judges each distinct parameter object once.
     mapped: dict[tuple, RowSampling] = {}
     rows = []
-    for row, key in enumerate(zip(*(values[name] for name in per_row))):
+    for row, entries in enumerate(zip(*(values[name] for name in per_row))):
+        key = tuple((type(entry), entry) for entry in entries)  # 1 == True == 1.0: the type is part of the value
         found = mapped.get(key)
         if found is None:
-            found = mapped[key] = _row_sampling(row, {**values, **dict(zip(per_row, key))}, vocab_size)
+            found = mapped[key] = _row_sampling(row, {**values, **dict(zip(per_row, entries))}, vocab_size)
         rows.append(found)
     return PluginRows.per_row(rows)

@@ -59,3 +59,15 @@ def test_a_nested_per_row_field_is_a_named_error_never_fewer_rows(field, nested)
     with pytest.raises(InvalidSamplingError, match=rf"row 0: sampling_params\.{field}=.*nested") as caught:
         rows_from_plugin(SimpleNamespace(**columns), 2, VOCAB)
     assert caught.value.row == 0 and caught.value.field == f"sampling_params.{field}"
+
+
+@pytest.mark.parametrize(("field", "values"), [("top_k", [1, True]), ("seed", [1, True]), ("temperature", [1, 1.0])])
+def test_equal_values_of_different_types_map_each_row_as_if_alone(field, values):
+    """1 == True == 1.0, yet a row's True stays a bool (the core's rules refuse it at that row), never row 0's 1."""
+    good = {"temperature": 0.7, "top_k": 5, "top_p": 0.9, "seed": -1, "num_logprobs": -2}
+    columns = {name: [value, value] for name, value in good.items()} | {field: values}
+    plugin = rows_from_plugin(SimpleNamespace(**columns), 2, VOCAB)
+    for row in range(2):
+        alone = rows_from_plugin(SimpleNamespace(**(good | {field: values[row]})), 1, VOCAB)
+        assert plugin.rows[row] == alone.rows[0]
+        assert type(getattr(plugin.rows[row].params, field)) is type(values[row])
