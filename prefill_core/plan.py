@@ -100,7 +100,7 @@ def plan_prefill(
 
 def _bucket_rows(batch: PrefillBatch, policy: PrefillPolicy) -> tuple[dict[tuple[int, bool], list[int]], list[int]]:
     """Regular rows that may batch, by (rung, logits-or-sampled); every other row is a single."""
-    if not policy.batching_enabled:
+    if not policy.batching_enabled or len(batch) == 1:  # one row has no other to batch with
         return {}, list(range(len(batch)))
     rung_of = {n: policy.padded_length(n) for n in set(batch.lengths)}  # rows share a few lengths: one walk each
     # Rows by (rung, cached, logits-or-sampled), in first-seen order.
