@@ -81,7 +81,8 @@ def _caller_rows(
     if index is not None:
         return matrix[:, columns].index_select(0, index)  # a row gather: cheaper than advanced indexing
     first, active = request.source_rows[0], request.active_batch_size
-    if active == matrix.shape[0] and columns.start == 0 and columns.stop >= matrix.shape[1]:
+    num_rows, num_columns = matrix.shape
+    if active == num_rows and columns.start == 0 and columns.stop >= num_columns:
         return matrix
     return matrix[first : first + active, columns]
 
@@ -92,9 +93,9 @@ def _padded_copy(src: torch.Tensor, rows: int, cols: int, filler: int) -> torch.
     Never aliases ``src``: host steps outlive the call and the caller may
     reuse its tensors.
     """
-    pad_rows, pad_cols = rows - src.shape[0], cols - src.shape[1]
-    if pad_rows or pad_cols:
-        return torch.constant_pad_nd(src, (0, pad_cols, 0, pad_rows), filler)
+    src_rows, src_cols = src.shape
+    if src_rows != rows or src_cols != cols:
+        return torch.constant_pad_nd(src, (0, cols - src_cols, 0, rows - src_rows), filler)
     return src.clone(memory_format=torch.contiguous_format)
 
 
@@ -143,9 +144,13 @@ def _wave_step(tokens: torch.Tensor, request: PrefillRequest, page_table: torch.
     b, active, length = request.padded_batch, request.active_batch_size, request.chunk_length
     index = _row_index(request)  # one gather index for the token and table cuts
     width = min(length, tokens.shape[1])
-    block = _padded_copy(_caller_rows(tokens, request, slice(0, width), index), b, length, 0)  # [B, length], ours
-    if min(request.lengths) < width:  # some row ends inside the block: zero its tail (in our copy)
-        block[:active, :width].masked_fill_(torch.arange(width) >= _column(request.lengths), 0)
+    block = _caller_rows(tokens, request, slice(0, width), index)  # [active, width], maybe the caller's
+    if min(request.lengths) < width:  # some row ends inside the block: its tail is zero (where() copies)
+        block = torch.where(torch.arange(width) < _column(request.lengths), block, 0)
+        if block.shape != (b, length):
+            block = torch.constant_pad_nd(block, (0, length - width, 0, b - active), 0)
+    else:
+        block = _padded_copy(block, b, length, 0)  # [B, length], our copy
     pad = b - active
     values = {
         INPUT_TOKENS: block,
