@@ -77,6 +77,8 @@ def order_writers_first(requests: tuple[PrefillRequest, ...], block_size: int) -
     ``requests`` goes next, so a call without such pairs keeps its order.
     Raises ``BlockDependencyCycleError`` when no order serves every request.
     """
+    if len(requests) < 2:  # nothing to order
+        return requests
     needs = request_dependencies(requests, block_size)
     if not any(needs):
         return requests

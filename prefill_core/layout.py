@@ -23,7 +23,7 @@ def _power_of_two(instance, attribute, value):
         raise field_error(InvalidLayoutError, "PageTableLayout", attribute.name, value, "must be a power of two")
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)  # a key of the per-configuration caches (validate._limits)
 class PageTableLayout:
     """Shape of the caller's paged KV cache.
 

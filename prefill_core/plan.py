@@ -100,7 +100,7 @@ def plan_prefill(
 
 def _bucket_rows(batch: PrefillBatch, policy: PrefillPolicy) -> tuple[dict[tuple[int, bool], list[int]], list[int]]:
     """Regular rows that may batch, by (rung, logits-or-sampled); every other row is a single."""
-    if not policy.batching_enabled:
+    if not policy.batching_enabled or len(batch) == 1:  # one row has no other to batch with
         return {}, list(range(len(batch)))
     rung_of = {n: policy.padded_length(n) for n in set(batch.lengths)}  # rows share a few lengths: one walk each
     # Rows by (rung, cached, logits-or-sampled), in first-seen order.
@@ -131,7 +131,7 @@ def _pick(column: tuple, members: list[int]) -> tuple:
     """``column``'s entries at ``members`` (the whole column when that is all of it)."""
     if len(members) == len(column):  # members are distinct row indices in order: all rows
         return column
-    return tuple(column[i] for i in members)
+    return tuple([column[i] for i in members])  # a list comprehension: quicker than a generator into tuple
 
 
 def _regular_request(

@@ -87,7 +87,7 @@ def _optional_lengths(instance, attribute, value):
         raise _fail(attribute.name, value, "must be None or a tuple of positive ints")
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)  # a key of the per-configuration caches (validate._limits)
 class PrefillPolicy:
     """Every planning rule as a value. Defaults follow tt-metal's measured choices.
 

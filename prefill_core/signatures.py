@@ -101,10 +101,12 @@ def program_signature(
     body = trace_signature(request) if body is None else body
     # The sampled token's own log-prob is always returned; the flag adds the
     # top-N table, which only device-sampling programs compute.
+    # The logits path means every row's parameters are None (``classify_sampling``): nothing to scan.
+    distinct = () if sampling_path is SamplingPath.LOGITS else distinct_params(request.sampling)
     logprobs = sampling_path in (SamplingPath.ARGMAX, SamplingPath.TOPK) and any(
-        s is not None and s.num_logprobs > 0 for s in distinct_params(request.sampling)
+        s is not None and s.num_logprobs > 0 for s in distinct
     )
-    prompt_logprobs = any(s is not None and s.prompt_logprobs is not None for s in distinct_params(request.sampling))
+    prompt_logprobs = any(s is not None and s.prompt_logprobs is not None for s in distinct)
     tile = None
     if static_last_token_tile and request.kind is RequestKind.REGULAR_SINGLE:
         tile = (request.lengths[0] - 1) // tile_size * tile_size

@@ -8,6 +8,8 @@ itself.
 
 from __future__ import annotations
 
+import functools
+
 from .batch import PrefillBatch
 from .errors import PrefillInputError
 from .layout import PageTableLayout
@@ -31,6 +33,20 @@ def _check_arguments(batch: object, policy: object, layout: object, max_position
         raise PrefillInputError(msg, field="max_position")
 
 
+@functools.lru_cache(maxsize=32)
+def _limits(policy: PrefillPolicy, layout: PageTableLayout, max_position: int | None) -> Limits:
+    """The numbers the plan rules judge rows against, once the policy fits the layout.
+
+    A pure function of the configuration (a runtime plans every call with
+    the same three), so it is kept per configuration; a policy that does
+    not fit raises on every call (``lru_cache`` keeps no exception).
+    """
+    check_policy_fits_layout(policy, layout)
+    return Limits(
+        layout.block_size, layout.num_blocks, layout.capacity, policy.lane_size, policy.max_logprobs, max_position
+    )
+
+
 def check_inputs(
     batch: PrefillBatch, policy: PrefillPolicy, layout: PageTableLayout, *, max_position: int | None = None
 ) -> None:
@@ -52,10 +68,6 @@ def checked_scope(
     rather than dividing every length a second time.
     """
     _check_arguments(batch, policy, layout, max_position)
-    check_policy_fits_layout(policy, layout)
-    limits = Limits(
-        layout.block_size, layout.num_blocks, layout.capacity, policy.lane_size, policy.max_logprobs, max_position
-    )
-    scope = Scope(batch, limits)
+    scope = Scope(batch, _limits(policy, layout, max_position))
     check("plan", scope)
     return scope

@@ -67,6 +67,8 @@ def _numpy_hint(value: object) -> str:
 
 
 def _is_sequence(value: object) -> bool:
+    if isinstance(value, (list, tuple)):  # the usual forms, without the ABC check
+        return True
     return isinstance(value, Sequence) and not isinstance(value, (str, bytes))
 
 
@@ -85,7 +87,9 @@ def _int_vector(name: str, value, num_rows: int) -> list[int]:
         if value.dtype not in _INT_DTYPES or value.dim() != 1:
             raise _fail(name, _shown(value), "must be a 1-D integer tensor")
         _dense(name, value)
-        value = value.tolist()
+        if value.shape[0] != num_rows:
+            raise _fail(name, f"<{value.shape[0]} values>", f"must hold one value per row ({num_rows} rows)")
+        return value.tolist()  # Python ints by construction
     if not _is_sequence(value):
         raise _fail(name, _shown(value), "must be a sequence of ints or a 1-D integer tensor" + _numpy_hint(value))
     if len(value) != num_rows:
@@ -211,17 +215,17 @@ def build_batch(
     cached = [0] * num_rows if cached_lengths is None else _int_vector("cached_lengths", cached_lengths, num_rows)
     slot_ids = list(range(num_rows)) if slots is None else _int_vector("slots", slots, num_rows)
     params = _row_sampling(sampling, num_rows)
-    bs, columns = layout.block_size, tokens.shape[1]
-    need = ceil_div_column(lengths, bs)  # <= 0 for a bad length, which the core names
+    columns, table_columns = tokens.shape[1], table.shape[1]
+    need = ceil_div_column(lengths, layout.block_size)  # <= 0 for a bad length, which the core names
     _check_list_widths(tokens, "tokens", lengths, "prompt length")
     _check_list_widths(table, "page_table", need, "mapped prefix")
     widest = max(need, default=0)
-    if num_rows and (max(lengths) > columns or widest > table.shape[1]):
-        _raise_first_shape_rule(lengths, need, columns, table.shape[1])
+    if num_rows and (max(lengths) > columns or widest > table_columns):
+        _raise_first_shape_rule(lengths, need, columns, table_columns)
     # One host conversion of the mapped columns; stale tails past each row's
     # prefix are never read. The core gets columns: no per-row objects.
-    mapped = table[:, :widest].tolist()  # an empty batch fails in the core
-    blocks = tuple(tuple(row[:n]) for row, n in zip(mapped, need))
+    mapped = (table if widest == table_columns else table[:, :widest]).tolist()  # an empty batch fails in the core
+    blocks = tuple([tuple(row[:n]) for row, n in zip(mapped, need)])
     return PrefillBatch(tuple(lengths), tuple(cached), tuple(slot_ids), blocks, tuple(params))
 
 

@@ -8,10 +8,8 @@ unfinished stream) is in progress is an engine bug, refused at once with
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import threading
-from collections.abc import Iterator
 
 from prefill_core.errors import PrefillStateError
 
@@ -63,14 +61,30 @@ class CallGuard:
             self.owner = None
             self.lock.release()
 
-    @contextlib.contextmanager
-    def hold(self, what: str) -> Iterator[None]:
+    def hold(self, what: str) -> _Hold:
         """One hold for the body of a ``with`` block (``what`` names the entry in a refusal)."""
-        self.enter(what)
-        try:
-            yield
-        finally:
-            self.exit()
+        return _Hold(self, what)
+
+
+class _Hold:
+    """``CallGuard.hold``'s context manager: enters on ``with``, exits when the block ends.
+
+    A plain class rather than ``contextlib.contextmanager``: every public
+    runtime call enters one, and a generator-based manager costs more than
+    the guard itself.
+    """
+
+    __slots__ = ("guard", "what")
+
+    def __init__(self, guard: CallGuard, what: str) -> None:
+        self.guard = guard
+        self.what = what
+
+    def __enter__(self) -> None:
+        self.guard.enter(self.what)
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.guard.exit()
 
 
 def exclusive(method):

@@ -62,12 +62,29 @@ class DeviceStep(dict):
         return list(self.values())
 
 
-def _caller_rows(matrix: torch.Tensor, request: PrefillRequest, columns: slice) -> torch.Tensor:
-    """``columns`` of the request's active rows of a caller matrix: a view when the rows are consecutive."""
-    rows, active = request.source_rows, request.active_batch_size
-    if rows[-1] - rows[0] == active - 1:  # contiguous caller rows (the common wave): no gather
-        return matrix[rows[0] : rows[0] + active, columns]
-    return matrix[torch.tensor(rows), columns]
+def _row_index(request: PrefillRequest) -> torch.Tensor | None:
+    """The request's caller rows as an index tensor, or ``None`` when they are consecutive (sliced, no gather)."""
+    rows = request.source_rows
+    if rows[-1] - rows[0] == len(rows) - 1:
+        return None
+    return torch.tensor(rows, dtype=torch.int64)  # a dtype given: torch skips inferring one per element
+
+
+def _caller_rows(
+    matrix: torch.Tensor, request: PrefillRequest, columns: slice, index: torch.Tensor | None
+) -> torch.Tensor:
+    """``columns`` of the request's active rows of a caller matrix (``index``: ``_row_index``'s).
+
+    Consecutive rows are a view, or the matrix itself when they are all of
+    it: callers copy before they write.
+    """
+    if index is not None:
+        return matrix[:, columns].index_select(0, index)  # a row gather: cheaper than advanced indexing
+    first, active = request.source_rows[0], request.active_batch_size
+    num_rows, num_columns = matrix.shape
+    if active == num_rows and columns.start == 0 and columns.stop >= num_columns:
+        return matrix
+    return matrix[first : first + active, columns]
 
 
 def _padded_copy(src: torch.Tensor, rows: int, cols: int, filler: int) -> torch.Tensor:
@@ -76,29 +93,37 @@ def _padded_copy(src: torch.Tensor, rows: int, cols: int, filler: int) -> torch.
     Never aliases ``src``: host steps outlive the call and the caller may
     reuse its tensors.
     """
-    pad_rows, pad_cols = rows - src.shape[0], cols - src.shape[1]
-    if pad_rows or pad_cols:
-        return torch.constant_pad_nd(src, (0, pad_cols, 0, pad_rows), filler)
+    src_rows, src_cols = src.shape
+    if src_rows != rows or src_cols != cols:
+        return torch.constant_pad_nd(src, (0, cols - src_cols, 0, rows - src_rows), filler)
     return src.clone(memory_format=torch.contiguous_format)
 
 
+def _column(values: Sequence[int]) -> torch.Tensor:
+    """``values`` as a ``[len, 1]`` int64 tensor, to compare against a row of column numbers."""
+    return torch.tensor(values, dtype=torch.int64).unsqueeze(1)  # flat: a nested list converts slower
+
+
 def _table_from_caller(
-    page_table: torch.Tensor, view: PageTableView, request: PrefillRequest, first_block: int
+    page_table: torch.Tensor,
+    view: PageTableView,
+    request: PrefillRequest,
+    first_block: int,
+    index: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``materialize_table``'s integers, cut from the caller's page table with tensor ops.
 
     Equal to the core's pure materializer by construction (a row's blocks
     are that row of the same table); tests/shell/test_staging_tables.py
-    checks it on generated plans.
+    checks it on generated plans. ``index``: the request's ``_row_index``.
     """
     cols = min(view.width, page_table.shape[1] - first_block)
     real = view.real_blocks[: request.active_batch_size]
     if cols <= 0 or max(real) == 0:
         return torch.full((view.num_rows, view.width), view.filler, dtype=torch.int32)
-    src = _caller_rows(page_table, request, slice(first_block, first_block + cols))  # [A, cols]
+    src = _caller_rows(page_table, request, slice(first_block, first_block + cols), index)  # [A, cols]
     if min(real) < cols:  # some row maps fewer blocks than the cut holds: its tail is filler
-        unmapped = torch.arange(cols) >= torch.tensor(real).unsqueeze(1)
-        src = src.masked_fill(unmapped, view.filler)
+        src = src.masked_fill(torch.arange(cols) >= _column(real), view.filler)
     if src.dtype != torch.int32:
         src = src.to(torch.int32)
     return _padded_copy(src, view.num_rows, view.width, view.filler)
@@ -117,16 +142,21 @@ def _wave_step(tokens: torch.Tensor, request: PrefillRequest, page_table: torch.
     """The one step of a regular request: rows padded to the wave, tokens ``[0, padded_length)``."""
     chunk = request.chunk(0)
     b, active, length = request.padded_batch, request.active_batch_size, request.chunk_length
+    index = _row_index(request)  # one gather index for the token and table cuts
     width = min(length, tokens.shape[1])
-    block = _padded_copy(_caller_rows(tokens, request, slice(0, width)), b, length, 0)  # [B, length], our copy
-    if min(request.lengths) < width:  # some row ends inside the block: zero its tail (in our copy)
-        block[:active, :width].masked_fill_(torch.arange(width) >= torch.tensor(request.lengths).unsqueeze(1), 0)
+    block = _caller_rows(tokens, request, slice(0, width), index)  # [active, width], maybe the caller's
+    if min(request.lengths) < width:  # some row ends inside the block: its tail is zero (where() copies)
+        block = torch.where(torch.arange(width) < _column(request.lengths), block, 0)
+        if block.shape != (b, length):
+            block = torch.constant_pad_nd(block, (0, length - width, 0, b - active), 0)
+    else:
+        block = _padded_copy(block, b, length, 0)  # [B, length], our copy
     pad = b - active
     values = {
         INPUT_TOKENS: block,
         CHUNK_START: torch.zeros(b, dtype=torch.int64),
         SLOTS: torch.tensor(request.slots + (-1,) * pad, dtype=torch.int32),
-        FILL_TABLE: _table_from_caller(page_table, chunk.fill_table, request, 0),
+        FILL_TABLE: _table_from_caller(page_table, chunk.fill_table, request, 0, index),
         # Each row's last token (position length - 1); padding rows point at token 0 of their (zero) row.
         LAST_TOKEN_INDEX: torch.tensor([n - 1 for n in request.lengths] + [0] * pad, dtype=torch.int64),
     }
