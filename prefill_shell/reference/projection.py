@@ -2,11 +2,12 @@
 
 On the CPU in float32 the weight is also held reordered into oneDNN's
 blocked layout, once, at load, and every product runs oneDNN's linear on
-it (the kernel ``torch.compile`` uses on the CPU after freezing weights).
-``F.linear`` hands the plain weight to the BLAS on every call; on this
-project's CPUs the prepacked form is the faster one at the model's shapes
-(``benchmarks/host_forms.py``, rows ``projection_*``). The two fused forms
-put the SwiGLU activation and the residual add into the same kernel call.
+it (the kernel ``torch.compile``'s CPU weight prepacking uses). ``F.linear``
+hands the plain weight to the BLAS on every call; on this project's CPUs
+the prepacked form is the faster one at the model's shapes
+(``benchmarks/host_forms.py``, rows ``lm_head_*``, ``qkv_*`` and
+``swiglu_mlp_*``). The fused forms put SwiGLU's activation, its product
+and the residual add into the same kernel calls.
 
 Elsewhere (CUDA, other dtypes, a torch built without oneDNN) every form is
 the plain ``F.linear`` expression it stands for.
