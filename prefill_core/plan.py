@@ -131,7 +131,7 @@ def _pick(column: tuple, members: list[int]) -> tuple:
     """``column``'s entries at ``members`` (the whole column when that is all of it)."""
     if len(members) == len(column):  # members are distinct row indices in order: all rows
         return column
-    return tuple([column[i] for i in members])  # a list comprehension: quicker than a generator into tuple
+    return tuple(column[i] for i in members)
 
 
 def _regular_request(

@@ -225,7 +225,7 @@ def build_batch(
     # One host conversion of the mapped columns; stale tails past each row's
     # prefix are never read. The core gets columns: no per-row objects.
     mapped = (table if widest == table_columns else table[:, :widest]).tolist()  # an empty batch fails in the core
-    blocks = tuple([tuple(row[:n]) for row, n in zip(mapped, need)])
+    blocks = tuple(tuple(row[:n]) for row, n in zip(mapped, need))
     return PrefillBatch(tuple(lengths), tuple(cached), tuple(slot_ids), blocks, tuple(params))
 
 

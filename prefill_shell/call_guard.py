@@ -8,8 +8,10 @@ unfinished stream) is in progress is an engine bug, refused at once with
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
+from collections.abc import Iterator
 
 from prefill_core.errors import PrefillStateError
 
@@ -61,30 +63,14 @@ class CallGuard:
             self.owner = None
             self.lock.release()
 
-    def hold(self, what: str) -> _Hold:
+    @contextlib.contextmanager
+    def hold(self, what: str) -> Iterator[None]:
         """One hold for the body of a ``with`` block (``what`` names the entry in a refusal)."""
-        return _Hold(self, what)
-
-
-class _Hold:
-    """``CallGuard.hold``'s context manager: enters on ``with``, exits when the block ends.
-
-    A plain class rather than ``contextlib.contextmanager``: every public
-    runtime call enters one, and a generator-based manager costs more than
-    the guard itself.
-    """
-
-    __slots__ = ("guard", "what")
-
-    def __init__(self, guard: CallGuard, what: str) -> None:
-        self.guard = guard
-        self.what = what
-
-    def __enter__(self) -> None:
-        self.guard.enter(self.what)
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.guard.exit()
+        self.enter(what)
+        try:
+            yield
+        finally:
+            self.exit()
 
 
 def exclusive(method):

@@ -79,7 +79,7 @@ def _caller_rows(
     it: callers copy before they write.
     """
     if index is not None:
-        return matrix[:, columns].index_select(0, index)  # a row gather: cheaper than advanced indexing
+        return matrix[:, columns].index_select(0, index)  # a row gather
     first, active = request.source_rows[0], request.active_batch_size
     num_rows, num_columns = matrix.shape
     if active == num_rows and columns.start == 0 and columns.stop >= num_columns:
@@ -101,7 +101,7 @@ def _padded_copy(src: torch.Tensor, rows: int, cols: int, filler: int) -> torch.
 
 def _column(values: Sequence[int]) -> torch.Tensor:
     """``values`` as a ``[len, 1]`` int64 tensor, to compare against a row of column numbers."""
-    return torch.tensor(values, dtype=torch.int64).unsqueeze(1)  # flat: a nested list converts slower
+    return torch.tensor(values, dtype=torch.int64).unsqueeze(1)
 
 
 def _table_from_caller(

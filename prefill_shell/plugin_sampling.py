@@ -111,7 +111,7 @@ def _rows_value(name: str, values: list | tuple, num_rows: int) -> Any:
         return list(items)
     first = items[0]
     # Equal values of one type: 1 == True == 1.0, and a row's True must still meet the rules as a bool.
-    if items.count(first) == len(items) and set(map(type, items)) == {type(first)}:
+    if items.count(first) == len(items) and {type(item) for item in items} == {type(first)}:
         _check_one_value(name, 0, first)
         return first  # one value held by every row is every row's value
     for row, item in enumerate(items):
