@@ -27,9 +27,6 @@ from types import SimpleNamespace
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "shell"))  # the test scheduler
-
-from vllm_like_scheduler import BlockPool, Scheduler, SimRequest
 
 from benchmarks._report import write_json
 from benchmarks.runtime_overhead import BLOCK, LENGTH, ROWS, VOCAB, NullBody, NullKV, round_robin_us
@@ -37,6 +34,7 @@ from prefill_core import PrefillPolicy, SamplingParams
 from prefill_shell.backends import TorchBackend
 from prefill_shell.reference import random_llama
 from prefill_shell.serving import ServingFacade
+from tests.shell.vllm_like_scheduler import BlockPool, Scheduler, SimRequest
 
 SCHEDULER_BLOCK, MAX_SEQS = 16, 16
 POLICY = PrefillPolicy(max_chunk_length=256, chunk_quantum=128, length_ladder=(128, 256), waves=(1, 2, 4, 8))

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 from hypothesis import given
-from strategies import lane_calls
 
 from prefill_core import InvalidSlotError, LaneRoute, route_to_lanes
+from tests.strategies import lane_calls
 
 
 @given(lane_calls())

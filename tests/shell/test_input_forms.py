@@ -12,11 +12,11 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from strategies import list_page_tables, token_lists
 
 from prefill_core.errors import PrefillInputError
 from prefill_shell.batch_builder import as_token_matrix, build_batch, host_page_table
 from tests.helpers import VOCAB, build_runtime, make_tokens, page_table, randomize_pool, token_matrix
+from tests.strategies import list_page_tables, token_lists
 
 BS = 16
 NUM_BLOCKS = 32

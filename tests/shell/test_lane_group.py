@@ -6,7 +6,14 @@ import attrs
 import pytest
 import torch
 from hypothesis import given, settings
-from lane_kit import (
+
+from prefill_core import SamplingParams, WarmupManifest, route_to_lanes
+from prefill_core.errors import InvalidCachedLengthError, InvalidSlotError, PrefillConfigError, TraceCoverageError
+from prefill_shell.executor import PrefillExecutor
+from prefill_shell.lane_group import LaneGroup
+from prefill_shell.reference import random_llama
+from prefill_shell.testing.sweep import single_threaded
+from tests.shell.lane_kit import (
     BLOCK,
     PER_LANE,
     POOL,
@@ -17,14 +24,7 @@ from lane_kit import (
     pool_of,
     same_result,
 )
-from strategies import lane_group_rows
-
-from prefill_core import SamplingParams, WarmupManifest, route_to_lanes
-from prefill_core.errors import InvalidCachedLengthError, InvalidSlotError, PrefillConfigError, TraceCoverageError
-from prefill_shell.executor import PrefillExecutor
-from prefill_shell.lane_group import LaneGroup
-from prefill_shell.reference import random_llama
-from prefill_shell.testing.sweep import single_threaded
+from tests.strategies import lane_group_rows
 
 EXAMPLES = max(4, settings.default.max_examples // 6)
 """Few examples under the ci profile (each builds 2N + 1 runtimes); fifty times more under fuzz."""

@@ -16,7 +16,6 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from strategies import adversarial_logits, extreme_sampling_params
 
 from prefill_core import PrefillPolicy, SamplingParams, SamplingPath
 from prefill_shell.contract import TEMPERATURE, TOP_K, TOP_P, sampling_values
@@ -25,6 +24,7 @@ from prefill_shell.reference import PagedKVCache
 from prefill_shell.torch_sampling import sample_row, top_logprobs
 from prefill_shell.tt import staging as tt_staging
 from tests.helpers import build_runtime, page_table
+from tests.strategies import adversarial_logits, extreme_sampling_params
 
 VOCAB = 256
 BS = 16

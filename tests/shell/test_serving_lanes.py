@@ -6,13 +6,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from lane_kit import changed_blocks
 
 from prefill_core import PrefillPolicy, SamplingPath, manifest_for
 from prefill_core.errors import InvalidSlotError, KVCacheMismatchError, PrefillStateError, TraceCoverageError
 from prefill_shell.backends import TorchBackend
 from prefill_shell.serving import ServingFacade
 from prefill_shell.serving_lanes import LaneGroupFacade
+from tests.shell.lane_kit import changed_blocks
 
 BLOCK, POOL, PER_LANE, MAX_SEQ = 16, 48, 16, 128
 POLICY = PrefillPolicy(

@@ -17,7 +17,8 @@ With the mock installed ttnn reports one available device, so
 from __future__ import annotations
 
 import pytest
-from tt_env import MOCK_CLUSTER, hardware_present
+
+from tests.tt.tt_env import MOCK_CLUSTER, hardware_present
 
 
 @pytest.fixture(scope="session")
@@ -40,14 +41,14 @@ def ttnn(tmp_path_factory):
 @pytest.fixture
 def recording(ttnn):
     """A fresh ``RecordingTtnnDevice`` over the real ttnn host API."""
-    from tt_recording import RecordingTtnnDevice
+    from tests.tt.tt_recording import RecordingTtnnDevice
 
     return RecordingTtnnDevice(ttnn)
 
 
 def pytest_terminal_summary(terminalreporter):
     """Prints what the ttnn tests reported (call sites checked, max differences, replays, live tensors)."""
-    from tt_report import LINES
+    from tests.tt.tt_report import LINES
 
     if LINES:
         terminalreporter.section("ttnn")

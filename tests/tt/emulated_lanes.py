@@ -6,16 +6,19 @@ from __future__ import annotations
 import functools
 
 import torch
-from reference_standin import ReferenceLlamaStandIn
 
 from prefill_core import PrefillPolicy
 from prefill_shell.executor import PrefillExecutor
 from prefill_shell.reference import random_llama
 from tests.helpers import build_runtime
+from tests.tt.reference_standin import ReferenceLlamaStandIn
+from tests.tt.tt_report import note
 
 POLICY = PrefillPolicy(length_ladder=(128,), max_chunk_length=128, chunk_quantum=128)
 """The ttnn tests' policy (not tests.helpers.SMALL_POLICY): they count 128-token chunks, a 300-token row runs 3."""
 BLOCK, NUM_BLOCKS = 32, 64
+TOLERANCE = 0.02
+"""Relative to the largest logit: a few bfloat16 ulps (8 bits of mantissa)."""
 
 
 @functools.lru_cache(maxsize=1)
@@ -65,3 +68,13 @@ def call_args(lengths, cached=None, sampling=None, seed=1) -> dict:
         cached_lengths=cached,
         sampling=None if sampling is None else [sampling] * len(lengths),
     )
+
+
+def assert_logits_close(case: str, got, want) -> None:
+    """Each row's logits within ``TOLERANCE`` of the largest reference logit; the worst difference is noted."""
+    worst = 0.0
+    for g, w in zip(got, want):
+        diff = (g.logits - w.logits).abs().max().item()
+        assert diff <= TOLERANCE * w.logits.abs().max().item(), f"{case}: row {g.row} logits differ by {diff}"
+        worst = max(worst, diff)
+    note(f"{case}: max |logit difference| {worst:.3g} over {len(got)} rows")

@@ -9,10 +9,10 @@ from __future__ import annotations
 import inspect
 
 import pytest
-from emulated_lanes import EmulatedLane, call_args
-from reference_standin import ReferenceLlamaStandIn
 
 from prefill_shell.tt.adapter import TtModel, TtModelAdapter
+from tests.tt.emulated_lanes import EmulatedLane, call_args
+from tests.tt.reference_standin import ReferenceLlamaStandIn
 
 REGULAR_KEYWORDS = {
     "user_id",

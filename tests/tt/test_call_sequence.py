@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from emulated_lanes import POLICY  # 128-token chunks: a 300-token row runs 3 (its padded 512 stops after the third)
-from tt_recording import RecordingKV, RecordingModel
 
 from prefill_core import SamplingParams, WarmupManifest
 from prefill_core.errors import PrefillStateError
@@ -23,6 +21,8 @@ from prefill_shell.ledger import Ownership
 from prefill_shell.model import ModelSpec
 from prefill_shell.tt.backend import TtnnBackend
 from tests.helpers import build_runtime
+from tests.tt.emulated_lanes import POLICY  # 128-token chunks: a 300-token row runs 3 (padded 512)
+from tests.tt.tt_recording import RecordingKV, RecordingModel
 
 SPEC = ModelSpec(
     vocab_size=64, hidden_size=32, num_layers=1, num_heads=1, num_kv_heads=1, head_dim=32, max_position=1024

@@ -12,8 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from tt_report import note
-from ttnn_signatures import call_sites, nonconforming, package_call_sites
+
+from tests.tt.tt_report import note
+from tests.tt.ttnn_signatures import call_sites, nonconforming, package_call_sites
 
 CHECKED_TTNN = "0.81.1"
 """The ttnn release these signatures were checked against; another one must be re-checked on purpose."""

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from emulated_lanes import POLICY
-from tiny_twins import BLOCK, VOCAB, TorchTwin, TtnnTwin, twin_weights
-from tt_env import hardware_present
-from tt_report import note
 
 from prefill_core import SamplingParams, WarmupManifest
 from prefill_shell.backends import TorchBackend
 from prefill_shell.executor import PrefillExecutor
 from tests.helpers import build_runtime
+from tests.tt.emulated_lanes import POLICY
+from tests.tt.tiny_twins import BLOCK, VOCAB, TorchTwin, TtnnTwin, twin_weights
+from tests.tt.tt_env import hardware_present
+from tests.tt.tt_report import note
 
 pytestmark = pytest.mark.tt_device
 

@@ -4,10 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from emulated_lanes import BLOCK, NUM_BLOCKS, POLICY, call_args, reference_llama, torch_executor
-from reference_standin import ReferenceLlamaStandIn
-from test_emulated_runtime import assert_logits_close
-from tt_report import note
 
 from prefill_core import SamplingParams, WarmupManifest, route_to_lanes
 from prefill_shell.contract import SLOTS
@@ -15,6 +11,17 @@ from prefill_shell.executor import PrefillExecutor
 from prefill_shell.lane_group import LaneGroup
 from prefill_shell.ledger import Ownership
 from tests.helpers import build_runtime
+from tests.tt.emulated_lanes import (
+    BLOCK,
+    NUM_BLOCKS,
+    POLICY,
+    assert_logits_close,
+    call_args,
+    reference_llama,
+    torch_executor,
+)
+from tests.tt.reference_standin import ReferenceLlamaStandIn
+from tests.tt.tt_report import note
 
 LENGTHS = [100, 300, 70, 128]
 """Rows 0 and 2 to lane 1 (a wave), rows 1 (chunked: 3 x 128) and 3 to lane 0."""

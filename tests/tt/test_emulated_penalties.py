@@ -5,10 +5,10 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import torch
-from emulated_lanes import EmulatedLane, call_args
 
 from prefill_shell.serving import ServingFacade
 from tests.penalty_reference import reference_penalties
+from tests.tt.emulated_lanes import EmulatedLane, call_args
 
 
 def test_repetition_13_on_the_emulated_backend_takes_the_penalised_argmax(ttnn):

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from emulated_lanes import EmulatedLane, call_args, torch_executor
-from tt_report import note
 
 from prefill_core import SamplingParams, WarmupManifest
+from tests.tt.emulated_lanes import EmulatedLane, call_args, torch_executor
+from tests.tt.tt_report import note
 
 TOLERANCE = 0.05
 """Absolute, on log-probs of a bfloat16 model (its logits agree to a few bfloat16 ulps)."""

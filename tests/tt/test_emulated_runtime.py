@@ -10,14 +10,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from emulated_lanes import EmulatedLane, call_args, torch_executor
-from tt_report import note
 
 from prefill_core import SamplingParams, WarmupManifest
-
-TOLERANCE = 0.02
-"""Relative to the largest logit: a few bfloat16 ulps (8 bits of mantissa)."""
-MAX_DIFF: dict[str, float] = {}
+from tests.tt.emulated_lanes import TOLERANCE, EmulatedLane, assert_logits_close, call_args, torch_executor
+from tests.tt.tt_report import note
 
 
 @pytest.fixture
@@ -28,16 +24,6 @@ def lanes(ttnn):
     live = lane.backend.ledger.live()
     note(f"emulated lane: {lane.emu.replays()} trace replays, {len(live)} live tensors after close")
     assert live == []
-
-
-def assert_logits_close(case, got, want):
-    worst = 0.0
-    for g, w in zip(got, want):
-        diff = (g.logits - w.logits).abs().max().item()
-        assert diff <= TOLERANCE * w.logits.abs().max().item(), f"{case}: row {g.row} logits differ by {diff}"
-        worst = max(worst, diff)
-    MAX_DIFF[case] = worst
-    note(f"{case}: max |logit difference| {worst:.3g} over {len(got)} rows")
 
 
 @pytest.mark.parametrize(

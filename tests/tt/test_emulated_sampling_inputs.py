@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from emulated_lanes import EmulatedLane, call_args, torch_executor
 
 from prefill_core import SamplingParams, WarmupManifest
 from prefill_shell.contract import SAMPLING_INPUTS, TEMPERATURE, TOP_K, TOP_P
 from prefill_shell.ledger import Ownership
+from tests.tt.emulated_lanes import EmulatedLane, call_args, torch_executor
 
 FIRST = SamplingParams(temperature=0.9, top_k=5, top_p=0.95, seed=7, num_logprobs=2)
 SECOND = SamplingParams(temperature=0.45, top_k=3, top_p=0.8, seed=11, num_logprobs=2)

@@ -6,8 +6,8 @@ import re
 import sys
 from pathlib import Path
 
-from emulated_lanes import BLOCK, NUM_BLOCKS, call_args, reference_llama, torch_executor
-from reference_standin import ReferenceLlamaStandIn
+from tests.tt.emulated_lanes import BLOCK, NUM_BLOCKS, call_args, reference_llama, torch_executor
+from tests.tt.reference_standin import ReferenceLlamaStandIn
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 SECTION = "## Running on Tenstorrent hardware"
