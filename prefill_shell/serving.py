@@ -53,6 +53,7 @@ from .batch_builder import as_token_matrix
 from .config import PrefillRuntimeConfig
 from .executor import PrefillExecutor
 from .model import PrefillModel
+from .notes import add_note
 from .penalties import sample_penalised
 from .plugin_sampling import PluginRows, rows_from_plugin
 from .result import BatchResult
@@ -66,6 +67,10 @@ IGNORED_KEYWORDS = frozenset(
 """The plugin's keywords a text-only model accepts (``output_tokens`` feeds the penalties)."""
 
 _PROVISIONAL_BLOCK_SIZE = 32
+_NO_POOL_NOTE = (
+    "allocate_kv_cache released the previous KV pool and its runtime before this build failed: "
+    "no pool is allocated now; call allocate_kv_cache again (a smaller pool, or after freeing memory)"
+)
 
 
 class ServingFacade:
@@ -176,8 +181,12 @@ class ServingFacade:
         else:
             block_size = _PROVISIONAL_BLOCK_SIZE
             num_blocks = ceil_div(self.max_seq_len, block_size) + self._pool_rows()
-        self._release()
-        self.kv = self._build(num_blocks, block_size)
+        self._release()  # before the build: a device holds one pool, never the old and the new together
+        try:
+            self.kv = self._build(num_blocks, block_size)
+        except BaseException as error:
+            add_note(error, _NO_POOL_NOTE)
+            raise
         return self.kv
 
     def _checked_shape(self, shape, dtype, num_layers) -> tuple[int, int]:

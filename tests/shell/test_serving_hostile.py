@@ -193,3 +193,28 @@ def test_can_sample_on_device_must_be_a_bool(tiny_model):
     facade = _facade(tiny_model)
     with pytest.raises(TypeError, match="can_sample_on_device must be bool"):
         facade.warmup_model_prefill(kv_cache=facade.kv, can_sample_on_device="yes", enable_trace=False)
+
+
+def test_a_failed_pool_build_says_the_old_pool_is_gone_and_the_next_allocation_serves(tiny_model, call):
+    """A pool the factory cannot build (out of memory) raises its own error with a note that the previous pool
+    was released; the facade then refuses calls by name until allocate_kv_cache succeeds again."""
+    fail = {"now": False}
+
+    def factory(num_blocks, block_size):
+        if fail["now"]:
+            raise MemoryError("no room for the pool")
+        return tiny_model.new_kv_cache(num_blocks, block_size)
+
+    facade = _facade(tiny_model, kv_factory=factory)
+    want = _forward(facade, call, kv_cache=facade.kv)
+    spec = tiny_model.spec
+    shape = (POOL, spec.num_kv_heads, BLOCK, spec.head_dim)
+    fail["now"] = True
+    with pytest.raises(MemoryError) as raised:
+        facade.allocate_kv_cache(shape, tiny_model.dtype, spec.num_layers)
+    assert any("released the previous KV pool" in note for note in getattr(raised.value, "__notes__", []))
+    with pytest.raises(PrefillStateError, match="call allocate_kv_cache"):
+        _forward(facade, call)
+    fail["now"] = False
+    kv = facade.allocate_kv_cache(shape, tiny_model.dtype, spec.num_layers)
+    assert torch.equal(_forward(facade, call, kv_cache=kv), want)
