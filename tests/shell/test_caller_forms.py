@@ -198,7 +198,7 @@ def test_a_per_row_field_of_another_container_is_named_as_the_field_not_as_row_0
     assert caught.value.row is None and caught.value.field == "sampling_params.top_k"
 
 
-@pytest.mark.parametrize("value", [2**1100, -(2**1100)])
+@pytest.mark.parametrize("value", [2**1100, -(2**1100)], ids=["2**1100", "-2**1100"])
 def test_a_repetition_penalty_past_the_float_range_is_named_not_an_overflow(value):
     """repetition_penalty=2**1100 raised OverflowError from math.isfinite: now the row's named error."""
     sampling = SimpleNamespace(**(SAMPLING | {"repetition_penalty": [1.3, value]}))
