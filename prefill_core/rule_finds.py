@@ -92,6 +92,22 @@ class Scope:
         return list(first.values())
 
 
+def type_note(value: object, wanted: type[int] | type[float]) -> str:
+    """Words a rule adds when ``value`` is not of the ``wanted`` Python type: the type given and the conversion.
+
+    A numpy or torch scalar prints as the number it holds (``np.int64(20)``
+    as ``20``), so "top_k=20 must be an int" alone reads as a contradiction.
+    ``float`` means any real (an int or a float, never a bool). Empty when
+    the type is right: the value itself broke the rule.
+    """
+    kind = type(value)
+    if kind is wanted or wanted is float and _is_real(value):
+        return ""
+    name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+    what = "int" if wanted is int else "float or int"
+    return f"; got {name}, not a Python {what}: convert it with {wanted.__name__}()"
+
+
 # ---------------------------------------------------------------- batch stage
 
 
@@ -119,7 +135,7 @@ def empty(scope: Scope) -> Hit | None:
 def bad_length(scope: Scope) -> Hit | None:
     for row, length in enumerate(scope.batch.lengths):
         if type(length) is not int or length <= 0:
-            return Hit(row, "length", length)
+            return Hit(row, "length", length, type_note(length, int))
     return None
 
 
@@ -127,14 +143,14 @@ def bad_cached(scope: Scope) -> Hit | None:
     batch = scope.batch
     for row, (cached, length) in enumerate(zip(batch.cached, batch.lengths)):
         if type(cached) is not int or not 0 <= cached <= length:
-            return Hit(row, "cached", cached, f" (length={length})")
+            return Hit(row, "cached", cached, f" (length={length})" + type_note(cached, int))
     return None
 
 
 def negative_slot(scope: Scope) -> Hit | None:
     for row, slot in enumerate(scope.batch.slots):
         if type(slot) is not int or slot < 0:
-            return Hit(row, "slot", slot)
+            return Hit(row, "slot", slot, type_note(slot, int))
     return None
 
 
@@ -162,7 +178,7 @@ def block_not_int(scope: Scope) -> Hit | None:
             continue
         for column, block in enumerate(blocks):
             if type(block) is not int:
-                return Hit(row, f"blocks[{column}]", block)
+                return Hit(row, f"blocks[{column}]", block, type_note(block, int))
     return None
 
 
@@ -313,7 +329,7 @@ def bad_temperature(scope: Scope) -> Hit | None:
     for row, params in scope.distinct_sampling:
         t = params.temperature
         if not _is_real(t) or not _is_finite(t) or t < 0:
-            return Hit(row, "sampling.temperature", t)
+            return Hit(row, "sampling.temperature", t, type_note(t, float))
     return None
 
 
@@ -321,7 +337,7 @@ def bad_top_k(scope: Scope) -> Hit | None:
     for row, params in scope.distinct_sampling:
         k = params.top_k
         if type(k) is not int or k < 0:
-            return Hit(row, "sampling.top_k", k)
+            return Hit(row, "sampling.top_k", k, type_note(k, int))
     return None
 
 
@@ -329,7 +345,7 @@ def bad_top_p(scope: Scope) -> Hit | None:
     for row, params in scope.distinct_sampling:
         p = params.top_p
         if not _is_real(p) or not 0 < p <= 1:
-            return Hit(row, "sampling.top_p", p)
+            return Hit(row, "sampling.top_p", p, type_note(p, float))
     return None
 
 
@@ -337,7 +353,7 @@ def bad_seed(scope: Scope) -> Hit | None:
     for row, params in scope.distinct_sampling:
         seed = params.seed
         if seed is not None and (type(seed) is not int or not 0 <= seed < 2**63):
-            return Hit(row, "sampling.seed", seed)
+            return Hit(row, "sampling.seed", seed, type_note(seed, int))
     return None
 
 
@@ -346,7 +362,7 @@ def bad_num_logprobs(scope: Scope) -> Hit | None:
     for row, params in scope.distinct_sampling:
         n = params.num_logprobs
         if type(n) is not int or not 0 <= n <= limit:
-            return Hit(row, "sampling.num_logprobs", n)
+            return Hit(row, "sampling.num_logprobs", n, type_note(n, int))
     return None
 
 
@@ -355,7 +371,7 @@ def bad_prompt_logprobs(scope: Scope) -> Hit | None:
     for row, params in scope.distinct_sampling:
         n = params.prompt_logprobs
         if n is not None and (type(n) is not int or not 0 <= n <= limit):
-            return Hit(row, "sampling.prompt_logprobs", n)
+            return Hit(row, "sampling.prompt_logprobs", n, type_note(n, int))
     return None
 
 
@@ -367,5 +383,5 @@ def bad_prompt_start(scope: Scope) -> Hit | None:
         if start is None:
             continue
         if type(start) is not int or not batch.cached[row] <= start <= batch.lengths[row] - 1:
-            return Hit(row, "sampling.prompt_start", start)
+            return Hit(row, "sampling.prompt_start", start, type_note(start, int))
     return None

@@ -44,6 +44,7 @@ import torch
 
 from prefill_core import PrefillBatch, SamplingParams
 from prefill_core.errors import InvalidSamplingError, row_error
+from prefill_core.rule_finds import type_note
 from prefill_core.rules import RULES, Scope
 
 __all__ = ["Penalties", "PluginRows", "RowSampling", "rows_from_plugin"]
@@ -98,6 +99,11 @@ def _field(sampling: Any, name: str, num_rows: int) -> Any:
         return _rows_value(name, value, num_rows)
     if isinstance(value, torch.Tensor):
         return value.item() if value.dim() == 0 else _rows_value(name, value.tolist(), num_rows)
+    if hasattr(value, "__len__") and not isinstance(value, (str, bytes)):
+        # A numpy array, range or dict would be taken for one value held by every row, and named at row 0.
+        rule = "must be one value for every row, or one per row as a list, tuple or 1-D tensor (numpy: .tolist())"
+        msg = f"sampling_params.{name}=<{type(value).__name__}> is invalid: {rule}"
+        raise InvalidSamplingError(msg, field=f"sampling_params.{name}")
     return value
 
 
@@ -130,12 +136,21 @@ def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def _is_finite(value: int | float) -> bool:
+    """``math.isfinite`` that calls an int too large for a float infinite instead of raising ``OverflowError``."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 def _penalties(row: int, presence: Any, frequency: Any, repetition: Any) -> Penalties:
     for name, value in (("presence_penalty", presence), ("frequency_penalty", frequency)):
         if not _is_number(value) or not -2.0 <= value <= 2.0:
-            raise row_error(InvalidSamplingError, row, f"sampling_params.{name}", value, "must be a number in [-2, 2]")
-    if not _is_number(repetition) or not math.isfinite(repetition) or repetition <= 0:
-        rule = "must be a finite number > 0 (1.0: none)"
+            rule = "must be a number in [-2, 2]" + type_note(value, float)
+            raise row_error(InvalidSamplingError, row, f"sampling_params.{name}", value, rule)
+    if not _is_number(repetition) or not _is_finite(repetition) or repetition <= 0:
+        rule = "must be a finite number > 0 (1.0: none)" + type_note(repetition, float)
         raise row_error(InvalidSamplingError, row, "sampling_params.repetition_penalty", repetition, rule)
     if repetition == 1.0 and presence == 0.0 and frequency == 0.0:
         return _NO_PENALTIES
@@ -151,7 +166,7 @@ def _wants_logprob(row: int, num_logprobs: Any, enabled: Any) -> bool:
         rule = (
             "must be -2 (none) or 0 (the sampled token's log-prob): the prefill return holds one log-prob per "
             "row, so -1 (whole vocabulary) and top-k lists cannot be returned"
-        )
+        ) + type_note(num_logprobs, int)
         raise row_error(InvalidSamplingError, row, "sampling_params.num_logprobs", num_logprobs, rule)
     if enabled is not None and enabled not in (True, False):
         rule = "must be a bool per row (or None: num_logprobs decides)"

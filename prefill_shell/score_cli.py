@@ -99,7 +99,8 @@ def run_score(args: argparse.Namespace) -> None:
         tokens = tokenizer.encode(document)
         prefix = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
         (total,) = scorer.score_rolling([tokens], prefix)
-        print(f"document: {len(tokens)} tokens, log-likelihood {total:.4f}, per token {total / len(tokens):.4f}")
+        per_token = total / max(len(tokens), 1)  # an empty document scores 0 over its 0 tokens
+        print(f"document: {len(tokens)} tokens, log-likelihood {total:.4f}, per token {per_token:.4f}")
         print(f"positions computed: {scorer.positions_computed}")
         return
     pairs = [encode_pair(tokenizer, c, x) for c, x in text_pairs]

@@ -29,7 +29,7 @@ whole KV pool) and go back to it after each round, on failure too.
 from __future__ import annotations
 
 import numbers
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import attrs
 import torch
@@ -110,13 +110,17 @@ def _refused(index: int, field: str, shown: str, rule: str) -> InvalidScoringReq
     return InvalidScoringRequestError(f"row {index}: {field}={shown} is invalid: {rule}", row=index, field=field)
 
 
-def _token_ids(index: int, field: str, value: object) -> list[int]:
-    """``value`` as a list of Python ints: a sequence of ints, a 1-D integer tensor or array, else a named error."""
+def _token_ids(index: int, field: str, value: object, vocab_size: int) -> list[int]:
+    """``value`` as a list of token ids in ``[0, vocab_size)``: a sequence of ints, a 1-D integer tensor or array.
+
+    Anything else is a named error at the caller's ``index``: the runtime
+    would name a row of the scorer's own call, which lays pairs out its way.
+    """
     if isinstance(value, torch.Tensor):
         if value.dim() != 1 or value.is_floating_point() or value.is_complex() or value.dtype is torch.bool:
             rule = "must be a sequence of token ids (ints) or a 1-D integer tensor"
             raise _refused(index, field, f"<tensor {value.dtype} {tuple(value.shape)}>", rule)
-        return value.tolist()
+        value = value.tolist()
     if type(value).__module__ == "numpy" and getattr(value, "ndim", None) == 1:
         value = value.tolist()  # its items are judged below, as a list's
     if not isinstance(value, Sequence) or isinstance(value, (str, bytes)):
@@ -125,15 +129,20 @@ def _token_ids(index: int, field: str, value: object) -> list[int]:
     for position, item in enumerate(value):
         if not _is_int(item):
             raise _refused(index, f"{field}[{position}]", repr(item), "token ids must be ints")
-    return [int(item) for item in value]
+    ids = [int(item) for item in value]
+    if ids and (min(ids) < 0 or max(ids) >= vocab_size):
+        position = next(p for p, token in enumerate(ids) if not 0 <= token < vocab_size)
+        rule = f"token ids must lie in [0, vocab_size={vocab_size})"
+        raise _refused(index, f"{field}[{position}]", repr(ids[position]), rule)
+    return ids
 
 
-def _pair(index: int, pair: object) -> tuple[list[int], list[int]]:
+def _pair(index: int, pair: object, vocab_size: int) -> tuple[list[int], list[int]]:
     """A ``(context, continuation)`` pair's token ids; anything else names its row."""
     if not isinstance(pair, Sequence) or isinstance(pair, (str, bytes)) or len(pair) != 2:
         rule = "must be a (context, continuation) pair of token-id sequences"
         raise _refused(index, "pair", f"<{type(pair).__name__}>", rule)
-    return _token_ids(index, "context", pair[0]), _token_ids(index, "continuation", pair[1])
+    return _token_ids(index, "context", pair[0], vocab_size), _token_ids(index, "continuation", pair[1], vocab_size)
 
 
 def encode_pair(tokenizer, context: str, continuation: str) -> tuple[list[int], list[int]]:
@@ -181,7 +190,10 @@ class Scorer:
         if not _is_int(max_rows) or max_rows < 1:
             raise PrefillConfigError(f"Scorer max_rows={max_rows!r} is invalid: must be an int >= 1")
         layout = runtime.config.layout
+        spec = runtime.config.model.spec
         self.runtime = runtime
+        self.vocab_size = spec.vocab_size
+        self.max_row_tokens = min(layout.capacity, spec.max_position)  # the core's capacity and position rules
         self.pool = BlockPool(range(layout.num_blocks)) if pool is None else pool
         self.block_size = layout.block_size
         self.max_length = max_length
@@ -206,10 +218,13 @@ class Scorer:
         """Each document's log-likelihood over lm-eval's disjoint rolling windows of ``max_length``."""
         if self.max_length is None:
             raise InvalidScoringRequestError("score_rolling needs the Scorer's max_length (the window length)")
-        if not _is_int(prefix_token):
-            msg = f"prefix_token={prefix_token!r} is invalid: must be a token id (an int)"
+        if not _is_int(prefix_token) or not 0 <= prefix_token < self.vocab_size:
+            msg = f"prefix_token={prefix_token!r} is invalid: must be a token id (an int in [0, {self.vocab_size}))"
             raise InvalidScoringRequestError(msg, field="prefix_token")
-        documents = [_token_ids(index, "document", doc) for index, doc in enumerate(documents)]
+        if not isinstance(documents, Iterable) or isinstance(documents, (str, bytes)):
+            msg = f"documents=<{type(documents).__name__}> is invalid: must be a sequence of token-id sequences"
+            raise InvalidScoringRequestError(msg, field="documents")
+        documents = [_token_ids(index, "document", doc, self.vocab_size) for index, doc in enumerate(documents)]
         windows = [rolling_windows(doc, int(prefix_token), self.max_length) for doc in documents]
         flat = self.score([w for doc in windows for w in doc])
         totals, at = [], 0
@@ -228,7 +243,7 @@ class Scorer:
         rows: list[_Row | None] = [None] * len(pairs)
         full, context_lengths = [], []
         for i, pair in enumerate(pairs):
-            tokens, length = self._truncated(i, *_pair(i, pair))
+            tokens, length = self._truncated(i, *_pair(i, pair, self.vocab_size))
             full.append(tokens)
             context_lengths.append(length)
         # What a row may share is its context without the last token: the row
@@ -256,6 +271,10 @@ class Scorer:
                 rule = f"must hold at most max_length={self.max_length} tokens"
                 raise row_error(InvalidScoringRequestError, index, "continuation", len(continuation), rule)
             tokens = tokens[-(self.max_length + 1) :]
+        if len(tokens) > self.max_row_tokens:
+            rule = f"must fit in one row of at most {self.max_row_tokens} tokens (set max_length to truncate)"
+            msg = f"row {index}: pair=<{len(tokens)} tokens> is invalid: {rule}"
+            raise CapacityError(msg, row=index, field="pair")
         return tokens, len(tokens) - len(continuation)
 
     def _rounds(self, rows: list[_Row]) -> Iterator[list[_Row]]:

@@ -43,6 +43,7 @@ import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import attrs
 import torch
 
 from prefill_core import PageTableLayout, PrefillPolicy, SamplingPath, ceil_div, manifest_for
@@ -78,7 +79,10 @@ class ServingFacade:
 
     ``kv_factory(num_blocks, block_size)`` builds a KV pool (default: the
     model's ``new_kv_cache``); the pool is built by ``allocate_kv_cache``,
-    at vLLM's block size, so nothing runs before it.
+    at vLLM's block size, so nothing runs before it. ``max_batch_size`` is
+    vLLM's ``max_num_seqs``: the lane's slots (the runtime's
+    ``policy.lane_size`` is set to it), so an ``empty_slots`` entry at or
+    past it is an ``InvalidSlotError`` at its row.
     """
 
     model_capabilities = {
@@ -134,7 +138,7 @@ class ServingFacade:
         return self.executor
 
     def _pool_rows(self) -> int:
-        """Rows one provisional pool holds a block of tail for."""
+        """Slots one lane holds (its policy's ``lane_size``); a provisional pool holds a block of tail for each."""
         return self.max_batch_size
 
     def _build(self, num_blocks: int, block_size: int) -> Any:
@@ -159,7 +163,11 @@ class ServingFacade:
 
     def _lane_executor(self, model, backend, kv, num_blocks: int, block_size: int, seed: int) -> PrefillExecutor:
         layout = PageTableLayout(block_size, ceil_div(self.max_seq_len, block_size), num_blocks)
-        config = PrefillRuntimeConfig.resolve(model, backend, kv, layout=layout, policy=self.policy)
+        policy = self.policy or backend.preferred_policy(block_size)
+        if isinstance(policy, PrefillPolicy):
+            # The plugin numbers a lane's rows 0..max_num_seqs-1: the core's slot rule refuses any slot past them.
+            policy = attrs.evolve(policy, lane_size=self._pool_rows())
+        config = PrefillRuntimeConfig.resolve(model, backend, kv, layout=layout, policy=policy)
         return PrefillExecutor(PrefillRuntime(config, seed=seed))
 
     # -- set-up ---------------------------------------------------------

@@ -94,6 +94,7 @@ class PrefillRuntimeLM(TemplateLM):
         device = device if device == "cpu" or (device and torch.cuda.is_available()) else "cpu"
         self.model = load_model(ref, device=device)
         self.tokenizer = load_tokenizer(ref)
+        self._model_name = model
         spec = self.model.spec
         self._max_length = _model_int("max_length", max_length, spec.max_position - 1)
         block_size = _model_int("block_size", block_size, 16)
@@ -127,6 +128,9 @@ class PrefillRuntimeLM(TemplateLM):
         return self._max_length
 
     def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs: Any) -> list[int]:
+        if self.tokenizer is None:  # a random preset (or a file without one) still scores token ids, never text
+            msg = f"prefill-runtime model {self._model_name!r} has no tokenizer: lm-eval's requests are text"
+            raise PrefillConfigError(msg)
         if add_special_tokens is None:
             return self.tokenizer.encode(string)
         return self.tokenizer.encode(string, add_special_tokens=add_special_tokens)
