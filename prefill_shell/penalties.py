@@ -10,6 +10,10 @@ vLLM's ``apply_penalties`` semantics:
 * **presence** (``p``) over output tokens only: ``p`` is subtracted once
   from every token that occurs.
 
+A penalty extreme enough to push logits past float32's range (vLLM
+accepts any ``r > 0``) samples its limit, never a NaN row's token 0
+(``_limit_if_overflowed``).
+
 The sampled token comes from the penalised logits (then temperature, top-k,
 top-p, as ``torch_sampling.sample_row``); its returned log-prob is of the raw
 distribution, before penalties, as vLLM's raw log-probs are.
@@ -35,15 +39,33 @@ def apply_penalties(
 ) -> torch.Tensor:
     """Penalised copy of ``logits [V]`` (float32); ``prompt_ids`` and ``output_ids`` are 1-D token ids."""
     vocab = logits.shape[-1]
-    logits = logits.float().clone()
+    raw = logits.float()
     output_counts = torch.bincount(output_ids.long(), minlength=vocab)[:vocab]  # [V]
     seen = output_counts > 0
     seen[prompt_ids.long()] = True
-    scaled = torch.where(logits > 0, logits / repetition, logits * repetition)
-    logits = torch.where(seen, scaled, logits)
+    # A zero logit stays zero: with a penalty past float32's range, 0 * inf would be NaN.
+    scaled = torch.where(raw > 0, raw / repetition, torch.where(raw < 0, raw * repetition, raw))
+    logits = torch.where(seen, scaled, raw)
     logits -= frequency * output_counts.float()
     logits -= presence * (output_counts > 0).float()
-    return logits
+    return _limit_if_overflowed(logits, raw)
+
+
+def _limit_if_overflowed(penalised: torch.Tensor, raw: torch.Tensor) -> torch.Tensor:
+    """The penalised row, or its limit when a penalty pushed its largest logit past the float range.
+
+    A tiny ``r`` sends positive seen logits to +inf, a huge one every seen
+    negative logit to -inf (all of them, when every token was seen). Ordered
+    by ``l / r`` or ``l * r``, the token with the largest raw logit among
+    those at that extreme takes all the probability as ``r`` goes there, so
+    that is the distribution returned (softmax of inf values would be NaN).
+    """
+    top = penalised.max()
+    if not torch.isinf(top):
+        return penalised
+    at_top = penalised == top
+    best = raw.masked_fill(~at_top, float("-inf")).max()
+    return torch.full_like(penalised, float("-inf")).masked_fill(at_top & (raw == best), 0.0)
 
 
 def sample_penalised(

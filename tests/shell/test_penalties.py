@@ -10,9 +10,9 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from prefill_core import PrefillPolicy
+from prefill_core import PrefillPolicy, SamplingParams
 from prefill_shell.backends import TorchBackend
-from prefill_shell.penalties import apply_penalties
+from prefill_shell.penalties import apply_penalties, sample_penalised
 from prefill_shell.serving import ServingFacade
 from tests.penalty_reference import reference_penalties
 
@@ -119,3 +119,35 @@ def test_output_tokens_feed_frequency_and_presence(facade, kit):
     )
     want = torch.tensor(reference_penalties(logits.double(), set(), [top, top], 1.0, 2.0, 2.0)).argmax()
     assert pushed.item() == int(want) != top
+
+
+@pytest.mark.parametrize(
+    "repetition, logits, prompt, want",
+    [
+        # r -> 0+: seen positive logits l / r pass +inf; the largest of them (token 2's 3.0) takes all the mass.
+        (5e-324, [4.0, 1.0, 3.0, 0.5, 0.0], [1, 2, 3], 2),
+        (1e-45, [0.0, 1.0, 3.0, 0.5, 2.0], [1, 2, 3], 2),
+        # r -> inf, every token seen, every logit <= 0: l * r -> -inf (0 stays 0: no 0 * inf NaN).
+        (1e39, [-4.0, -1.0, -3.0, -0.5, -2.0], [0, 1, 2, 3, 4], 3),
+        (1e39, [-4.0, 0.0, -3.0, -0.5, -2.0], [0, 1, 2, 3, 4], 1),
+    ],
+)
+def test_a_penalty_past_the_float_range_gives_its_limit_never_nan(repetition, logits, prompt, want):
+    """A repetition penalty that sends logits to +-inf samples the limit's token (greedy and sampled), not token 0."""
+    penalised = apply_penalties(
+        torch.tensor(logits),
+        torch.tensor(prompt, dtype=torch.int64),
+        torch.zeros(0, dtype=torch.int64),
+        repetition=repetition,
+        presence=0.0,
+        frequency=0.0,
+    )
+    assert not torch.isnan(penalised).any()
+    assert int(torch.argmax(penalised)) == want
+    params = SimpleNamespace(repetition=repetition, presence=0.0, frequency=0.0)
+    for sampling in (SamplingParams.greedy(), SamplingParams(temperature=1.0, top_k=0, top_p=1.0)):
+        for seed in range(5):
+            token, _ = sample_penalised(
+                torch.tensor(logits), torch.tensor(prompt), torch.zeros(0, dtype=torch.int64), params, sampling, seed
+            )
+            assert token == want
