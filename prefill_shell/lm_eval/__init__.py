@@ -49,7 +49,7 @@ def _model_int(name: str, value: Any, default: int | None) -> int | None:
     """A ``--model_args`` count: an int >= 1, given as an int or a string of digits; None or "" is ``default``."""
     if value is None or value == "":
         return default
-    if isinstance(value, str) and value.strip().isdigit():
+    if isinstance(value, str) and value.strip().isdecimal():  # isdigit() also takes "²", which int() refuses
         value = int(value)
     if type(value) is not int or value < 1:
         raise PrefillConfigError(f"prefill-runtime model argument {name}={value!r} is invalid: must be an int >= 1")
@@ -97,6 +97,9 @@ class PrefillRuntimeLM(TemplateLM):
         self._model_name = model
         spec = self.model.spec
         self._max_length = _model_int("max_length", max_length, spec.max_position - 1)
+        if self._max_length > spec.max_position - 1:  # a row holds max_length + 1 tokens; the pool is sized by it
+            rule = f"must be <= {spec.max_position - 1} (a scored row of max_length + 1 tokens fits the model)"
+            raise PrefillConfigError(f"prefill-runtime model argument max_length={self._max_length} is invalid: {rule}")
         block_size = _model_int("block_size", block_size, 16)
         row_blocks = ceil_div(self._max_length + 1, block_size)
         num_blocks = _model_int("num_blocks", num_blocks, max(4 * row_blocks, ceil_div(16384, block_size)))
@@ -108,7 +111,7 @@ class PrefillRuntimeLM(TemplateLM):
         )
         kv = self.model.new_kv_cache(num_blocks, block_size)
         config = PrefillRuntimeConfig.resolve(self.model, TorchBackend(device), kv, layout=layout, policy=policy)
-        rows = int(batch_size) if str(batch_size).isdigit() else 32
+        rows = int(batch_size) if str(batch_size).isdecimal() else 32
         traced = _model_flag("traced", traced)
         self.scorer = Scorer(PrefillRuntime(config), max_length=self._max_length, max_rows=max(rows, 1), traced=traced)
 

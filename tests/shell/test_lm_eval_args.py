@@ -22,7 +22,7 @@ def model_class():
 @pytest.mark.parametrize(
     "name, value",
     [("max_length", "abc"), ("max_length", 0), ("max_length", 2.5), ("block_size", 0), ("block_size", "x")]
-    + [("max_chunk", 0), ("num_blocks", -4), ("traced", "maybe")],
+    + [("max_chunk", 0), ("num_blocks", -4), ("traced", "maybe"), ("max_length", "²"), ("max_length", 10**9)],
 )
 def test_a_bad_model_argument_is_a_config_error_naming_it(model_class, name, value):
     """ValueError/ZeroDivisionError from int() or the layout before; max_length=0 silently meant the default."""
