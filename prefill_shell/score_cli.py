@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 
 from prefill_core import PageTableLayout, PrefillPolicy, ceil_div
-from prefill_core.errors import InvalidScoringRequestError
+from prefill_core.errors import InvalidScoringRequestError, PrefillConfigError
 
 from .backends import TorchBackend
 from .config import PrefillRuntimeConfig
@@ -78,8 +78,16 @@ def read_pairs(path: str | Path) -> list[tuple[str, str]]:
     return pairs
 
 
-def _scorer(args: argparse.Namespace, model) -> Scorer:
-    max_length = args.max_length or model.spec.max_position - 1
+def _max_length(given: int | None, model) -> int:
+    """``--max-length``, or the model's longest scored row; a row holds max_length + 1 tokens, so no more."""
+    most = model.spec.max_position - 1
+    if given is not None and given > most:
+        rule = f"must be <= {most} (a scored row of max_length + 1 tokens fits the model)"
+        raise PrefillConfigError(f"--max-length={given} is invalid: {rule}")
+    return most if given is None else given
+
+
+def _scorer(args: argparse.Namespace, model, max_length: int) -> Scorer:
     row_blocks = ceil_div(max_length + 1, args.block_size)
     layout = PageTableLayout(args.block_size, row_blocks, max(4 * row_blocks, ceil_div(16384, args.block_size)))
     policy = PrefillPolicy.fine_rungs(args.block_size, max_chunk_length=args.max_chunk)
@@ -92,9 +100,10 @@ def run_score(args: argparse.Namespace) -> None:
     text_pairs = read_pairs(args.pairs) if args.pairs else None  # bad input fails before the model loads
     document = _read_text(args.document) if args.document else None
     model, tokenizer = load_model(args.model, device=args.device), load_tokenizer(args.model)
+    max_length = _max_length(args.max_length, model)
     if tokenizer is None:
         raise InvalidScoringRequestError(f"--model {args.model!r} has no tokenizer: score needs text", field="model")
-    scorer = _scorer(args, model)
+    scorer = _scorer(args, model, max_length)
     if document is not None:
         tokens = tokenizer.encode(document)
         prefix = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id

@@ -37,3 +37,13 @@ def test_a_count_below_one_is_a_usage_error_naming_the_flag(tmp_path, capsys, fl
         main(["score", "--model", "random:tiny", "--pairs", str(path), flag, "0"])
     assert exit_info.value.code == 2
     assert f"argument {flag}: '0' must be an integer >= 1" in capsys.readouterr().err
+
+
+def test_a_max_length_past_the_models_positions_is_named_before_a_pool_is_sized(tmp_path, capsys):
+    """--max-length 10**9 sized a KV pool for rows the core would refuse: now one error line naming the flag."""
+    path = tmp_path / "pairs.jsonl"
+    path.write_text(json.dumps({"context": "a", "continuation": "b"}) + "\n")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["score", "--model", "random:tiny", "--pairs", str(path), "--max-length", str(10**9)])
+    assert exit_info.value.code == 1
+    assert "--max-length=1000000000 is invalid: must be <= " in capsys.readouterr().err
