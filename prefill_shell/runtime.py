@@ -84,8 +84,9 @@ class PrefillRuntime:
     other thread). A call is in progress from entry to return, and for a
     stream (``invocations``, ``stream``) from its first step until it is
     exhausted or closed. Sequential calls from different threads are fine;
-    a stream is advanced on the thread that started it. Use ``hold()`` to
-    make several calls one.
+    a stream is advanced on the thread that started it (another thread's
+    ``next()`` is refused and the stream goes on; ``close()`` works from any
+    thread). Use ``hold()`` to make several calls one.
     """
 
     def __init__(self, config: PrefillRuntimeConfig, *, seed: int = 0):

@@ -1,0 +1,154 @@
+"""Interrupts and threads against a careless caller: a stream advanced or closed from another thread, a lane
+thread start interrupted. Every wait is a barrier or an event, so each test is deterministic."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+import pytest
+from lane_kit import PER_LANE, group_call, lane_runtime
+
+from prefill_core import PageTableLayout, PrefillPolicy
+from prefill_core.errors import PrefillStateError
+from prefill_shell import lane_dispatch
+from prefill_shell.executor import PrefillExecutor
+from prefill_shell.lane_group import LaneGroup
+from tests.helpers import ParkingModel, assign_blocks, build_runtime, make_tokens, page_table, token_matrix
+
+BS, POOL = 16, 64
+POLICY = PrefillPolicy(length_ladder=(32, 64), max_chunk_length=64, chunk_quantum=64, waves=(1, 2, 4), max_logprobs=3)
+WAIT = 30  # seconds before a broken thread test gives up instead of hanging
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def _runtime(model):
+    return build_runtime(model, policy=POLICY, layout=PageTableLayout(BS, 16, POOL))
+
+
+def _call(seed: int = 4000):
+    """Two rows the planner runs as two requests (a wave and a chunked row): a stream of two steps."""
+    lengths = [40, 100]
+    rows = [make_tokens(n, seed=seed + i) for i, n in enumerate(lengths)]
+    return token_matrix(rows), page_table(assign_blocks(lengths, BS, POOL, seed=seed)), lengths
+
+
+def _on_thread(work):
+    """``work()``'s result or the error it raised, run on a thread of its own."""
+    box = {}
+
+    def run():
+        try:
+            box["result"] = work()
+        except BaseException as error:
+            box["error"] = error
+
+    thread = threading.Thread(target=run, name="other-thread")
+    thread.start()
+    thread.join(WAIT)
+    assert not thread.is_alive(), "the other thread never finished"
+    return box
+
+
+def _streams(rt, batch):
+    """The public streams, by name: each yields what its holder collects into the call's results."""
+    executor = PrefillExecutor(rt)
+    return {
+        "runtime.invocations": lambda: rt.invocations(batch),
+        "runtime.stream": lambda: rt.stream(rt.invocations(batch)),
+        "executor.invocations": lambda: executor.invocations(batch, mode="eager"),
+    }
+
+
+def _collect(rt, items, num_rows):
+    """Rows' results from what a stream yielded (invocations are assembled, results taken as they are)."""
+    if items and hasattr(items[0], "row"):
+        return sorted(items, key=lambda result: result.row)
+    return rt.assemble(items, num_rows)
+
+
+@pytest.mark.parametrize("kind", ["runtime.invocations", "runtime.stream", "executor.invocations"])
+def test_a_stream_advanced_from_another_thread_is_refused_and_goes_on_for_its_holder(tiny_model, kind):
+    """next() on a stream from a thread that did not start it raises PrefillStateError; the holder's stream goes on."""
+    tokens, table, lengths = _call()
+    expected = _runtime(tiny_model).prefill(tokens, table, lengths)
+    rt = _runtime(tiny_model)
+    batch = rt.prepare(tokens, table, lengths, packed=False)
+    assert len(batch.requests) == 2
+    stream = _streams(rt, batch)[kind]()
+    first = next(stream)
+    other = _on_thread(lambda: next(stream))
+    assert isinstance(other.get("error"), PrefillStateError), other
+    assert "other-thread" in str(other["error"]) and "MainThread" in str(other["error"])
+    assert "error" in _on_thread(rt.cleanup), "the refused next() let go of the holder's runtime"
+    rest = list(stream)  # the holder's stream was not ended by the refusal
+    assert _collect(rt, [first, *rest], batch.num_rows) == expected
+    assert "error" not in _on_thread(rt.cleanup)  # exhausted: the runtime is free again
+    assert rt.backend.ledger.live() == []
+
+
+@pytest.mark.parametrize("kind", ["runtime.invocations", "runtime.stream", "executor.invocations"])
+def test_a_suspended_stream_closed_from_another_thread_frees_the_runtime(tiny_model, kind):
+    """close() on a suspended stream from another thread ends it: that thread may then call; nothing leaks."""
+    tokens, table, lengths = _call(seed=4100)
+    rt = _runtime(tiny_model)
+    batch = rt.prepare(tokens, table, lengths, packed=False)
+    stream = _streams(rt, batch)[kind]()
+    next(stream)
+    assert "error" in _on_thread(rt.cleanup)
+
+    def close_then_serve():
+        stream.close()
+        rt.cleanup()  # the unread invocation of the closed stream goes back
+        return rt.prefill(tokens, table, lengths)
+
+    other = _on_thread(close_then_serve)
+    assert "error" not in other, other
+    assert other["result"] == _runtime(tiny_model).prefill(tokens, table, lengths)
+    assert list(stream) == []
+    assert rt.backend.ledger.live() == []
+
+
+ROWS = [(40, 0, None), (70, 0, None), (30, 0, None)]
+SLOTS = (PER_LANE + 1, 0, PER_LANE)  # lane 1, lane 0, lane 1
+
+
+def test_an_interrupt_while_lane_threads_start_waits_for_the_lanes_already_started(tiny_model, monkeypatch):
+    """Ctrl-C while a threaded group starts lane 1's thread: the call raises only once lane 0's thread has stopped."""
+    call = group_call(ROWS, SLOTS, 2)
+    parking = ParkingModel(tiny_model)
+    group = LaneGroup(
+        [PrefillExecutor(lane_runtime(parking, 0)), PrefillExecutor(lane_runtime(tiny_model, 1))], threaded=True
+    )
+    started = []
+
+    class Lane(threading.Thread):
+        """Lane 0 parks in its model body; starting lane 1 is interrupted. A join lets lane 0 go on."""
+
+        def run(self):
+            parking.parked_thread = threading.get_ident()
+            super().run()
+
+        def start(self):
+            if started:
+                parking.barrier.wait()  # lane 0 is inside its model body
+                raise KeyboardInterrupt("Ctrl-C while a lane thread starts")
+            started.append(self)
+            super().start()
+
+        def join(self, timeout=None):
+            parking.go.set()
+            super().join(WAIT if timeout is None else timeout)
+
+    monkeypatch.setattr(lane_dispatch, "threading", SimpleNamespace(**{**vars(threading), "Thread": Lane}))
+    with pytest.raises(KeyboardInterrupt):
+        group.prefill(**call.kwargs())
+    lane0 = started[0]
+    still_running = lane0.is_alive()
+    parking.go.set()
+    threading.Thread.join(lane0, WAIT)
+    assert not still_running, "the call raised while lane 0's thread was still running"
+    monkeypatch.undo()
+    fresh = LaneGroup([PrefillExecutor(lane_runtime(tiny_model, i)) for i in range(2)])
+    assert group.prefill(**call.kwargs()) == fresh.prefill(**call.kwargs())
