@@ -232,7 +232,7 @@ class PrefillRuntime:
             raise
         # Rows this request returns take their entries, scored here or in earlier requests' steps (packed).
         prompt = take_entries(batch.prompt_entries, rows) if batch.prompt_steps else None
-        invocation = InvocationResult(prepared, outputs, owned, seeds, mode.workspace, generation, prompt)
+        invocation = InvocationResult(prepared, outputs, owned, seeds, mode.workspace, generation, prompt, steps)
         return self._assembler.produced(invocation)
 
     @exclusive_stream

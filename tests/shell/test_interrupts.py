@@ -6,15 +6,27 @@ from __future__ import annotations
 import threading
 from types import SimpleNamespace
 
+import attrs
 import pytest
-from lane_kit import PER_LANE, group_call, lane_runtime
+from lane_kit import PER_LANE, changed_blocks, group_call, lane_runtime, pool_of
 
 from prefill_core import PageTableLayout, PrefillPolicy
 from prefill_core.errors import PrefillStateError
 from prefill_shell import lane_dispatch
+from prefill_shell.backends import TorchBackend
 from prefill_shell.executor import PrefillExecutor
 from prefill_shell.lane_group import LaneGroup
-from tests.helpers import ParkingModel, assign_blocks, build_runtime, make_tokens, page_table, token_matrix
+from prefill_shell.testing.faults import FaultInjectingBackend, FaultInjectingModel, FaultPlan
+from prefill_shell.testing.small import SMALL_POLICY
+from tests.helpers import (
+    ParkingModel,
+    assign_blocks,
+    build_runtime,
+    make_tokens,
+    page_table,
+    randomize_pool,
+    token_matrix,
+)
 
 BS, POOL = 16, 64
 POLICY = PrefillPolicy(length_ladder=(32, 64), max_chunk_length=64, chunk_quantum=64, waves=(1, 2, 4), max_logprobs=3)
@@ -152,3 +164,39 @@ def test_an_interrupt_while_lane_threads_start_waits_for_the_lanes_already_start
     monkeypatch.undo()
     fresh = LaneGroup([PrefillExecutor(lane_runtime(tiny_model, i)) for i in range(2)])
     assert group.prefill(**call.kwargs()) == fresh.prefill(**call.kwargs())
+
+
+def _packed_runtime(model, plan):
+    """A packed-steps runtime over a noisy pool (stray writes show), faulted by ``plan``."""
+    kv = model.new_kv_cache(POOL, BS)
+    randomize_pool(kv, seed=4300)
+    policy = attrs.evolve(SMALL_POLICY, packed_steps=True)
+    backend, body = FaultInjectingBackend(TorchBackend(), plan), FaultInjectingModel(model, plan)
+    return build_runtime(body, policy=policy, backend=backend, layout=PageTableLayout(BS, 16, POOL), kv=kv)
+
+
+def test_an_interrupt_between_packed_requests_names_the_row_a_later_request_returns(tiny_model):
+    """Packed rows 40 and 60 (64-token steps): step 1 ends row 0 and starts row 1, which request 2 returns.
+    Ctrl-C reading request 1 stops the call with row 1 half written: it rides on the error as partial_writes."""
+    lengths = [40, 60]
+    rows = [make_tokens(n, seed=4400 + i) for i, n in enumerate(lengths)]
+    blocks = assign_blocks(lengths, BS, POOL, seed=44)
+    call = (token_matrix(rows), page_table(blocks), lengths)
+    clean = _packed_runtime(tiny_model, FaultPlan())
+    batch = clean.prepare(*call)
+    assert [p.request.source_rows for p in batch.requests] == [(0,), (1,)]
+    whole = clean.prefill(*call)
+    plan = FaultPlan(fail_at=1, kinds=("readback",), raises=KeyboardInterrupt)
+    rt = _packed_runtime(tiny_model, plan)
+    before = pool_of(rt)
+    with pytest.raises(KeyboardInterrupt) as info:
+        rt.prefill(*call)
+    assert plan.fired is info.value
+    assert info.value.partial_writes == {1: tuple(sorted(blocks[1][:2]))}  # positions 0..23: blocks 0 and 1
+    after, clean_pool = pool_of(rt), pool_of(clean)
+    unnamed = changed_blocks(before, after) - set(info.value.partial_writes[1])
+    assert unnamed == set(blocks[0]) and not changed_blocks(clean_pool, after) & unnamed  # only row 0, whole
+    plan.arm(None)
+    rt.cleanup()
+    assert rt.backend.ledger.live() == []
+    assert rt.prefill(*call) == whole
