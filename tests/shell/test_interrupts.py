@@ -166,6 +166,49 @@ def test_an_interrupt_while_lane_threads_start_waits_for_the_lanes_already_start
     assert group.prefill(**call.kwargs()) == fresh.prefill(**call.kwargs())
 
 
+def test_an_interrupt_while_waiting_for_lane_threads_raises_only_once_every_lane_stopped(tiny_model, monkeypatch):
+    """Ctrl-C in the caller's wait for lane 0's thread: the wait goes on until lane 0 stops, then the interrupt
+    propagates; the group then serves the call as a fresh group does."""
+    call = group_call(ROWS, SLOTS, 2, seed=7)
+    parking = ParkingModel(tiny_model)
+    group = LaneGroup(
+        [PrefillExecutor(lane_runtime(parking, 0)), PrefillExecutor(lane_runtime(tiny_model, 1))], threaded=True
+    )
+    lanes, joins = [], []
+
+    class Lane(threading.Thread):
+        """Lane 0 parks in its model body; the caller's first wait for it is interrupted, the second lets it go."""
+
+        def start(self):
+            lanes.append(self)
+            super().start()
+
+        def run(self):
+            if self is lanes[0]:
+                parking.parked_thread = threading.get_ident()
+            super().run()
+
+        def join(self, timeout=None):
+            joins.append(self)
+            if len(joins) == 1:
+                parking.barrier.wait()  # lane 0 is inside its model body
+                raise KeyboardInterrupt("Ctrl-C while the caller waits for the lanes")
+            parking.go.set()
+            super().join(WAIT if timeout is None else timeout)
+
+    monkeypatch.setattr(lane_dispatch, "threading", SimpleNamespace(**{**vars(threading), "Thread": Lane}))
+    with pytest.raises(KeyboardInterrupt):
+        group.prefill(**call.kwargs())
+    still_running = [lane.name for lane in lanes if lane.is_alive()]
+    parking.go.set()
+    for lane in lanes:
+        threading.Thread.join(lane, WAIT)
+    assert still_running == [] and joins[:2] == [lanes[0], lanes[0]]
+    monkeypatch.undo()
+    fresh = LaneGroup([PrefillExecutor(lane_runtime(tiny_model, i)) for i in range(2)])
+    assert group.prefill(**call.kwargs()) == fresh.prefill(**call.kwargs())
+
+
 def _packed_runtime(model, plan):
     """A packed-steps runtime over a noisy pool (stray writes show), faulted by ``plan``."""
     kv = model.new_kv_cache(POOL, BS)
