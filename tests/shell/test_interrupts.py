@@ -1,5 +1,6 @@
-"""Interrupts and threads against a careless caller: a stream advanced or closed from another thread, a lane
-thread start interrupted. Every wait is a barrier or an event, so each test is deterministic."""
+"""Interrupts and threads against a careless caller: streams advanced or closed from another thread, Ctrl-C while
+lane threads start or are waited for, between packed requests and in a scoring round's LM head. Every wait is a
+barrier or an event, so each test is deterministic."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from prefill_shell import lane_dispatch
 from prefill_shell.backends import TorchBackend
 from prefill_shell.executor import PrefillExecutor
 from prefill_shell.lane_group import LaneGroup
+from prefill_shell.scoring import Scorer
 from prefill_shell.testing.faults import FaultInjectingBackend, FaultInjectingModel, FaultPlan
 from prefill_shell.testing.small import SMALL_POLICY
 from tests.helpers import (
@@ -243,3 +245,36 @@ def test_an_interrupt_between_packed_requests_names_the_row_a_later_request_retu
     rt.cleanup()
     assert rt.backend.ledger.live() == []
     assert rt.prefill(*call) == whole
+
+
+def _lm_head_points(model, pairs) -> list[int]:
+    """The fault-point numbers (kind ``body``) of each LM-head call a packed scoring call makes."""
+    plan = FaultPlan(kinds=("body",))
+    Scorer(_packed_runtime(model, plan)).score(pairs)
+    return [n for n, what in enumerate(plan.log, start=1) if what == "body:lm_head"]
+
+
+def test_ctrl_c_in_any_lm_head_call_of_a_scoring_round_leaves_the_scorer_whole(tiny_model):
+    """Ctrl-C in each LM-head call of a packed scoring round (prompt log-prob pieces and the last tokens): the error
+    names the blocks it may have left partly written, every other changed block is whole, the block pool is full,
+    nothing leaks after cleanup, and the same scorer then scores as a fresh one."""
+    context = make_tokens(40, seed=4500).tolist()
+    pairs = [(context, make_tokens(5, seed=4501).tolist()), (context, make_tokens(70, seed=4502).tolist())]
+    points = _lm_head_points(tiny_model, pairs)
+    assert len(points) >= 3  # pieces of prompt log-probs and the final heads
+    clean = _packed_runtime(tiny_model, FaultPlan())
+    expected = Scorer(clean).score(pairs)
+    for point in points:
+        plan = FaultPlan(fail_at=point, kinds=("body",), raises=KeyboardInterrupt)
+        rt = _packed_runtime(tiny_model, plan)
+        scorer, before = Scorer(rt), pool_of(rt)
+        with pytest.raises(KeyboardInterrupt) as info:
+            scorer.score(pairs)
+        named = {block for blocks in info.value.partial_writes.values() for block in blocks}
+        unnamed = changed_blocks(before, pool_of(rt)) - named
+        assert not changed_blocks(pool_of(clean), pool_of(rt)) & unnamed, f"LM-head call {point}"
+        assert scorer.pool.available == scorer.pool.size
+        plan.arm(None)
+        rt.cleanup()
+        assert rt.backend.ledger.live() == []
+        assert scorer.score(pairs) == expected
