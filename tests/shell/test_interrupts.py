@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import attrs
 import pytest
+import torch
 from lane_kit import PER_LANE, changed_blocks, group_call, lane_runtime, pool_of
 
 from prefill_core import PageTableLayout, PrefillPolicy
@@ -18,6 +19,8 @@ from prefill_shell.backends import TorchBackend
 from prefill_shell.executor import PrefillExecutor
 from prefill_shell.lane_group import LaneGroup
 from prefill_shell.scoring import Scorer
+from prefill_shell.serving import ServingFacade
+from prefill_shell.serving_lanes import LaneGroupFacade
 from prefill_shell.testing.faults import FaultInjectingBackend, FaultInjectingModel, FaultPlan
 from prefill_shell.testing.small import SMALL_POLICY
 from tests.helpers import (
@@ -278,3 +281,54 @@ def test_ctrl_c_in_any_lm_head_call_of_a_scoring_round_leaves_the_scorer_whole(t
         rt.cleanup()
         assert rt.backend.ledger.live() == []
         assert scorer.score(pairs) == expected
+
+
+FACADE_POLICY = PrefillPolicy(length_ladder=(64,), max_chunk_length=64, chunk_quantum=64, waves=(1, 2), lane_size=2)
+
+
+def _facade(kind: str, model):
+    """A plugin-shaped facade with ``model`` on its (first) lane, its KV pools allocated at vLLM's shape."""
+    sizes = dict(max_seq_len=128, policy=FACADE_POLICY)
+    if kind == "one lane":
+        facade = ServingFacade(model, TorchBackend(), max_batch_size=2, **sizes)
+    else:
+        facade = LaneGroupFacade([(model, TorchBackend()), (model.inner, TorchBackend())], **sizes)
+    spec = model.spec
+    facade.allocate_kv_cache((16, spec.num_kv_heads, BS, spec.head_dim), model.dtype, spec.num_layers)
+    return facade
+
+
+@pytest.mark.parametrize("kind", ["one lane", "lane group"])
+def test_a_second_threads_prefill_forward_on_one_facade_is_refused_and_changes_nothing(tiny_model, kind):
+    """While thread A's prefill_forward is inside a model body, the main thread's is refused with PrefillStateError:
+    no KV byte changes, and A's call and the next both return what a fresh facade returns."""
+    tokens = token_matrix([make_tokens(60, seed=4600), make_tokens(33, seed=4601)])
+    args = (tokens, torch.tensor([[1, 2, 3, 4], [5, 6, 7, -1]], dtype=torch.int32))
+    kwargs = dict(enable_trace=False, prompt_lens=torch.tensor([60, 33]), empty_slots=[0, 1])
+    want = _facade(kind, ParkingModel(tiny_model)).prefill_forward(*args, **kwargs)
+    parking = ParkingModel(tiny_model)
+    facade = _facade(kind, parking)
+
+    def pools():
+        every = facade.kv if kind == "lane group" else [facade.kv]
+        return [t.clone() for kv in every for t in kv.keys + kv.values]
+
+    box = {}
+
+    def work():
+        parking.parked_thread = threading.get_ident()
+        box["out"] = facade.prefill_forward(*args, **kwargs)
+
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+    parking.barrier.wait()  # thread A is inside a model body call
+    try:
+        before = pools()
+        with pytest.raises(PrefillStateError, match="while a call is in progress"):
+            facade.prefill_forward(*args, **kwargs)
+        assert all(torch.equal(a, b) for a, b in zip(before, pools()))
+    finally:
+        parking.go.set()
+        thread.join(WAIT)
+    assert torch.equal(box["out"], want)
+    assert torch.equal(facade.prefill_forward(*args, **kwargs), want)
