@@ -230,10 +230,14 @@ class PrefillRuntime:
             if steps.started:
                 note_partial_writes(error, steps.written_blocks(rows))
             raise
-        # Rows this request returns take their entries, scored here or in earlier requests' steps (packed).
-        prompt = take_entries(batch.prompt_entries, rows) if batch.prompt_steps else None
-        invocation = InvocationResult(prepared, outputs, owned, seeds, mode.workspace, generation, prompt, steps)
-        return self._assembler.produced(invocation)
+        try:  # until the assembler records it, an interrupt here would strand the outputs where cleanup() cannot
+            # Rows this request returns take their entries, scored here or in earlier requests' steps (packed).
+            prompt = take_entries(batch.prompt_entries, rows) if batch.prompt_steps else None
+            invocation = InvocationResult(prepared, outputs, owned, seeds, mode.workspace, generation, prompt, steps)
+            return self._assembler.produced(invocation)
+        except BaseException as primary:
+            self._release_handles(owned, primary)
+            raise
 
     @exclusive_stream
     def invocations(

@@ -12,9 +12,9 @@ import pytest
 import torch
 from lane_kit import PER_LANE, changed_blocks, group_call, lane_runtime, pool_of
 
-from prefill_core import PageTableLayout, PrefillPolicy
+from prefill_core import PageTableLayout, PrefillPolicy, SamplingParams
 from prefill_core.errors import PrefillStateError
-from prefill_shell import lane_dispatch
+from prefill_shell import lane_dispatch, runtime
 from prefill_shell.backends import TorchBackend
 from prefill_shell.executor import PrefillExecutor
 from prefill_shell.lane_group import LaneGroup
@@ -332,3 +332,22 @@ def test_a_second_threads_prefill_forward_on_one_facade_is_refused_and_changes_n
         thread.join(WAIT)
     assert torch.equal(box["out"], want)
     assert torch.equal(facade.prefill_forward(*args, **kwargs), want)
+
+
+def test_ctrl_c_while_an_invocation_takes_its_prompt_logprobs_strands_no_output(tiny_model, monkeypatch):
+    """Ctrl-C after a request's steps ran, while its rows take their prompt log-probs (before the invocation is
+    recorded): its outputs are released, not stranded where cleanup() cannot find them."""
+    tokens, table, lengths = _call(seed=4700)
+    rt = _runtime(tiny_model)
+    batch = rt.prepare(tokens, table, lengths, sampling=SamplingParams.greedy(prompt_logprobs=1), packed=False)
+
+    def interrupted(*args):
+        raise KeyboardInterrupt("Ctrl-C while entries are taken")
+
+    monkeypatch.setattr(runtime, "take_entries", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        rt.invoke(batch, 0)
+    monkeypatch.undo()
+    rt.cleanup()
+    assert rt.backend.ledger.live() == []
+    assert rt.prefill(tokens, table, lengths) == _runtime(tiny_model).prefill(tokens, table, lengths)
