@@ -24,6 +24,7 @@ from prefill_core.errors import PrefillInputError, PrefillStateError
 
 from .backends.base import Backend
 from .contract import LOGITS, SAMPLED_TOKENS, TOKEN_LOGPROB, TOP_IDS, TOP_LOGPROBS, TensorSpec
+from .partial_writes import note_partial_writes
 from .result import BatchResult, InvocationResult, InvocationState, PrefillResult, refuse_per_row_extras
 from .torch_sampling import sample_row, top_logprobs
 
@@ -114,6 +115,18 @@ class PrefillResultAssembler:
         return [r._replace(prompt_logprobs=invocation.prompt.get(r.row, ())) for r in results]
 
     def _read(self, invocation: InvocationResult) -> dict[TensorSpec, torch.Tensor]:
+        """``_read_outputs``; an error there stops the call before the next request runs, so the rows this
+        request's packed steps started for a later request stay partly written: they ride on it as
+        ``partial_writes`` (``partial_writes.note_partial_writes``)."""
+        try:
+            return self._read_outputs(invocation)
+        except BaseException as error:
+            unfinished = invocation.unfinished_writes()
+            if unfinished:
+                note_partial_writes(error, unfinished)
+            raise
+
+    def _read_outputs(self, invocation: InvocationResult) -> dict[TensorSpec, torch.Tensor]:
         """One synchronized read of every output, then the release; ``host``-path rows are sampled here."""
         self.pending.pop(invocation, None)
         invocation.state = InvocationState.ASSEMBLED

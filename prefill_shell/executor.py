@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from prefill_core import PrefillProgramSignature, WarmupManifest
 from prefill_core.errors import PrefillInputError, PrefillStateError
 
+from .call_guard import HeldStream
 from .progress import ProgressCallback, ProgressCounter
 from .result import BatchResult, InvocationResult, PrefillResult, refuse_per_row_extras
 from .runtime import PrefillRuntime, PreparedBatch
@@ -89,18 +90,18 @@ class PrefillExecutor:
         gaps = self.runtime.trace_gaps(batch)
         if mode == "traced":
             require_coverage(gaps)
-        return self._run(batch, mode == "traced" or (mode == "auto" and not gaps), on_progress)
+        steps = self._run(batch, mode == "traced" or (mode == "auto" and not gaps), on_progress)
+        # Held until the stream ends (a replay's outputs stay unread between steps), advanced by its holder only.
+        return HeldStream(self.runtime.hold, steps, "PrefillExecutor.invocations")
 
     def _run(self, batch: PreparedBatch, traced: bool, on_progress) -> Iterator[InvocationResult]:
-        # Held until the stream ends: a replay's outputs stay unread between steps.
-        with self.runtime.hold():
-            progress = ProgressCounter(on_progress, "prefill", batch.num_steps).start()
-            for index, prepared in enumerate(batch.requests):
-                self._check_open()  # a stream opened before close() must not outlive it
-                if not traced and prepared.program_signature not in self.compiled:
-                    self.compiled.add(prepared.program_signature)
-                    self.compile_count += 1  # a program first seen while serving: a late compile
-                yield self.runtime.invoke(batch, index, traced=traced, progress=progress)
+        progress = ProgressCounter(on_progress, "prefill", batch.num_steps).start()
+        for index, prepared in enumerate(batch.requests):
+            self._check_open()  # a stream opened before close() must not outlive it
+            if not traced and prepared.program_signature not in self.compiled:
+                self.compiled.add(prepared.program_signature)
+                self.compile_count += 1  # a program first seen while serving: a late compile
+            yield self.runtime.invoke(batch, index, traced=traced, progress=progress)
 
     def prefill(
         self,

@@ -13,8 +13,9 @@ gets the calls.
   of that lane's workspaces overwrites it.
 * ``run_on_threads``: each lane assembles its own stream on a thread of its
   own (torch releases the GIL inside its ops), and the caller waits for
-  every lane, even when one fails or the wait is interrupted, so no lane is
-  still running when the call returns or raises.
+  every lane, even when one fails or the wait (or a thread's start) is
+  interrupted, so no lane is still running when the call returns or raises;
+  a lane whose thread had not begun when the caller gave up does not run.
 
 Either way a failure names its lane: ``error.lane`` is the lane index,
 ``error.partial_writes`` (when the failing request had started) maps
@@ -123,9 +124,12 @@ def run_on_threads(calls: Sequence[LaneCall]) -> dict[int, list[PrefillResult]]:
     """Each lane assembles its stream on its own thread; waits for every lane, then raises the first failure."""
     results: dict[int, list] = {call.lane: [None] * call.batch.num_rows for call in calls}
     failures: dict[int, BaseException] = {}
+    stopped = threading.Event()  # the caller gave up starting lanes: a lane that has not begun never begins
 
     def work(call: LaneCall) -> None:
         try:
+            if stopped.is_set():
+                return
             for result in call.runtime.stream(call.stream):
                 results[call.lane][result.row] = result
         except BaseException as error:  # handed to the caller's thread; the worker ends quietly
@@ -134,8 +138,15 @@ def run_on_threads(calls: Sequence[LaneCall]) -> dict[int, list[PrefillResult]]:
             call.stream.close()
 
     threads = [threading.Thread(target=work, args=(call,), name=f"prefill-lane-{call.lane}") for call in calls]
-    for thread in threads:
-        thread.start()
+    try:
+        for thread in threads:
+            thread.start()
+    except BaseException as interrupted:  # Ctrl-C while a start waits for its thread, or no thread to be had
+        stopped.set()
+        _join_all(threads)  # the lanes already running finish first, as after an interrupted wait
+        for lane, failure in sorted(failures.items()):
+            add_note(interrupted, f"lane group: lane {lane} failed too: {failure!r}")
+        raise
     _join_all(threads)
     if failures:
         first = min(failures)

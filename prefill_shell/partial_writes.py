@@ -66,7 +66,10 @@ def note_partial_writes(error: BaseException, blocks: dict[int, tuple[int, ...]]
     the sorted blocks its started steps write: earlier chunks (whole, but
     the row's KV is incomplete) and the failing step (possibly some layers
     only). Rows of requests that completed earlier in the same call are
-    absent: their KV is whole. A serving engine drops these blocks from its
+    absent: their KV is whole. A read that fails stops the call with the
+    rows its request's packed steps started for a later request partly
+    written; it names those (``InvocationResult.unfinished_writes``). A
+    serving engine drops these blocks from its
     prefix cache (never matches them as a cached prefix) and recomputes the
     rows, or frees the blocks with the failed requests.
     """

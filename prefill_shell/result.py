@@ -123,7 +123,7 @@ class InvocationResult:
     workspace's generation is still the one it claimed.
     """
 
-    __slots__ = ("prepared", "outputs", "owned", "seeds", "state", "workspace", "generation", "prompt")
+    __slots__ = ("prepared", "outputs", "owned", "seeds", "state", "workspace", "generation", "prompt", "steps")
 
     def __init__(
         self,
@@ -134,6 +134,7 @@ class InvocationResult:
         workspace: Any = None,
         generation: int = 0,
         prompt: dict[int, tuple] | None = None,
+        steps: Any = None,
     ):
         self.prepared = prepared
         self.outputs = outputs
@@ -143,6 +144,18 @@ class InvocationResult:
         self.workspace = workspace  # a trace.AliasWorkspace for a traced invocation, else None
         self.generation = generation
         self.prompt = prompt  # caller row -> its PromptLogprob entries, in position order (host values)
+        self.steps = steps  # the partial_writes.StepLog its steps ran from (None: none kept)
+
+    def unfinished_writes(self) -> dict[int, tuple[int, ...]]:
+        """Blocks this request's steps wrote for rows a later request returns (packed steps), by caller row.
+
+        Such a row is partly written until that request runs: a call that
+        stops after this request (a failed read) leaves it so.
+        """
+        if self.steps is None:
+            return {}
+        rows = self.prepared.request.source_rows
+        return {row: blocks for row, blocks in self.steps.written_blocks(rows).items() if row not in rows}
 
     def check_readable(self) -> None:
         """Raises ``PrefillStateError`` unless this invocation's outputs are still its own and unread."""

@@ -84,8 +84,9 @@ class PrefillRuntime:
     other thread). A call is in progress from entry to return, and for a
     stream (``invocations``, ``stream``) from its first step until it is
     exhausted or closed. Sequential calls from different threads are fine;
-    a stream is advanced on the thread that started it. Use ``hold()`` to
-    make several calls one.
+    a stream is advanced on the thread that started it (another thread's
+    ``next()`` is refused and the stream goes on; ``close()`` works from any
+    thread). Use ``hold()`` to make several calls one.
     """
 
     def __init__(self, config: PrefillRuntimeConfig, *, seed: int = 0):
@@ -229,10 +230,14 @@ class PrefillRuntime:
             if steps.started:
                 note_partial_writes(error, steps.written_blocks(rows))
             raise
-        # Rows this request returns take their entries, scored here or in earlier requests' steps (packed).
-        prompt = take_entries(batch.prompt_entries, rows) if batch.prompt_steps else None
-        invocation = InvocationResult(prepared, outputs, owned, seeds, mode.workspace, generation, prompt)
-        return self._assembler.produced(invocation)
+        try:  # until the assembler records it, an interrupt here would strand the outputs where cleanup() cannot
+            # Rows this request returns take their entries, scored here or in earlier requests' steps (packed).
+            prompt = take_entries(batch.prompt_entries, rows) if batch.prompt_steps else None
+            invocation = InvocationResult(prepared, outputs, owned, seeds, mode.workspace, generation, prompt, steps)
+            return self._assembler.produced(invocation)
+        except BaseException as primary:
+            self._release_handles(owned, primary)
+            raise
 
     @exclusive_stream
     def invocations(
