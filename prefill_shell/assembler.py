@@ -128,10 +128,10 @@ class PrefillResultAssembler:
 
     def _read_outputs(self, invocation: InvocationResult) -> dict[TensorSpec, torch.Tensor]:
         """One synchronized read of every output, then the release; ``host``-path rows are sampled here."""
-        self.pending.pop(invocation, None)
-        invocation.state = InvocationState.ASSEMBLED
-        specs = list(invocation.outputs)
-        try:
+        try:  # from the moment it leaves ``pending``, only this release can reach its outputs
+            self.pending.pop(invocation, None)
+            invocation.state = InvocationState.ASSEMBLED
+            specs = list(invocation.outputs)
             host = dict(zip(specs, self.backend.read([invocation.outputs[s] for s in specs])))
         except BaseException as primary:
             # Release failures ride on the read error as notes, never replace it.

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import attrs
 import pytest
 import torch
-from lane_kit import PER_LANE, changed_blocks, group_call, lane_runtime, pool_of
+from tests.shell.lane_kit import PER_LANE, changed_blocks, group_call, lane_runtime, pool_of
 
 from prefill_core import PageTableLayout, PrefillPolicy, SamplingParams
 from prefill_core.errors import PrefillStateError
@@ -348,6 +348,30 @@ def test_ctrl_c_while_an_invocation_takes_its_prompt_logprobs_strands_no_output(
     with pytest.raises(KeyboardInterrupt):
         rt.invoke(batch, 0)
     monkeypatch.undo()
+    rt.cleanup()
+    assert rt.backend.ledger.live() == []
+    assert rt.prefill(tokens, table, lengths) == _runtime(tiny_model).prefill(tokens, table, lengths)
+
+
+class _PendingThatInterrupts(dict):
+    """The assembler's unread invocations; taking one out raises Ctrl-C just after it left."""
+
+    def pop(self, *args):
+        value = super().pop(*args)
+        raise KeyboardInterrupt("Ctrl-C as the invocation leaves the unread set")
+
+
+def test_ctrl_c_as_an_invocation_is_taken_for_reading_strands_no_output(tiny_model):
+    """Ctrl-C just after assemble takes an invocation out of the unread set, before its read: its outputs are
+    released there (cleanup() can no longer find them), and the runtime serves the next call."""
+    tokens, table, lengths = _call(seed=4800)
+    rt = _runtime(tiny_model)
+    batch = rt.prepare(tokens, table, lengths)
+    invocation = rt.invoke(batch, 0)
+    rt._assembler.pending = _PendingThatInterrupts(rt._assembler.pending)
+    with pytest.raises(KeyboardInterrupt):
+        rt.assemble([invocation], batch.num_rows)
+    rt._assembler.pending = dict(rt._assembler.pending)
     rt.cleanup()
     assert rt.backend.ledger.live() == []
     assert rt.prefill(tokens, table, lengths) == _runtime(tiny_model).prefill(tokens, table, lengths)
