@@ -10,7 +10,6 @@ from types import SimpleNamespace
 import attrs
 import pytest
 import torch
-from tests.shell.lane_kit import PER_LANE, changed_blocks, group_call, lane_runtime, pool_of
 
 from prefill_core import PageTableLayout, PrefillPolicy, SamplingParams
 from prefill_core.errors import PrefillStateError
@@ -32,6 +31,7 @@ from tests.helpers import (
     randomize_pool,
     token_matrix,
 )
+from tests.shell.lane_kit import PER_LANE, changed_blocks, group_call, lane_runtime, pool_of
 
 BS, POOL = 16, 64
 POLICY = PrefillPolicy(length_ladder=(32, 64), max_chunk_length=64, chunk_quantum=64, waves=(1, 2, 4), max_logprobs=3)
@@ -357,7 +357,7 @@ class _PendingThatInterrupts(dict):
     """The assembler's unread invocations; taking one out raises Ctrl-C just after it left."""
 
     def pop(self, *args):
-        value = super().pop(*args)
+        super().pop(*args)
         raise KeyboardInterrupt("Ctrl-C as the invocation leaves the unread set")
 
 
