@@ -346,16 +346,19 @@ class Scorer:
 
     def _prefill(self, tokens, table, lengths, cached, sampling):
         runtime = self.runtime
-        # Traces replay padded waves: a traced scorer plans padded even where the runtime could pack.
-        batch = runtime.prepare(
-            tokens, table, lengths, cached, sampling=sampling, packed=False if self.traced else None
-        )
-        for prepared in batch.requests:
-            self.positions_computed += prepared.request.computed_tokens
-            if self.traced and runtime.trace_gap(prepared) is not None:
-                runtime.capture(prepared.trace_signature)
-                runtime.allocate_workspace(prepared.program_signature)
-        return runtime.assemble(runtime.invocations(batch, traced=self.traced), batch.num_rows)
+        # One call to every other thread: a release_traces() or close() between the capture and the replay
+        # would otherwise surface here as a missing trace instead of being refused by name over there.
+        with runtime.hold():
+            # Traces replay padded waves: a traced scorer plans padded even where the runtime could pack.
+            batch = runtime.prepare(
+                tokens, table, lengths, cached, sampling=sampling, packed=False if self.traced else None
+            )
+            for prepared in batch.requests:
+                self.positions_computed += prepared.request.computed_tokens
+                if self.traced and runtime.trace_gap(prepared) is not None:
+                    runtime.capture(prepared.trace_signature)
+                    runtime.allocate_workspace(prepared.program_signature)
+            return runtime.assemble(runtime.invocations(batch, traced=self.traced), batch.num_rows)
 
 
 def _matrix(rows: Sequence[Sequence[int]], filler: int = 0) -> torch.Tensor:

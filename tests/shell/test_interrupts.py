@@ -375,3 +375,34 @@ def test_ctrl_c_as_an_invocation_is_taken_for_reading_strands_no_output(tiny_mod
     rt.cleanup()
     assert rt.backend.ledger.live() == []
     assert rt.prefill(tokens, table, lengths) == _runtime(tiny_model).prefill(tokens, table, lengths)
+
+
+def test_a_traced_scoring_round_is_one_call_to_other_threads(tiny_model):
+    """release_traces() from another thread between a round's capture and its replay is refused by name (it
+    slipped in and the round failed with a misleading TraceCoverageError); the round scores as a fresh scorer's."""
+    layout = PageTableLayout(BS, 256 // BS, POOL)
+
+    def traced_scorer() -> Scorer:
+        kv = tiny_model.new_kv_cache(layout.num_blocks, layout.block_size)
+        return Scorer(build_runtime(tiny_model, layout=layout, kv=kv), traced=True)
+
+    scorer, outcomes = traced_scorer(), []
+    rt = scorer.runtime
+    allocate = rt.allocate_workspace
+
+    def allocate_then_race(signature):
+        allocate(signature)
+
+        def other_thread():
+            try:
+                rt.release_traces()
+                outcomes.append("released")
+            except PrefillStateError:
+                outcomes.append("refused")
+
+        _on_thread(other_thread)
+
+    rt.allocate_workspace = allocate_then_race  # the instance attribute shadows the method for this runtime
+    pairs = [(make_tokens(40, seed=1).tolist(), make_tokens(3, seed=2).tolist())]
+    assert scorer.score(pairs) == traced_scorer().score(pairs)
+    assert outcomes and set(outcomes) == {"refused"}
