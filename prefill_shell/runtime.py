@@ -249,6 +249,12 @@ class PrefillRuntime:
         a request without a trace raises ``TraceCoverageError`` before any
         request runs. ``on_progress`` gets stage ``"prefill"``: done
         0..``batch.num_steps`` body steps (``prefill_shell.progress``).
+
+        Closing the stream early (``break``) after a packed request leaves
+        the rows its steps started for a later request partly written, with
+        no error to say so: the last invocation's ``unfinished_writes()``
+        names their blocks (drop them from a prefix cache, as for
+        ``partial_writes``).
         """
         if traced:
             require_coverage(self.trace_gaps(batch))

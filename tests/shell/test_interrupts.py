@@ -406,3 +406,21 @@ def test_a_traced_scoring_round_is_one_call_to_other_threads(tiny_model):
     pairs = [(make_tokens(40, seed=1).tolist(), make_tokens(3, seed=2).tolist())]
     assert scorer.score(pairs) == traced_scorer().score(pairs)
     assert outcomes and set(outcomes) == {"refused"}
+
+
+def test_a_packed_stream_closed_after_its_first_request_names_the_half_written_row(tiny_model):
+    """Packed rows 40 and 60: the stream broken off after request 1 leaves row 1 half written with no error;
+    the invocation read last names exactly the blocks that changed beyond row 0's own."""
+    lengths = [40, 60]
+    rows = [make_tokens(n, seed=4900 + i) for i, n in enumerate(lengths)]
+    blocks = assign_blocks(lengths, BS, POOL, seed=49)
+    rt = _packed_runtime(tiny_model, FaultPlan())
+    batch = rt.prepare(token_matrix(rows), page_table(blocks), lengths)
+    before = pool_of(rt)
+    stream = rt.invocations(batch)
+    first = next(stream)
+    stream.close()
+    assert first.unfinished_writes() == {1: tuple(sorted(blocks[1][:2]))}
+    assert changed_blocks(before, pool_of(rt)) - set(blocks[0]) == set(blocks[1][:2])
+    rt.cleanup()
+    assert rt.backend.ledger.live() == []
