@@ -13,10 +13,11 @@ serving several lanes replaces"):
   prefill traces are off is a ``ValueError`` (``PrefillConfigError``); of the
   extra keywords only ``page_tables_per_layer``, ``prompt_tokens``,
   ``output_tokens``, ``slot_remap`` and ``rope_deltas_all_users`` are
-  accepted, any other is a ``TypeError`` naming it. Integer tensors are cast
-  (tokens, ``prompt_lens``, ``start_pos`` to int64, the page table to
-  int32); a float or bool tensor is left for the runtime to refuse by name,
-  where the adapter would truncate it.
+  accepted, any other is a ``TypeError`` naming it. Integer tensors and
+  numpy integer arrays (the plugin's ``prompt_lens`` and ``start_pos``) are
+  cast (tokens, ``prompt_lens``, ``start_pos`` to int64, the page table to
+  int32); a float or bool tensor or array is left for the runtime to refuse
+  by name, where the adapter would truncate it.
 * **Chunks**: ``start_pos`` (tokens already computed, anywhere in
   ``[0, prompt_lens]``) becomes the cached length and ``prompt_lens`` (the
   end of this step's chunk) the prompt length (``computed_positions``).
@@ -307,13 +308,29 @@ class ServingFacade:
         self._release()
 
 
+def _from_numpy(value):
+    """A numpy integer array as a tensor: the plugin builds ``prompt_lens`` and ``start_pos`` with numpy.
+
+    Only the dtypes the runtime takes as tensors (signed ints, uint8); anything
+    else, a float or uint64 array included, is returned as it is for the
+    runtime to name. numpy is not imported here: an array is known by its module.
+    """
+    dtype = getattr(value, "dtype", None)
+    if type(value).__module__ != "numpy" or dtype is None:
+        return value
+    if dtype.kind == "i" or dtype.kind == "u" and dtype.itemsize == 1:
+        return torch.as_tensor(value.copy())  # a copy is C-contiguous: torch refuses negative strides
+    return value
+
+
 def _cast(value, dtype: torch.dtype):
-    """An integer tensor cast to ``dtype`` (as the adapter does); anything else as it is, for named checks.
+    """An integer tensor (or numpy integer array) cast to ``dtype`` (as the adapter does); anything else as it is.
 
     A tensor holding a value ``dtype`` cannot (an int64 block id past int32)
     stays as it is too: the cast would wrap it onto another value, which the
     runtime would then take for the caller's.
     """
+    value = _from_numpy(value)
     if not isinstance(value, torch.Tensor) or value.dtype is dtype:
         return value
     if value.is_floating_point() or value.is_complex() or value.dtype is torch.bool:
