@@ -179,7 +179,8 @@ class ServingFacade:
         the provisional one (block size 32, the longest sequence plus one
         block per row). With them, ``kv_cache_shape`` is vLLM's rank-4
         ``(num_blocks, kv_heads, block_size, head_dim)``, checked against the
-        model (``PrefillConfigError``), and vLLM's block size replaces the
+        model (``PrefillConfigError``; ``kv_heads`` per device, as vLLM divides
+        them over a lane of several devices), and vLLM's block size replaces the
         provisional one: the layout is rebuilt before any warm-up.
         """
         supplied = (kv_cache_shape is not None, dtype is not None, num_layers is not None)
@@ -208,7 +209,7 @@ class ServingFacade:
         expected = (
             ("num_blocks", num_blocks, num_blocks if num_blocks > 0 else "> 0"),
             ("block_size", block_size, block_size if block_size > 0 else "> 0"),
-            ("kv_heads", kv_heads, spec.num_kv_heads),
+            ("kv_heads", kv_heads, _kv_heads_per_device(spec.num_kv_heads, getattr(self.backend, "num_devices", 1))),
             ("head_dim", head_dim, spec.head_dim),
             ("num_layers", num_layers, spec.num_layers),
             ("dtype", dtype, self._kv_dtype),
@@ -342,6 +343,15 @@ def _cast(value, dtype: torch.dtype):
         if low < torch.iinfo(dtype).min or high > torch.iinfo(dtype).max:
             return value
     return value.to(dtype)
+
+
+def _kv_heads_per_device(num_kv_heads: int, num_devices: int) -> int:
+    """The KV heads vLLM's plugin puts in ``kv_cache_shape`` for a lane of ``num_devices`` devices.
+
+    The plugin divides the model's KV heads over the lane's devices (tensor
+    parallel: each device holds its share), never below one head.
+    """
+    return num_kv_heads // min(max(int(num_devices), 1), num_kv_heads)
 
 
 def _num_rows(tokens) -> int:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from prefill_core import PrefillPolicy
-from prefill_core.errors import PrefillInputError
+from prefill_core.errors import PrefillConfigError, PrefillInputError
 from prefill_shell.backends import TorchBackend
 from prefill_shell.serving import ServingFacade
 
@@ -108,3 +108,21 @@ def test_vllms_greedy_rows_as_the_plugin_encodes_them_take_the_argmax(tiny_model
     assert log_probs.dtype == torch.float32 and log_probs.shape == (2,) and log_probs[1].item() == 1.0
     expected = torch.log_softmax(logits[0, 0], -1)[tokens[0]].item()
     assert abs(log_probs[0].item() - expected) <= 1e-5
+
+
+@pytest.mark.parametrize(("num_devices", "heads"), [(1, 2), (2, 1), (4, 1)])
+def test_kv_heads_in_vllms_shape_are_per_device_of_the_lane(tiny_model, num_devices, heads):
+    """vLLM divides the KV heads over a lane's devices (never below one): that count is taken, the whole one refused.
+
+    The backend stands for a lane of ``num_devices`` devices by the attribute
+    ``TtnnBackend`` sets from its mesh; the tiny model has 2 KV heads.
+    """
+    backend = TorchBackend()
+    backend.num_devices = num_devices
+    spec = tiny_model.spec
+    facade = ServingFacade(tiny_model, backend, max_seq_len=256, max_batch_size=4, policy=POLICY)
+    kv = facade.allocate_kv_cache((POOL, heads, BLOCK, spec.head_dim), tiny_model.dtype, spec.num_layers)
+    assert facade.runtime.config.kv is kv
+    other = 2 if heads == 1 else 1
+    with pytest.raises(PrefillConfigError, match=f"kv_heads={other}"):
+        facade.allocate_kv_cache((POOL, other, BLOCK, spec.head_dim), tiny_model.dtype, spec.num_layers)
