@@ -126,3 +126,23 @@ def test_kv_heads_in_vllms_shape_are_per_device_of_the_lane(tiny_model, num_devi
     other = 2 if heads == 1 else 1
     with pytest.raises(PrefillConfigError, match=f"kv_heads={other}"):
         facade.allocate_kv_cache((POOL, other, BLOCK, spec.head_dim), tiny_model.dtype, spec.num_layers)
+
+
+def test_the_plugins_two_phase_warm_up_then_traced_steps_allocate_nothing(tiny_model, plugin_call):
+    """warmup_model: compile (enable_trace=False), then capture (True); traced logits and sampled steps then allocate
+    nothing, and a traced step's logits equal an eager one's."""
+    facade = _facade(tiny_model)
+    for enable_trace in (False, True):
+        facade.warmup_model_prefill(kv_cache=facade.kv, can_sample_on_device=True, enable_trace=enable_trace)
+    ledger = facade.runtime.backend.ledger
+    before = ledger.allocations
+    lens = dict(prompt_lens=np.array(LENGTHS), start_pos=np.array(STARTS, dtype=np.int32), empty_slots=[1, 0])
+    traced = facade.prefill_forward(**plugin_call, kv_cache=facade.kv, enable_trace=True, **lens)
+    sampling = _tolist_sampling(tiny_model.spec.vocab_size, 2)
+    tokens, _ = facade.prefill_forward(
+        **plugin_call, kv_cache=facade.kv, enable_trace=True, sampling_params=sampling, **lens
+    )
+    assert ledger.allocations == before
+    assert tokens.tolist() == traced[:, 0].argmax(-1).tolist()
+    eager = _logits(tiny_model, plugin_call, np.array(LENGTHS), np.array(STARTS, dtype=np.int32))
+    assert (traced - eager).abs().max().item() <= 1e-5
