@@ -6,13 +6,17 @@ one scalar for every row): ``temperature``, ``top_k``, ``top_p``,
 ``seed``, ``num_logprobs`` and ``enable_log_probs``. Its encodings
 (vllm-tt-plugin ``input_batch.py``), and what each becomes here:
 
-* ``top_k <= 0`` (or ``>= vocab``) means the whole vocabulary: the core's
-  ``top_k = 0``.
-* A greedy row arrives as ``top_k == 1`` with ``top_p = 0.0`` (temperature 0
-  is sent the same way). Greedy is never refused: ``SamplingParams.greedy``.
+* ``top_k <= 0`` (or ``>= vocab``, which is what the plugin sends for it)
+  means the whole vocabulary: the core's ``top_k = 0``.
+* A greedy row arrives as ``top_k == 1`` with ``top_p = 0.0`` (the plugin
+  zeroes top_p for top_k 1), or, for vLLM's temperature-0 request, as
+  temperature 0.0 with ``top_k = vocab`` and ``top_p = 1.0`` (vLLM clears
+  top_k and top_p of a greedy request); the core takes a temperature below
+  1e-5 as greedy. Greedy is never refused: ``SamplingParams.greedy``.
   ``top_p == 0`` on its own keeps the single most likely token, as the device
   sampler's nucleus does: greedy too.
-* ``seed == -1`` (or ``None``) means no seed: the runtime's generator draws one.
+* ``seed == -1`` (or ``None``: ``submit_prefill`` turns -1 into ``None``)
+  means no seed: the runtime's generator draws one.
 * ``num_logprobs``: ``-2`` (or ``None``) none, ``0`` the sampled token's
   log-prob. ``-1`` (the whole vocabulary) and ``k > 0`` (top-k lists) cannot
   be honoured: the prefill return holds one log-prob per row, so they are a

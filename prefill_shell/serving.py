@@ -13,10 +13,11 @@ serving several lanes replaces"):
   prefill traces are off is a ``ValueError`` (``PrefillConfigError``); of the
   extra keywords only ``page_tables_per_layer``, ``prompt_tokens``,
   ``output_tokens``, ``slot_remap`` and ``rope_deltas_all_users`` are
-  accepted, any other is a ``TypeError`` naming it. Integer tensors are cast
-  (tokens, ``prompt_lens``, ``start_pos`` to int64, the page table to
-  int32); a float or bool tensor is left for the runtime to refuse by name,
-  where the adapter would truncate it.
+  accepted, any other is a ``TypeError`` naming it. Integer tensors and
+  numpy integer arrays (the plugin's ``prompt_lens`` and ``start_pos``) are
+  cast (tokens, ``prompt_lens``, ``start_pos`` to int64, the page table to
+  int32); a float or bool tensor or array is left for the runtime to refuse
+  by name, where the adapter would truncate it.
 * **Chunks**: ``start_pos`` (tokens already computed, anywhere in
   ``[0, prompt_lens]``) becomes the cached length and ``prompt_lens`` (the
   end of this step's chunk) the prompt length (``computed_positions``).
@@ -178,7 +179,8 @@ class ServingFacade:
         the provisional one (block size 32, the longest sequence plus one
         block per row). With them, ``kv_cache_shape`` is vLLM's rank-4
         ``(num_blocks, kv_heads, block_size, head_dim)``, checked against the
-        model (``PrefillConfigError``), and vLLM's block size replaces the
+        model (``PrefillConfigError``; ``kv_heads`` per device, as vLLM divides
+        them over a lane of several devices), and vLLM's block size replaces the
         provisional one: the layout is rebuilt before any warm-up.
         """
         supplied = (kv_cache_shape is not None, dtype is not None, num_layers is not None)
@@ -207,7 +209,7 @@ class ServingFacade:
         expected = (
             ("num_blocks", num_blocks, num_blocks if num_blocks > 0 else "> 0"),
             ("block_size", block_size, block_size if block_size > 0 else "> 0"),
-            ("kv_heads", kv_heads, spec.num_kv_heads),
+            ("kv_heads", kv_heads, _kv_heads_per_device(spec.num_kv_heads, getattr(self.backend, "num_devices", 1))),
             ("head_dim", head_dim, spec.head_dim),
             ("num_layers", num_layers, spec.num_layers),
             ("dtype", dtype, self._kv_dtype),
@@ -307,13 +309,29 @@ class ServingFacade:
         self._release()
 
 
+def _from_numpy(value):
+    """A numpy integer array as a tensor: the plugin builds ``prompt_lens`` and ``start_pos`` with numpy.
+
+    Only the dtypes the runtime takes as tensors (signed ints, uint8); anything
+    else, a float or uint64 array included, is returned as it is for the
+    runtime to name. numpy is not imported here: an array is known by its module.
+    """
+    dtype = getattr(value, "dtype", None)
+    if type(value).__module__ != "numpy" or dtype is None:
+        return value
+    if dtype.kind == "i" or dtype.kind == "u" and dtype.itemsize == 1:
+        return torch.as_tensor(value.copy())  # a copy is C-contiguous: torch refuses negative strides
+    return value
+
+
 def _cast(value, dtype: torch.dtype):
-    """An integer tensor cast to ``dtype`` (as the adapter does); anything else as it is, for named checks.
+    """An integer tensor (or numpy integer array) cast to ``dtype`` (as the adapter does); anything else as it is.
 
     A tensor holding a value ``dtype`` cannot (an int64 block id past int32)
     stays as it is too: the cast would wrap it onto another value, which the
     runtime would then take for the caller's.
     """
+    value = _from_numpy(value)
     if not isinstance(value, torch.Tensor) or value.dtype is dtype:
         return value
     if value.is_floating_point() or value.is_complex() or value.dtype is torch.bool:
@@ -325,6 +343,15 @@ def _cast(value, dtype: torch.dtype):
         if low < torch.iinfo(dtype).min or high > torch.iinfo(dtype).max:
             return value
     return value.to(dtype)
+
+
+def _kv_heads_per_device(num_kv_heads: int, num_devices: int) -> int:
+    """The KV heads vLLM's plugin puts in ``kv_cache_shape`` for a lane of ``num_devices`` devices.
+
+    The plugin divides the model's KV heads over the lane's devices (tensor
+    parallel: each device holds its share), never below one head.
+    """
+    return num_kv_heads // min(max(int(num_devices), 1), num_kv_heads)
 
 
 def _num_rows(tokens) -> int:
