@@ -99,3 +99,40 @@ def test_host_sampled_row_top_list_does_not_depend_on_wave_mates(tied):
         results = runtime.prefill(token_matrix(rows), table, [40, 30], sampling=[own, mate])
         lists.append(results[0].top_logprobs)
     assert [token for token, _ in lists[0]] == [token for token, _ in lists[1]] == ids[:1]
+
+
+TRUST_ROWS = ((100, 40), (48, 48), (45, 45), (90, 64))
+"""(length, cached): cached inside a block, fully cached at and off a block edge, cached at a block edge."""
+
+
+def _run_with_noise(tiny_model, mode: str, noise_end) -> tuple[list, list[torch.Tensor]]:
+    """Fills each row's cache, then runs it with tokens ``[0, noise_end(length, cached))`` replaced by noise."""
+    rows = [make_tokens(length, 60 + length) for length, _ in TRUST_ROWS]
+    lengths, cached = [length for length, _ in TRUST_ROWS], [c for _, c in TRUST_ROWS]
+    policy = attrs.evolve(SMALL_POLICY, packed_steps=mode == "packed")
+    runtime = build_runtime(tiny_model, layout=LAYOUT, policy=policy)
+    table = page_table(assign_blocks(lengths, BS, LAYOUT.num_blocks, seed=2))
+    tokens = token_matrix(rows)
+    runtime.prefill(tokens, table, cached)  # the prefix cache, true to the tokens
+    gen = torch.Generator().manual_seed(9)
+    for i, (length, c) in enumerate(TRUST_ROWS):
+        end = noise_end(length, c)
+        tokens[i, :end] = torch.randint(1, 256, (end,), generator=gen)
+    batch = runtime.prepare(
+        tokens, table, lengths, cached, sampling=SamplingParams.greedy(num_logprobs=2), packed=mode == "packed"
+    )
+    if mode == "traced":
+        for prepared in batch.requests:
+            runtime.capture(prepared.trace_signature)
+            runtime.allocate_workspace(prepared.program_signature)
+    results = runtime.assemble(runtime.invocations(batch, traced=mode == "traced"), batch.num_rows)
+    return results, [pool.clone() for pool in runtime.config.kv.keys + runtime.config.kv.values]
+
+
+@pytest.mark.parametrize("mode", ["packed", "padded", "traced"])
+def test_tokens_before_the_block_a_row_resumes_in_are_never_read(tiny_model, mode):
+    """Noise in the tokens before the block holding min(cached, length - 1) changes no result and no KV byte."""
+    clean, clean_kv = _run_with_noise(tiny_model, mode, lambda length, cached: 0)
+    noisy, noisy_kv = _run_with_noise(tiny_model, mode, lambda length, cached: min(cached, length - 1) // BS * BS)
+    assert noisy == clean
+    assert all(torch.equal(a, b) for a, b in zip(noisy_kv, clean_kv))
