@@ -67,10 +67,28 @@ def sample_row(logits: torch.Tensor, top_k: int, top_p: float, temperature: floa
 
 
 def top_logprobs(logits: torch.Tensor, tokens: torch.Tensor, top_n: int):
-    """Log-softmax of the raw logits at ``tokens`` and, if ``top_n``, the top-N (ids, values)."""
+    """Log-softmax of the raw logits at ``tokens`` and, if ``top_n``, the top-N (ids, values).
+
+    Equal log-probs rank by ascending token id, so the first entry is the
+    argmax (the greedy token, transformers' and lm-eval's ``argmax``) and a
+    row's list is the same whatever ``top_n`` its wave or piece computes.
+    """
     logp = torch.log_softmax(logits.float(), dim=-1)  # [B, V]
     token_logprob = logp.gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1)
     if top_n <= 0:
         return token_logprob, None, None
-    values, ids = torch.topk(logp, top_n, dim=-1)
-    return token_logprob, ids, values
+    _, ids = torch.topk(_ranking_key(logp), top_n, dim=-1)
+    return token_logprob, ids, logp.gather(-1, ids)
+
+
+def _ranking_key(logp: torch.Tensor) -> torch.Tensor:
+    """float64 keys ordered as ``logp`` [B, V], equal values by ascending id (``torch.topk`` leaves ties in any order).
+
+    Each log-prob (<= 0) is scaled by ``1 + id * 2**-50``: a higher id moves an
+    equal value down by at least 8 float64 ulps, and the largest move
+    (``V * 2**-50`` relative, below ``2**-24`` for any vocabulary under
+    ``2**25``) is smaller than the gap between two distinct float32 values,
+    so distinct log-probs keep their order. NaN stays NaN and -inf stays -inf.
+    """
+    ids = torch.arange(logp.shape[-1], device=logp.device, dtype=torch.float64)
+    return logp.double() * (1.0 + ids * 2.0**-50)
