@@ -77,18 +77,13 @@ def top_logprobs(logits: torch.Tensor, tokens: torch.Tensor, top_n: int):
     token_logprob = logp.gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1)
     if top_n <= 0:
         return token_logprob, None, None
-    _, ids = torch.topk(_ranking_key(logp), top_n, dim=-1)
-    return token_logprob, ids, logp.gather(-1, ids)
-
-
-def _ranking_key(logp: torch.Tensor) -> torch.Tensor:
-    """float64 keys ordered as ``logp`` [B, V], equal values by ascending id (``torch.topk`` leaves ties in any order).
-
-    Each log-prob (<= 0) is scaled by ``1 + id * 2**-50``: a higher id moves an
-    equal value down by at least 8 float64 ulps, and the largest move
-    (``V * 2**-50`` relative, below ``2**-24`` for any vocabulary under
-    ``2**25``) is smaller than the gap between two distinct float32 values,
-    so distinct log-probs keep their order. NaN stays NaN and -inf stays -inf.
-    """
-    ids = torch.arange(logp.shape[-1], device=logp.device, dtype=torch.float64)
-    return logp.double() * (1.0 + ids * 2.0**-50)
+    values, ids = torch.topk(logp, min(top_n + 1, logp.shape[-1]), dim=-1)
+    # Without two equal values among the top n + 1, the top n and their order are unique. A row with a tie
+    # (rare: it takes exactly equal logits) is ranked by a stable sort instead: equal values by ascending id.
+    tied = (values[:, 1:] == values[:, :-1]).any(dim=-1)
+    if bool(tied.any()):
+        rows = tied.nonzero().squeeze(1)
+        ranked_values, ranked_ids = logp[rows].sort(dim=-1, descending=True, stable=True)
+        width = values.shape[1]
+        values[rows], ids[rows] = ranked_values[:, :width], ranked_ids[:, :width]
+    return token_logprob, ids[:, :top_n], values[:, :top_n]
