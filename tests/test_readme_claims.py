@@ -18,7 +18,7 @@ def test_readme_sharing_example_is_what_the_cli_layout_does():
 
 
 def test_readme_states_what_the_runtime_trusts():
-    """The README names the trusted cached prefix, engine-owned page tables and the one-caller rule."""
+    """The README names the trusted prefix, whole token rows, engine-owned page tables and the one-caller rule."""
     section = README.split("**What the runtime trusts.**", 1)[1].split("\n* **", 1)[0]
-    for claim in ("`[0, cached)` are never read", "silently changes", "belong to the engine", "one caller at a time"):
+    for claim in ("Pass whole token rows", "silently changes", "belong to the engine", "one caller at a time"):
         assert claim in " ".join(section.split()), claim
