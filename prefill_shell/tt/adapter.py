@@ -14,8 +14,16 @@ each into exactly the calls that runtime makes:
 * tokens uint32 ``[1, 1, B, S]`` -> ``embed_prefill(tokens [1, 1, 1, B*S])``
   (a row-major reshape is a view; tt-metal's runtime stages the same form).
 * positions: ``arange(S)`` on device, plus ``start`` for a chunk (a tensor:
-  a trace reads it at replay), typecast to uint32 ``[1, S]`` ->
-  ``prepare_prefill_rot_mats(positions)`` -> ``[rotary_cos, rotary_sin]``.
+  a trace reads it at replay), clamped to ``spec.max_position - 1`` (int32
+  ``ttnn.clamp`` with scalar bounds, the form ttnn documents for INT32),
+  typecast to uint32 ``[1, S]`` -> ``prepare_prefill_rot_mats(positions)``
+  -> ``[rotary_cos, rotary_sin]``. tt-metal's runtime clamps the same
+  positions on the host (``prepare_host_inputs`` in ``inputs.py``:
+  ``arange(start, start + S).clamp(max=matrix_length - 1)``): the padding
+  tail of a final chunk can run past the table (a 8192-token row cached 64
+  has its last 2048-token chunk at 6208..8255), and a TTTv2 model gathers
+  the rows with ``ttnn.embedding``, which does not bound its ids. The
+  adapter assumes the model's rotary table holds ``spec.max_position`` rows.
 * regular prefill (no read table): ``prefill_forward(x, [cos, sin],
   user_id=list(range(B)) if B > 1 else 0, page_table=fill_table,
   chunk_page_table=None, get_last_token=-1, batch_size=B,
@@ -121,13 +129,18 @@ class TtModelAdapter:
         self.mesh = mesh_device
 
     def positions(self, start: Any, seq_len: int, chunked: bool) -> Any:
-        """uint32 ROW_MAJOR ``[1, S]``: ``start .. start+S-1`` (regular prefill starts at 0)."""
+        """uint32 ROW_MAJOR ``[1, S]``: ``start .. start+S-1`` clamped to ``max_position - 1`` (regular starts at 0)."""
         tt = self.tt
         ramp = tt.arange(0, seq_len, 1, dtype=tt.int32, device=self.mesh)
         ramp = tt.to_layout(tt.reshape(ramp, (1, seq_len)), tt.TILE_LAYOUT)
         if chunked:
             offset = tt.to_layout(tt.reshape(start, (1, 1)), tt.TILE_LAYOUT)
             ramp = tt.add(ramp, offset)  # broadcast over the row
+        # Padding positions of a final chunk (or of a padded wave) may run past
+        # the rotary table, which ``prepare_prefill_rot_mats`` indexes with
+        # ``ttnn.embedding``: clamp them to its last row, as tt-metal's runtime
+        # does on the host. Real tokens never reach the clamp (``max_position``).
+        ramp = tt.clamp(ramp, min=0, max=self.spec.max_position - 1)
         return tt.typecast(tt.to_layout(ramp, tt.ROW_MAJOR_LAYOUT), tt.uint32)
 
     def forward_hidden(self, tokens: Any, start: Any, fill_table: Any, read_table: Any, kv: Any) -> Any:

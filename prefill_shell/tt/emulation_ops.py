@@ -12,6 +12,7 @@ unsqueeze_to_4D     ``golden_function``                             input dtype 
 typecast            ``golden_function``                             the requested dtype, input layout
 arange              ``golden_function``                             ``dtype`` (bfloat16), ROW_MAJOR
 add                 ``golden_function``                             ``dtype`` or input a's; a's layout
+clamp               ``golden_function`` (scalar bounds)             input dtype and layout
 embedding           ``golden_function``                             ``dtype`` or the weight's; ``layout``
                                                                     (ROW_MAJOR by default)
 argmax              ``golden_function``                             uint32 ROW_MAJOR
@@ -111,6 +112,11 @@ def _add(tt, a, b, *, dtype=None, **kw):
     return host_of(tt, _golden(tt, "add")(torch_of(tt, a), other), dtype or a.dtype, a.layout)
 
 
+def _clamp(tt, x, min=None, max=None, **kw):
+    _require(not hasattr(min, "layout") and not hasattr(max, "layout"), "clamp: scalar bounds (INT32 takes no others)")
+    return host_of(tt, _golden(tt, "clamp")(torch_of(tt, x), min=min, max=max), x.dtype, x.layout)
+
+
 def _embedding(tt, ids, weight, *, layout=None, dtype=None, **kw):
     _require(ids.dtype == tt.uint32 and ids.layout == tt.ROW_MAJOR_LAYOUT, "embedding: ids uint32 ROW_MAJOR")
     out = _golden(tt, "embedding")(torch_of(tt, ids), torch_of(tt, weight))
@@ -187,6 +193,7 @@ OPS: dict[str, Callable] = {
     "typecast": _typecast,
     "arange": _arange,
     "add": _add,
+    "clamp": _clamp,
     "embedding": _embedding,
     "argmax": _argmax,
     "topk": _topk,

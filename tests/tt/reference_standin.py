@@ -10,7 +10,9 @@ model, bfloat16) through its public API and converts back, by
 
 It checks what the adapter hands it instead of trusting it: the embeddings
 must be rows of the embedding table (they are mapped back to token ids),
-the rotary tables must be those of the positions the chunk start implies,
+the rotary tables must be those of the positions the chunk start implies
+(clamped to the table's last row, as tt-metal's runtime stages them; a
+position past the table is an error, as a device gather would read past it),
 ``user_id`` must match ``batch_size``, and the tables go where the slot
 names say (regular: ``page_table`` fills; chunked: ``chunk_page_table``
 fills, ``page_table`` is read). Unlike a TTTv2 model, its ``prefill_forward``
@@ -52,20 +54,17 @@ class ReferenceLlamaStandIn:
         return self._call("embed_prefill", embed, [tokens], self.tt.bfloat16)
 
     def prepare_prefill_rot_mats(self, position_indices):
-        last = self.cos.shape[0] - 1
-        cos = self._call(
-            "rotary_cos",
-            lambda pos: self.cos[pos.reshape(-1).clamp(max=last)][None, None],
-            [position_indices],
-            self.tt.bfloat16,
-        )
-        sin = self._call(
-            "rotary_sin",
-            lambda pos: self.sin[pos.reshape(-1).clamp(max=last)][None, None],
-            [position_indices],
-            self.tt.bfloat16,
-        )
+        cos = self._call("rotary_cos", lambda pos: self._rows(self.cos, pos), [position_indices], self.tt.bfloat16)
+        sin = self._call("rotary_sin", lambda pos: self._rows(self.sin, pos), [position_indices], self.tt.bfloat16)
         return cos, sin
+
+    @staticmethod
+    def _rows(table: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The table rows at ``positions``; past the table is an error (a device ``ttnn.embedding`` reads past it)."""
+        positions = positions.reshape(-1)
+        if int(positions.max()) >= table.shape[0]:
+            raise ValueError(f"position {int(positions.max())} is past the {table.shape[0]}-row rotary table")
+        return table[positions][None, None]
 
     def prefill_forward(
         self,
