@@ -17,7 +17,8 @@ embedding           ``golden_function``                             ``dtype`` or
                                                                     (ROW_MAJOR by default)
 argmax              ``golden_function``                             uint32 ROW_MAJOR
 topk                ``golden_function``                             values like the input; indices
-                                                                    TILE, uint16 (uint32 past 65536)
+                                                                    TILE, uint16 (uint32 once the
+                                                                    padded width reaches 65536)
 moreh_logsoftmax    ``golden_function``                             input dtype and layout
 gather              ``golden_function``                             input dtype and layout
 pad, slice          ``golden_function``                             input dtype and layout
@@ -132,7 +133,8 @@ def _argmax(tt, x, dim=None, keepdim=False, **kw):
 def _topk(tt, x, k=32, dim=-1, largest=True, sorted=True, **kw):
     _require(x.layout == tt.TILE_LAYOUT and k <= int(x.shape[dim]), "topk: TILE input, k <= its width")
     values, indices = _golden(tt, "topk")(torch_of(tt, x), k, dim, largest, sorted)
-    index_dtype = tt.uint16 if int(x.shape[dim]) <= _UINT16_LIMIT else tt.uint32
+    # tt-metal's TopK output spec: uint16 indices only while the tile-padded width fits 16 bits.
+    index_dtype = tt.uint16 if int(x.padded_shape[dim]) < _UINT16_LIMIT else tt.uint32
     return host_of(tt, values, x.dtype, x.layout), host_of(tt, indices, index_dtype, tt.TILE_LAYOUT)
 
 
@@ -165,6 +167,11 @@ def _all_gather(tt, x, dim, **kw):
 def _sampling(tt, values, indices, k, p, temp, *, seed=None, **kw):
     users = int(values.shape[-2])
     _require(values.dtype == tt.bfloat16 and values.layout == tt.TILE_LAYOUT, "sampling: values bfloat16 TILE")
+    _require(len(values.shape) == 4 and tuple(values.shape)[:2] == (1, 1), "sampling: values [1, 1, users, W]")
+    width = int(values.shape[-1])
+    _require(width > 0 and width % 32 == 0, "sampling: W a non-zero multiple of 32")
+    _require((width // 32) & (width // 32 - 1) == 0, "sampling: W / 32 a power of two")
+    _require(1 <= users <= 32, "sampling: 1 to 32 users")
     _require(
         tuple(indices.shape) == tuple(values.shape) and indices.layout == tt.ROW_MAJOR_LAYOUT,
         "sampling: indices shaped like values, ROW_MAJOR",

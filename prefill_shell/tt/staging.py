@@ -40,7 +40,8 @@ traced program alias) are staged as zeros in the form ``TtnnBackend.assign``
 copies into: ``last_hidden`` bfloat16 TILE ``[1, 1, B, H]``; ``logits``
 float32 TILE ``[1, 1, B, V]``; ``sampled_tokens`` uint32 and ``token_logprob``
 float32 ROW_MAJOR ``[1, 1, 1, B]``; ``top_ids`` uint32 and ``top_logprobs``
-float32 ROW_MAJOR ``[1, 1, B, N]``.
+float32 ROW_MAJOR ``[1, 1, B, N]``. A uint32 value outside ``[0, 2**32 - 1]``
+(a -1 filler) raises instead of wrapping.
 
 Every function takes ``mesh_mapper``: ``None`` for a plain host tensor,
 ``ttnn.ReplicateTensorToMesh(mesh)`` (or a shard mapper for vocab-sharded
@@ -277,17 +278,25 @@ def stage_temperature(t: torch.Tensor, mesh_mapper=None) -> Any:
 # ---------------------------------------------------------------- postprocessing outputs
 
 
-def _vector_out(dtype: str) -> Callable:
+def _exact(spec: TensorSpec, dtype: str, host: torch.Tensor) -> torch.Tensor:
+    """``host`` in ``dtype``'s torch form; an id outside uint32 raises (numpy would wrap -1 to 2**32 - 1)."""
+    value = host.to(_TORCH[dtype])
+    if dtype == "uint32" and value.numel() and _outside_uint32(value.numpy()):
+        raise _out_of_range(spec.name, value, 0, _UINT32_LIMIT - 1)
+    return value
+
+
+def _vector_out(spec: TensorSpec, dtype: str) -> Callable:
     def stage(host: torch.Tensor, mesh_mapper=None) -> Any:
-        return _host(host.reshape(1, 1, 1, -1).to(_TORCH[dtype]), dtype, "ROW_MAJOR", mesh_mapper)
+        return _host(_exact(spec, dtype, host).reshape(1, 1, 1, -1), dtype, "ROW_MAJOR", mesh_mapper)
 
     return stage
 
 
-def _rows_out(dtype: str, layout: str) -> Callable:
+def _rows_out(spec: TensorSpec, dtype: str, layout: str) -> Callable:
     def stage(host: torch.Tensor, mesh_mapper=None) -> Any:
         b, n = host.shape
-        return _host(host.reshape(1, 1, b, n).to(_TORCH[dtype]), dtype, layout, mesh_mapper)
+        return _host(_exact(spec, dtype, host).reshape(1, 1, b, n), dtype, layout, mesh_mapper)
 
     return stage
 
@@ -314,19 +323,22 @@ _STAGING: dict[TensorSpec, tuple[Callable, TensorContract]] = {
     TOP_P: (stage_top_p, TensorContract("bfloat16", "ROW_MAJOR")),
     TEMPERATURE: (stage_temperature, TensorContract("bfloat16", "ROW_MAJOR")),
     HIDDEN: (stage_hidden, TensorContract("bfloat16", "TILE")),
-    LAST_HIDDEN: (_rows_out("bfloat16", "TILE"), TensorContract("bfloat16", "TILE")),
-    LOGITS: (_rows_out("float32", "TILE"), TensorContract("float32", "TILE")),
-    SAMPLED_TOKENS: (_vector_out("uint32"), TensorContract("uint32", "ROW_MAJOR")),
-    TOKEN_LOGPROB: (_vector_out("float32"), TensorContract("float32", "ROW_MAJOR")),
-    TOP_IDS: (_rows_out("uint32", "ROW_MAJOR"), TensorContract("uint32", "ROW_MAJOR")),
-    TOP_LOGPROBS: (_rows_out("float32", "ROW_MAJOR"), TensorContract("float32", "ROW_MAJOR")),
+    LAST_HIDDEN: (_rows_out(LAST_HIDDEN, "bfloat16", "TILE"), TensorContract("bfloat16", "TILE")),
+    LOGITS: (_rows_out(LOGITS, "float32", "TILE"), TensorContract("float32", "TILE")),
+    SAMPLED_TOKENS: (_vector_out(SAMPLED_TOKENS, "uint32"), TensorContract("uint32", "ROW_MAJOR")),
+    TOKEN_LOGPROB: (_vector_out(TOKEN_LOGPROB, "float32"), TensorContract("float32", "ROW_MAJOR")),
+    TOP_IDS: (_rows_out(TOP_IDS, "uint32", "ROW_MAJOR"), TensorContract("uint32", "ROW_MAJOR")),
+    TOP_LOGPROBS: (_rows_out(TOP_LOGPROBS, "float32", "ROW_MAJOR"), TensorContract("float32", "ROW_MAJOR")),
     PROMPT_INDEX: (_int_vector(PROMPT_INDEX), _ROW_MAJOR_INT32),
-    PROMPT_TARGETS: (_vector_out("uint32"), TensorContract("uint32", "ROW_MAJOR")),
-    PROMPT_HIDDEN: (_rows_out("bfloat16", "TILE"), TensorContract("bfloat16", "TILE")),
-    PROMPT_LOGITS: (_rows_out("float32", "TILE"), TensorContract("float32", "TILE")),
-    PROMPT_LOGPROB: (_vector_out("float32"), TensorContract("float32", "ROW_MAJOR")),
-    PROMPT_TOP_IDS: (_rows_out("uint32", "ROW_MAJOR"), TensorContract("uint32", "ROW_MAJOR")),
-    PROMPT_TOP_LOGPROBS: (_rows_out("float32", "ROW_MAJOR"), TensorContract("float32", "ROW_MAJOR")),
+    PROMPT_TARGETS: (_vector_out(PROMPT_TARGETS, "uint32"), TensorContract("uint32", "ROW_MAJOR")),
+    PROMPT_HIDDEN: (_rows_out(PROMPT_HIDDEN, "bfloat16", "TILE"), TensorContract("bfloat16", "TILE")),
+    PROMPT_LOGITS: (_rows_out(PROMPT_LOGITS, "float32", "TILE"), TensorContract("float32", "TILE")),
+    PROMPT_LOGPROB: (_vector_out(PROMPT_LOGPROB, "float32"), TensorContract("float32", "ROW_MAJOR")),
+    PROMPT_TOP_IDS: (_rows_out(PROMPT_TOP_IDS, "uint32", "ROW_MAJOR"), TensorContract("uint32", "ROW_MAJOR")),
+    PROMPT_TOP_LOGPROBS: (
+        _rows_out(PROMPT_TOP_LOGPROBS, "float32", "ROW_MAJOR"),
+        TensorContract("float32", "ROW_MAJOR"),
+    ),
 }
 
 

@@ -6,10 +6,14 @@ here needs a device. Each test names the tt-metal source it compares with.
 
 from __future__ import annotations
 
+import pytest
 import torch
 
+from prefill_core.errors import PrefillInputError
+from prefill_shell.contract import PROMPT_TARGETS, SAMPLED_TOKENS
 from prefill_shell.executor import PrefillExecutor
 from prefill_shell.reference import random_llama
+from prefill_shell.tt import staging as ttnn_staging
 from tests.helpers import build_runtime
 from tests.tt.emulated_lanes import BLOCK, POLICY, call_args
 from tests.tt.reference_standin import ReferenceLlamaStandIn
@@ -64,3 +68,57 @@ def test_a_final_chunk_whose_padding_runs_past_the_rotary_table_runs_and_matches
     )
     for g, w in zip(got, want):
         assert (g.logits - w.logits).abs().max().item() <= 0.02 * w.logits.abs().max().item()
+
+
+@pytest.mark.parametrize("spec", [PROMPT_TARGETS, SAMPLED_TOKENS])
+@pytest.mark.parametrize("bad", [-1, 2**32])
+def test_uint32_vectors_refuse_ids_outside_uint32_instead_of_wrapping(ttnn, spec, bad):
+    """A -1 filler or 2**32 staged as uint32 raises naming the spec; numpy would wrap them to 4294967295 and 0."""
+    with pytest.raises(PrefillInputError, match=rf"{spec.name}\[2\]={bad}") as info:
+        ttnn_staging.stage(spec, torch.tensor([5, 0, bad]))
+    assert info.value.field == spec.name
+
+
+def test_uint32_vectors_keep_the_extremes_exact(ttnn):
+    """0 and 2**32 - 1 round-trip exactly through the uint32 staging of a target vector."""
+    staged = ttnn_staging.stage(PROMPT_TARGETS, torch.tensor([0, 2**32 - 1, 2**24 + 1]))
+    assert staged.dtype == ttnn.uint32
+    assert ttnn.to_torch(staged).to(torch.int64).reshape(-1).tolist() == [0, 2**32 - 1, 2**24 + 1]
+
+
+@pytest.mark.parametrize(("width", "index_dtype"), [(65504, "uint16"), (65530, "uint32"), (65536, "uint32")])
+def test_emulated_topk_index_dtype_follows_the_padded_width(ttnn, width, index_dtype):
+    """tt-metal's TopK output spec (topk_device_operation.cpp): uint16 indices only while the padded width < 65536."""
+    emu = _emulation(ttnn)
+    logits = emu.to_device(ttnn.from_torch(torch.randn(1, 1, 2, width), dtype=ttnn.float32, layout=ttnn.TILE_LAYOUT))
+    values, indices = emu.topk(logits, 4, dim=3)
+    assert indices.dtype == getattr(ttnn, index_dtype)
+    assert (values.dtype, indices.layout) == (ttnn.float32, ttnn.TILE_LAYOUT)
+
+
+@pytest.mark.parametrize("width", [16, 96])
+def test_emulated_sampling_refuses_a_width_the_device_refuses(ttnn, width):
+    """ttnn.sampling refuses a W not a multiple of 32 or W / 32 not a power of two; so does the emulation.
+
+    tt-metal ``sampling_device_operation.cpp`` (``validate_on_program_cache_miss``).
+    """
+    from prefill_shell.tt.emulation import EmulationError
+
+    emu = _emulation(ttnn)
+    rm = ttnn.ROW_MAJOR_LAYOUT
+
+    def put(array, dtype, layout=rm):
+        return emu.to_device(ttnn.from_torch(array, dtype=dtype, layout=layout))
+
+    values = put(torch.randn(1, 1, 2, width).bfloat16(), ttnn.bfloat16, ttnn.TILE_LAYOUT)
+    indices = put(torch.arange(2 * width, dtype=torch.int32).reshape(1, 1, 2, width), ttnn.uint32)
+    k = put(torch.tensor([2, 2], dtype=torch.int32), ttnn.uint32)
+    p, temp = (put(torch.ones(2).bfloat16(), ttnn.bfloat16) for _ in range(2))
+    with pytest.raises(EmulationError, match="sampling: W"):
+        emu.sampling(values, indices, k=k, p=p, temp=temp, seed=1)
+
+
+def _emulation(ttnn):
+    from prefill_shell.tt.emulation import ReferenceEmulation
+
+    return ReferenceEmulation(ttnn)
