@@ -31,8 +31,9 @@ How each seam operation maps onto ttnn:
   P and T device tensors the postprocessor owns (staged as K uint32, P and
   1/T bfloat16; uploaded per invocation when eager, refreshed in place in
   the alias workspace when traced). ``ttnn.sampling`` takes one seed per
-  call, so a wave draws from ``seeds[0]``: tokens are reproducible per
-  (wave, seed), not per row as on the torch backend.
+  call, so a wave draws from ``seeds[0]`` (``device_seed``: its low 32 bits,
+  0 mapped to ``0xFFFFFFFF``, because the kernel does not reseed on 0):
+  tokens are reproducible per (wave, seed), not per row as on the torch backend.
 * ``logprobs``: ``ttnn.moreh_logsoftmax``, ``ttnn.gather`` at the tokens,
   ``ttnn.topk`` for the top-N table.
 * Traces: a warm run of the body outside any capture (it compiles the
@@ -64,7 +65,9 @@ from ..ledger import DeviceTensor, Ownership, ResourceLedger
 from ..notes import add_note
 from . import staging as ttnn_staging
 
-__all__ = ["TtnnBackend", "host_contract"]
+__all__ = ["TtnnBackend", "device_seed", "host_contract"]
+
+_SEED_MASK = 0xFFFFFFFF
 
 SAMPLING_CANDIDATES = 32
 """Top-k candidates handed to ``ttnn.sampling`` (its k is at most 32, so top-32 loses nothing)."""
@@ -230,7 +233,7 @@ class TtnnBackend:
         values, candidates = tt.topk(full, SAMPLING_CANDIDATES, dim=3)  # [1, 1, B, 32]
         indices = tt.typecast(tt.to_layout(candidates, tt.ROW_MAJOR_LAYOUT), tt.uint32)
         k, p, temp = inputs[TOP_K], inputs[TOP_P], inputs[TEMPERATURE]
-        tokens = tt.sampling(values, indices, k=k, p=p, temp=temp, seed=int(seeds[0]) & 0xFFFFFFFF)
+        tokens = tt.sampling(values, indices, k=k, p=p, temp=temp, seed=device_seed(seeds[0]))
         self._free(indices, candidates, values, *made)
         return tokens
 
@@ -276,6 +279,18 @@ class TtnnBackend:
         self.tt.release_trace(self.device, trace.payload)  # a failure leaves the trace releasable
         trace.released = True
         trace.payload = None
+
+
+def device_seed(seed: int) -> int:
+    """The ``ttnn.sampling`` seed for ``seed``: its low 32 bits, never 0.
+
+    The sampling kernel seeds its generator only for a non-zero seed
+    (tt-metal ``sampling/device/kernels/compute/sampling.cpp``,
+    ``generate_rand_tile``): with 0 it draws from whatever state the core's
+    generator holds, so a row with ``seed=0`` would not repeat. 0 becomes
+    ``0xFFFFFFFF`` (that one seed and 0 draw alike).
+    """
+    return int(seed) & _SEED_MASK or _SEED_MASK
 
 
 def _spec(tensor: Any) -> tuple:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from prefill_core import SamplingParams
 from prefill_core.errors import PrefillInputError
 from prefill_shell.contract import PROMPT_TARGETS, SAMPLED_TOKENS
 from prefill_shell.executor import PrefillExecutor
@@ -122,3 +123,28 @@ def _emulation(ttnn):
     from prefill_shell.tt.emulation import ReferenceEmulation
 
     return ReferenceEmulation(ttnn)
+
+
+@pytest.mark.parametrize(("seed", "passed"), [(0, 0xFFFFFFFF), (2**32, 0xFFFFFFFF), (3, 3), (2**40 + 5, 5)])
+def test_ttnn_sampling_never_gets_seed_zero(ttnn, monkeypatch, seed, passed):
+    """The sampling kernel reseeds only for a non-zero seed (sampling.cpp, generate_rand_tile): 0 is never passed."""
+    from prefill_shell.contract import LOGITS, TEMPERATURE, TOP_K, TOP_P, sampling_values
+    from prefill_shell.ledger import Ownership
+    from prefill_shell.tt import emulation_ops
+    from prefill_shell.tt.backend import TtnnBackend
+
+    seen = []
+    original = emulation_ops.OPS["sampling"]
+
+    def spy(*args, seed=None, **kwargs):
+        seen.append(seed)
+        return original(*args, seed=seed, **kwargs)
+
+    monkeypatch.setitem(emulation_ops.OPS, "sampling", spy)
+    emu = _emulation(ttnn)
+    backend = TtnnBackend(emu.mesh, ttnn_module=emu)
+    logits = backend.upload(torch.randn(2, 64), LOGITS, Ownership.INVOCATION).value
+    values = sampling_values((SamplingParams(temperature=0.7, top_k=5, seed=seed),) * 2)
+    inputs = {s: backend.upload(values[s], s, Ownership.INVOCATION).value for s in (TOP_K, TOP_P, TEMPERATURE)}
+    backend.sample(logits, inputs, (seed, seed))
+    assert seen == [passed]
