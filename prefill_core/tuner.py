@@ -118,6 +118,9 @@ def _short_work(
 def _rungs_by_trace_count(values: list[int], counts: list[tuple[int, int]], max_traces: int) -> dict[int, tuple]:
     """For each trace count ``t <= max_traces`` reachable, the cheapest rungs (ending at the largest value)."""
     n = len(values)
+    # Each rung serves at most two kinds, so no ladder of these values needs more than 2n traces:
+    # a larger budget adds nothing but table size.
+    max_traces = min(max_traces, 2 * n)
     prompts, regular, chunked = [0], [0], [0]
     for r, c in counts:
         prompts.append(prompts[-1] + r + c)
@@ -150,16 +153,26 @@ def _rungs_by_trace_count(values: list[int], counts: list[tuple[int, int]], max_
     return choices
 
 
-def _max_chunks(policy: PrefillPolicy) -> list[int]:
-    """Max chunks the tuner may pick: multiples of the chunk quantum up to the policy's, and the policy's."""
+def _max_chunks(policy: PrefillPolicy, entries: tuple[HistogramEntry, ...], block_size: int) -> list[int]:
+    """Max chunks the tuner may pick: multiples of the chunk quantum up to the policy's, and the policy's.
+
+    Multiples past the first that holds every entry's rung are left out: from
+    there on every entry runs one step of its rung (no chunk is cut shorter),
+    so they plan alike, and the tie goes to the smallest. A huge max chunk
+    would otherwise be a huge range.
+    """
     quantum, limit = policy.chunk_quantum, policy.max_chunk_length
-    return sorted(set(range(quantum, limit + 1, quantum)) | {limit})
+    unit = math.lcm(policy.tile_size, block_size)
+    longest = max(entry.length for entry in entries)
+    # No candidate ladder's rung, nor a power of two past it, exceeds this for any entry.
+    reach = max(1 << (longest - 1).bit_length(), round_up(longest, unit))
+    return sorted(set(range(quantum, min(limit, round_up(reach, quantum)) + 1, quantum)) | {limit})
 
 
 def _candidates(policy: PrefillPolicy, entries: tuple[HistogramEntry, ...], block_size: int, max_traces: int):
     """Every (ladder, max chunk) the search proposes, in a fixed order."""
     unit = math.lcm(policy.tile_size, block_size)
-    for max_chunk in _max_chunks(policy):
+    for max_chunk in _max_chunks(policy, entries, block_size):
         values, counts, longest = _short_work(entries, block_size, unit, max_chunk)
         tail = (ceil_div(longest, max_chunk) * max_chunk,) if longest else ()
         if not values:
