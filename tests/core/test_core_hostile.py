@@ -2,9 +2,23 @@
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
-from prefill_core import PageTableLayout, PrefillBatch, PrefillPolicy, PrefillRow, manifest_for, prepare_prefill
+from prefill_core import (
+    InvalidJSONError,
+    InvalidLayoutError,
+    InvalidPolicyError,
+    PageTableLayout,
+    PrefillBatch,
+    PrefillPolicy,
+    PrefillRow,
+    SamplingParams,
+    from_json,
+    manifest_for,
+    prepare_prefill,
+    to_json,
+)
 from prefill_core.__main__ import main
 from prefill_core.explain import MAX_SAMPLE_BLOCKS
 from prefill_core.histogram import parse_histogram
@@ -90,3 +104,37 @@ def test_a_huge_trace_budget_or_max_chunk_tunes_like_a_sufficient_one():
     wide = tune(entries, block_size=32, max_traces=8, default=PrefillPolicy(max_chunk_length=8192))
     assert (huge.policy.max_chunk_length, huge.cost) == (wide.policy.max_chunk_length, wide.cost)
     assert huge.cost.positions <= huge.default_cost.positions
+
+
+@pytest.mark.parametrize(
+    ("text", "path"),
+    [
+        ('{"batching_enabled": "false"}', "PrefillPolicy.batching_enabled"),
+        ('{"max_chunk_length": 2048.5}', "PrefillPolicy.max_chunk_length"),
+        ('{"tile_size": true}', "PrefillPolicy.tile_size"),
+        ('{"waves": [1, 2.5]}', "PrefillPolicy.waves[1]"),
+        ('{"max_chunk_len": 1024}', "extra fields found (max_chunk_len)"),
+        ("{", "PrefillPolicy JSON is invalid"),
+    ],
+)
+def test_policy_json_of_a_wrong_type_or_an_unknown_key_is_refused_not_coerced(text, path):
+    """from_json refuses "false" for a bool, a float or bool for an int and a misspelt key, naming the path."""
+    with pytest.raises(InvalidJSONError) as error:
+        from_json(PrefillPolicy, text)
+    assert path in str(error.value)
+
+
+def test_json_a_value_refuses_raises_the_values_own_error():
+    """A well-typed field the value itself refuses (a 48-token block, wave 3) raises the value's named error."""
+    with pytest.raises(InvalidLayoutError, match="block_size=48"):
+        from_json(PageTableLayout, '{"block_size": 48, "max_num_blocks_per_seq": 1, "num_blocks": 1}')
+    with pytest.raises(InvalidPolicyError, match="wave 3"):
+        from_json(PrefillPolicy, '{"waves": [3]}')
+
+
+def test_evolved_and_odd_values_round_trip_exactly():
+    """Evolved policies (unsorted trace lengths, one rung), an int temperature and prompt log-probs round-trip equal."""
+    policy = attrs.evolve(PrefillPolicy(), trace_lengths=(256, 128), length_ladder=(64,), max_logprobs=0)
+    assert from_json(PrefillPolicy, to_json(policy)) == policy
+    params = SamplingParams(temperature=1, top_k=3, top_p=1, seed=2**63 - 1, prompt_logprobs=0)
+    assert from_json(SamplingParams, to_json(params)) == params
