@@ -82,9 +82,9 @@ def reachable_chunks(policy: PrefillPolicy, block_size: int, padded: int, shorte
     """Chunk lengths a chunked row of ``shortest..longest`` tokens (rung ``padded``) can run."""
     chunks = set()
     # Uncached rows run chunked when the rung exceeds the max chunk; a row of
-    # two or more tokens cached inside its first block recomputes from 0, so
-    # its work is its whole length, of this bucket's rung, whatever the rung.
-    if padded > policy.max_chunk_length or longest > 1:
+    # two or more tokens cached inside its first block (1 <= cached < block_size)
+    # recomputes from 0, so its work is its whole length, of this bucket's rung.
+    if padded > policy.max_chunk_length or min(longest, block_size) > 1:
         chunks.add(policy.chunk_length(padded, block_size))
     # A row cached past its first block leaves 1 .. longest - block_size
     # tokens of work; a bucket spans at least one block, so every such count occurs.
