@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 import attrs
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from prefill_core import (
     InvalidJSONError,
@@ -13,6 +17,7 @@ from prefill_core import (
     PrefillBatch,
     PrefillPolicy,
     PrefillRow,
+    PreparedPrefill,
     SamplingParams,
     from_json,
     manifest_for,
@@ -23,6 +28,8 @@ from prefill_core.__main__ import main
 from prefill_core.explain import MAX_SAMPLE_BLOCKS
 from prefill_core.histogram import parse_histogram
 from prefill_core.tuner import tune
+
+from .plan_checks import expected_writes, writes_by_source_row
 
 
 @pytest.mark.parametrize(
@@ -138,3 +145,62 @@ def test_evolved_and_odd_values_round_trip_exactly():
     assert from_json(PrefillPolicy, to_json(policy)) == policy
     params = SamplingParams(temperature=1, top_k=3, top_p=1, seed=2**63 - 1, prompt_logprobs=0)
     assert from_json(SamplingParams, to_json(params)) == params
+
+
+@st.composite
+def _odd_configurations(draw):
+    """A policy the shared strategies never draw (a tile unlike 32, any quantum, waves without 1, tiny limits),
+    a layout it fits, and a batch of fresh rows, cached anywhere."""
+    bs = draw(st.sampled_from((1, 2, 16, 64)))
+    tile = draw(st.sampled_from((1, 3, 48, 64, 96, bs, 3 * bs)))
+    unit = math.lcm(tile, bs)
+    ladder = tuple(sorted(draw(st.sets(st.integers(1, 12).map(lambda k: k * unit), max_size=3))))
+    if not ladder and tile % bs:
+        ladder = (unit,)
+    max_chunk = draw(st.integers(1, 24)) * unit
+    policy = PrefillPolicy(
+        tile_size=tile,
+        waves=tuple(sorted(draw(st.sets(st.sampled_from((1, 2, 4, 8, 64)), min_size=1)))),
+        length_ladder=ladder,
+        max_chunk_length=max_chunk,
+        chunk_quantum=draw(st.sampled_from((max_chunk, unit, 3 * unit, 5 * bs, 10**6))),
+        batching_enabled=draw(st.booleans()),
+        max_batch_size=draw(st.integers(1, 70)),
+        lane_size=draw(st.integers(1, 12)),
+        max_batched_tokens=draw(st.sampled_from((1, 100, 2048, 10**9))),
+        pad_partial_waves=draw(st.booleans()),
+        table_width_multiple=draw(st.integers(1, 10)),
+        max_logprobs=draw(st.integers(0, 2)),
+        static_last_token_tile=draw(st.booleans()),
+    )
+    width = draw(st.integers(1, 40))
+    rows, block = [], 0
+    for slot in range(draw(st.integers(1, policy.lane_size))):
+        length = draw(st.integers(1, width * bs))
+        inside_first_block = st.integers(0, min(length, bs - 1))
+        cached = draw(st.one_of(st.just(0), st.just(length), st.integers(0, length), inside_first_block))
+        need = -(-length // bs)
+        rows.append(PrefillRow(length, cached, slot, tuple(range(block, block + need))))
+        block += need
+    return policy, PageTableLayout(bs, width, block), PrefillBatch.from_rows(rows)
+
+
+@given(_odd_configurations())
+def test_odd_policies_plan_every_invariant_and_the_manifest_covers_them(configuration):
+    """Each row once, exactly its own written blocks, its last token in the final chunk, no step past the max chunk,
+    an exact JSON round trip, and a manifest that covers the plan."""
+    policy, layout, batch = configuration
+    bs = layout.block_size
+    prepared = prepare_prefill(batch, policy, layout)
+    requests = tuple(p.request for p in prepared)
+    assert sorted(row for r in requests for row in r.source_rows) == list(range(len(batch)))
+    written = {row: sorted(w) for row, w in writes_by_source_row(requests).items()}
+    assert written == expected_writes(batch, bs)
+    for request in requests:
+        assert request.chunk_length % bs == 0 and request.chunk_length <= policy.max_chunk_length
+        assert all(request.final_chunk.start <= n - 1 < request.final_chunk.end for n in request.lengths)
+        assert request.chunks[0].start <= min(min(c, n - 1) for n, c in zip(request.lengths, request.cached))
+    assert from_json(tuple[PreparedPrefill, ...], to_json(prepared)) == prepared
+    assert from_json(PrefillPolicy, to_json(policy)) == policy
+    manifest = manifest_for(policy, layout)
+    assert all(manifest.covers(p) for p in prepared)
