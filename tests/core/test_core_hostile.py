@@ -204,3 +204,10 @@ def test_odd_policies_plan_every_invariant_and_the_manifest_covers_them(configur
     assert from_json(PrefillPolicy, to_json(policy)) == policy
     manifest = manifest_for(policy, layout)
     assert all(manifest.covers(p) for p in prepared)
+
+
+@pytest.mark.parametrize("max_chunk", [0, -8, True, 2048.0])
+def test_fine_rungs_names_a_max_chunk_that_is_not_a_positive_int(max_chunk):
+    """fine_rungs(max_chunk_length=0 / -8 / True / 2048.0) is an InvalidPolicyError naming max_chunk_length."""
+    with pytest.raises(InvalidPolicyError, match="max_chunk_length="):
+        PrefillPolicy.fine_rungs(1, max_chunk_length=max_chunk)
