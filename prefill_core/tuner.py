@@ -38,7 +38,7 @@ import math
 import attrs
 
 from .batch import PrefillBatch, PrefillRow
-from .errors import TraceBudgetError, field_error
+from .errors import PrefillInputError, TraceBudgetError, field_error
 from .histogram import HistogramEntry
 from .intmath import ceil_div, round_up
 from .layout import PageTableLayout
@@ -192,6 +192,11 @@ def tune(
     ``max_chunk_length`` no larger than its own.
     """
     default = PrefillPolicy() if default is None else default
+    if not isinstance(entries, tuple) or not entries or not all(isinstance(e, HistogramEntry) for e in entries):
+        rule = "must be a non-empty tuple of HistogramEntry"
+        raise field_error(PrefillInputError, "tune", "entries", entries, rule)
+    if type(block_size) is not int or block_size <= 0:
+        raise field_error(PrefillInputError, "tune", "block_size", block_size, "must be a positive int")
     if type(max_traces) is not int or max_traces < 1:
         raise field_error(TraceBudgetError, "tune", "max_traces", max_traces, "must be a positive int")
     default_cost = measure(default, entries, block_size)

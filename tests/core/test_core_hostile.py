@@ -10,11 +10,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from prefill_core import (
+    InvalidCachedLengthError,
     InvalidJSONError,
     InvalidLayoutError,
     InvalidPolicyError,
     PageTableLayout,
     PrefillBatch,
+    PrefillInputError,
     PrefillPolicy,
     PrefillRow,
     PreparedPrefill,
@@ -26,7 +28,7 @@ from prefill_core import (
 )
 from prefill_core.__main__ import main
 from prefill_core.explain import MAX_SAMPLE_BLOCKS
-from prefill_core.histogram import parse_histogram
+from prefill_core.histogram import HistogramEntry, parse_histogram
 from prefill_core.tuner import tune
 
 from .plan_checks import expected_writes, writes_by_source_row
@@ -211,3 +213,33 @@ def test_fine_rungs_names_a_max_chunk_that_is_not_a_positive_int(max_chunk):
     """fine_rungs(max_chunk_length=0 / -8 / True / 2048.0) is an InvalidPolicyError naming max_chunk_length."""
     with pytest.raises(InvalidPolicyError, match="max_chunk_length="):
         PrefillPolicy.fine_rungs(1, max_chunk_length=max_chunk)
+
+
+@pytest.mark.parametrize(
+    ("fields", "error", "field"),
+    [
+        ((100, 0, 0), PrefillInputError, "count"),
+        ((100, -3, 0), PrefillInputError, "count"),
+        ((0, 1, 0), PrefillInputError, "length"),
+        ((100, 1, 200), InvalidCachedLengthError, "cached"),
+        ((100, True, 0), PrefillInputError, "count"),
+    ],
+)
+def test_a_histogram_entry_of_no_prompts_or_a_bad_length_is_refused_on_construction(fields, error, field):
+    """HistogramEntry(count 0 or -3, length 0, cached past the length) is a named error, not a zero or negative cost."""
+    with pytest.raises(error, match=f"HistogramEntry.{field}="):
+        HistogramEntry(*fields)
+
+
+@pytest.mark.parametrize(
+    ("entries", "block_size", "field"),
+    [
+        ((), 32, "entries"),
+        ([HistogramEntry(100, 1, 0)], 32, "entries"),
+        ((HistogramEntry(100, 1, 0),), 0, "block_size"),
+    ],
+)
+def test_tune_names_empty_entries_and_a_zero_block(entries, block_size, field):
+    """tune((), ...) and tune(block_size=0) name the argument instead of max()'s ValueError or a ZeroDivisionError."""
+    with pytest.raises(PrefillInputError, match=f"tune.{field}="):
+        tune(entries, block_size=block_size, max_traces=4)
