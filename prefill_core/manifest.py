@@ -23,6 +23,7 @@ from collections.abc import Iterable, Iterator
 
 import attrs
 
+from .errors import PrefillInputError, field_error
 from .geometry import chunked_fill_width, chunked_read_width, regular_table_width
 from .layout import PageTableLayout
 from .policy import PrefillPolicy, check_policy_fits_layout
@@ -117,12 +118,24 @@ def _tiles(policy: PrefillPolicy, body: PrefillTraceSignature, shortest: int, lo
     return tuple(sorted({(n - 1) // policy.tile_size * policy.tile_size for n in range(shortest, longest + 1)}))
 
 
+def _check_arguments(policy: object, layout: object) -> None:
+    for name, value, kind in (("policy", policy, PrefillPolicy), ("layout", layout, PageTableLayout)):
+        if not isinstance(value, kind):
+            rule = f"must be a {kind.__name__}, got {type(value).__name__}"
+            raise field_error(PrefillInputError, "manifest_for", name, value, rule)
+
+
 def manifest_for(
     policy: PrefillPolicy, layout: PageTableLayout, sampling_paths: Iterable[SamplingPath] = ALL_PATHS
 ) -> WarmupManifest:
     """Every program and trace signature ``policy`` can produce on ``layout``."""
+    _check_arguments(policy, layout)
     check_policy_fits_layout(policy, layout)
-    paths = tuple(sampling_paths)
+    paths = tuple(sampling_paths) if not isinstance(sampling_paths, (str, bytes)) else (sampling_paths,)
+    for path in paths:
+        if not isinstance(path, SamplingPath):
+            rule = "must be SamplingPath members (SamplingPath('logits'), not 'logits')"
+            raise field_error(PrefillInputError, "manifest_for", "sampling_paths", path, rule)
     programs: list[PrefillProgramSignature] = []
     traces: list[PrefillTraceSignature] = []
     for body, shortest, longest in _bodies(policy, layout):

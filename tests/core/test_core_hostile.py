@@ -243,3 +243,18 @@ def test_tune_names_empty_entries_and_a_zero_block(entries, block_size, field):
     """tune((), ...) and tune(block_size=0) name the argument instead of max()'s ValueError or a ZeroDivisionError."""
     with pytest.raises(PrefillInputError, match=f"tune.{field}="):
         tune(entries, block_size=block_size, max_traces=4)
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        ((None, PageTableLayout(32, 4, 4)), "policy"),
+        ((PrefillPolicy(), None), "layout"),
+        ((PrefillPolicy(), PageTableLayout(32, 4, 4), ["logits"]), "sampling_paths"),
+        ((PrefillPolicy(), PageTableLayout(32, 4, 4), "logits"), "sampling_paths"),
+    ],
+)
+def test_manifest_for_names_an_argument_of_the_wrong_kind(args, field):
+    """A None policy or layout and a sampling path given as a string are named, not an AttributeError on .value."""
+    with pytest.raises(PrefillInputError, match=f"manifest_for.{field}="):
+        manifest_for(*args)
