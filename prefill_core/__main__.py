@@ -6,7 +6,16 @@ import argparse
 import sys
 
 from .errors import PrefillInputError
-from .explain import ArgumentError, manifest_table, parse_cached, parse_lengths, plan_table, sample_batches, tune_table
+from .explain import (
+    ArgumentError,
+    check_sample_blocks,
+    manifest_table,
+    parse_cached,
+    parse_lengths,
+    plan_table,
+    sample_batches,
+    tune_table,
+)
 from .histogram import parse_histogram
 from .intmath import ceil_div
 from .layout import PageTableLayout
@@ -17,13 +26,26 @@ from .serialize import to_json
 from .tuner import tune
 
 
+def _positive_int(text: str) -> int:
+    """An argparse type: a positive integer, else a usage error (exit 2) naming the option."""
+    if not text.strip().isdecimal() or int(text) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return int(text)
+
+
+def _non_negative_int(text: str) -> int:
+    if not text.strip().isdecimal():
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 0")
+    return int(text)
+
+
 def _policy(args: argparse.Namespace) -> PrefillPolicy:
     return PrefillPolicy(max_chunk_length=args.max_chunk, batching_enabled=not args.no_batching)
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--block", type=int, default=32, help="KV block size (tokens)")
-    parser.add_argument("--max-chunk", type=int, default=2048, help="max chunk length (tokens)")
+    parser.add_argument("--block", type=_positive_int, default=32, help="KV block size (tokens)")
+    parser.add_argument("--max-chunk", type=_positive_int, default=2048, help="max chunk length (tokens)")
     parser.add_argument("--no-batching", action="store_true", help="plan every row as a single request")
     parser.add_argument("--json", action="store_true", help="print the cattrs JSON instead of a table")
 
@@ -36,14 +58,18 @@ def main(argv: list[str] | None = None) -> int:
     plan.add_argument("--cached", default="", help="cached prefix per length group (comma list)")
     _add_common(plan)
     manifest = sub.add_parser("manifest", help="enumerate every signature a policy can produce")
-    manifest.add_argument("--max-length", type=int, default=8192, help="longest prompt the layout maps")
+    manifest.add_argument("--max-length", type=_positive_int, default=8192, help="longest prompt the layout maps")
     _add_common(manifest)
     tuner = sub.add_parser("tune", help="pick ladder rungs and a max chunk for a length histogram")
     tuner.add_argument("--lengths", required=True, help="histogram file: LENGTH [COUNT [CACHED]] per line")
-    tuner.add_argument("--cached", type=int, default=0, help="shared cached prefix (tokens) where a line has none")
+    tuner.add_argument(
+        "--cached", type=_non_negative_int, default=0, help="shared cached prefix (tokens) where a line has none"
+    )
     tuner.add_argument("--max-traces", type=int, required=True, help="trace budget (distinct trace signatures)")
-    tuner.add_argument("--block", type=int, default=32, help="KV block size (tokens)")
-    tuner.add_argument("--max-chunk", type=int, default=2048, help="largest max chunk to pick; the default's (tokens)")
+    tuner.add_argument("--block", type=_positive_int, default=32, help="KV block size (tokens)")
+    tuner.add_argument(
+        "--max-chunk", type=_positive_int, default=2048, help="largest max chunk to pick; the default's (tokens)"
+    )
     tuner.add_argument("--json", action="store_true", help="print the tuned PrefillPolicy as cattrs JSON")
     tuner.set_defaults(no_batching=False)
     args = parser.parse_args(argv)
@@ -57,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
             layout = PageTableLayout(args.block, ceil_div(args.max_length, args.block), 1)
             bill = manifest_for(policy, layout)
             print(bill.to_json() if args.json else manifest_table(bill))
-    except (ArgumentError, PrefillInputError, OSError) as error:
+    except (ArgumentError, PrefillInputError, OSError, UnicodeDecodeError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     return 0
@@ -69,6 +95,7 @@ def _plan(args: argparse.Namespace, policy: PrefillPolicy) -> None:
     cached = parse_cached(args.cached, len(groups))
     longest = max(length for _, length in groups)
     total = sum(count * ceil_div(length, args.block) for count, length in groups)
+    check_sample_blocks("--lengths", total, args.block)
     layout = PageTableLayout(args.block, ceil_div(longest, args.block), max(total, 1))
     prepared, first_rows = [], []
     for first_row, batch in sample_batches(groups, cached, layout, policy):
@@ -80,8 +107,10 @@ def _plan(args: argparse.Namespace, policy: PrefillPolicy) -> None:
 
 def _tune(args: argparse.Namespace, policy: PrefillPolicy) -> None:
     """Tunes a ladder for the histogram file; ``policy`` (tt-metal's ladder) is the comparison."""
-    with open(args.lengths, encoding="utf-8") as file:
+    with open(args.lengths, encoding="utf-8-sig") as file:  # a byte-order mark (Windows editors) is not text
         entries = parse_histogram(file.read(), block_size=args.block, cached=args.cached)
+    # The tuner plans each entry once, as one sample row (its count only weighs it).
+    check_sample_blocks("--lengths", sum(ceil_div(entry.length, args.block) for entry in entries), args.block)
     result = tune(entries, block_size=args.block, max_traces=args.max_traces, default=policy)
     print(to_json(result.policy, indent=1) if args.json else tune_table(result))
 

@@ -27,6 +27,7 @@ __all__ = [
     "InvalidScoringRequestError",
     "InvalidPolicyError",
     "InvalidLayoutError",
+    "InvalidJSONError",
     "TraceBudgetError",
     "PrefillConfigError",
     "TraceCoverageError",
@@ -143,6 +144,10 @@ class InvalidPolicyError(PrefillInputError):
 
 class InvalidLayoutError(PrefillInputError):
     """A page-table layout is inconsistent."""
+
+
+class InvalidJSONError(PrefillInputError):
+    """A value's JSON (``serialize.from_json``) is malformed, has a wrong-typed field or a key naming no field."""
 
 
 class TraceBudgetError(PrefillInputError):

@@ -17,6 +17,8 @@ __all__ = [
     "ArgumentError",
     "parse_lengths",
     "parse_cached",
+    "MAX_SAMPLE_BLOCKS",
+    "check_sample_blocks",
     "sample_batches",
     "plan_table",
     "manifest_table",
@@ -32,6 +34,25 @@ def _positive(argument: str, text: str, what: str) -> int:
     if not text.strip().isdecimal() or int(text) <= 0:
         raise ArgumentError(f"{argument}: {text.strip()!r} is not {what} (a positive integer)")
     return int(text)
+
+
+MAX_SAMPLE_BLOCKS = 1 << 20
+"""Most block ids the CLI maps for its sample rows (32M tokens at 32-token blocks).
+
+A sample row maps one block id per block, as a caller's page table does, so
+a length or count far past any model's context would exhaust memory rather
+than print a table.
+"""
+
+
+def check_sample_blocks(argument: str, num_blocks: int, block_size: int) -> None:
+    """Raises ``ArgumentError`` when the sample rows of ``argument`` would map more than ``MAX_SAMPLE_BLOCKS``."""
+    if num_blocks > MAX_SAMPLE_BLOCKS:
+        msg = (
+            f"{argument}: the rows need {num_blocks} blocks of {block_size} tokens; "
+            f"the CLI maps at most {MAX_SAMPLE_BLOCKS} (use fewer or shorter rows, or a larger --block)"
+        )
+        raise ArgumentError(msg)
 
 
 def parse_lengths(spec: str) -> list[tuple[int, int]]:

@@ -16,18 +16,37 @@ from __future__ import annotations
 
 import attrs
 
+from .errors import InvalidCachedLengthError, PrefillInputError, field_error
 from .explain import ArgumentError
 
 __all__ = ["HistogramEntry", "parse_histogram", "histogram_text"]
 
 
+def _at_least(minimum: int):
+    def check(instance, attribute, value):
+        if type(value) is not int or value < minimum:
+            rule = f"must be an int >= {minimum}"
+            raise field_error(PrefillInputError, "HistogramEntry", attribute.name, value, rule)
+
+    return check
+
+
 @attrs.frozen
 class HistogramEntry:
-    """``count`` prompts of ``length`` tokens, the first ``cached`` of them already cached."""
+    """``count`` prompts of ``length`` tokens, the first ``cached`` of them already cached.
 
-    length: int
-    count: int
-    cached: int
+    Checked on construction (a zero or negative count would make a cost of
+    nothing, or a negative one, that the tuner would then prefer).
+    """
+
+    length: int = attrs.field(validator=_at_least(1))
+    count: int = attrs.field(validator=_at_least(1))
+    cached: int = attrs.field(validator=_at_least(0))
+
+    def __attrs_post_init__(self):
+        if self.cached > self.length:
+            rule = f"must be <= length={self.length}"
+            raise field_error(InvalidCachedLengthError, "HistogramEntry", "cached", self.cached, rule)
 
     @property
     def real_tokens(self) -> int:

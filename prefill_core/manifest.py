@@ -5,9 +5,11 @@ bucket, the variants the planner can pick (regular single and each batched
 wave when the bucket's rung fits the max chunk; one chunked body per chunk
 length a row of the bucket can reach), crossed with sampling paths and
 log-prob settings. A chunked row's chunk comes from the rung of its
-uncached work, so a bucket reaches the chunk of every rung of ``1 ..
-longest - block_size`` tokens (cached rows), its own rung's chunk when that
-exceeds the max chunk (uncached rows), and the fully cached re-run step. A
+work (from the start of the block holding its cached offset), so a bucket
+reaches the chunk of every rung of ``1 .. longest - block_size`` tokens
+(rows cached past their first block), its own rung's chunk (uncached rows
+when it exceeds the max chunk; rows cached inside their first block, which
+recompute their whole length, always), and the fully cached re-run step. A
 chunked body's read width is the layout's for its chunk length, so buckets
 that reach one chunk length share its body. It uses
 the planner's own geometry rules (``geometry.py``, ``PrefillPolicy``), which
@@ -21,6 +23,7 @@ from collections.abc import Iterable, Iterator
 
 import attrs
 
+from .errors import PrefillInputError, field_error
 from .geometry import chunked_fill_width, chunked_read_width, regular_table_width
 from .layout import PageTableLayout
 from .policy import PrefillPolicy, check_policy_fits_layout
@@ -79,10 +82,13 @@ def length_buckets(policy: PrefillPolicy, max_length: int) -> Iterator[tuple[int
 def reachable_chunks(policy: PrefillPolicy, block_size: int, padded: int, shortest: int, longest: int) -> set[int]:
     """Chunk lengths a chunked row of ``shortest..longest`` tokens (rung ``padded``) can run."""
     chunks = set()
-    if padded > policy.max_chunk_length:  # uncached rows of this bucket run chunked
+    # Uncached rows run chunked when the rung exceeds the max chunk; a row of
+    # two or more tokens cached inside its first block (1 <= cached < block_size)
+    # recomputes from 0, so its work is its whole length, of this bucket's rung.
+    if padded > policy.max_chunk_length or min(longest, block_size) > 1:
         chunks.add(policy.chunk_length(padded, block_size))
-    # A cached row leaves 1 .. longest - block_size tokens of work; a bucket
-    # spans at least one block, so every such count occurs.
+    # A row cached past its first block leaves 1 .. longest - block_size
+    # tokens of work; a bucket spans at least one block, so every such count occurs.
     for work, _, _ in length_buckets(policy, longest - block_size):
         chunks.add(policy.chunk_length(work, block_size))
     if longest // block_size * block_size >= shortest:  # a block-aligned length can be fully cached
@@ -112,12 +118,24 @@ def _tiles(policy: PrefillPolicy, body: PrefillTraceSignature, shortest: int, lo
     return tuple(sorted({(n - 1) // policy.tile_size * policy.tile_size for n in range(shortest, longest + 1)}))
 
 
+def _check_arguments(policy: object, layout: object) -> None:
+    for name, value, kind in (("policy", policy, PrefillPolicy), ("layout", layout, PageTableLayout)):
+        if not isinstance(value, kind):
+            rule = f"must be a {kind.__name__}, got {type(value).__name__}"
+            raise field_error(PrefillInputError, "manifest_for", name, value, rule)
+
+
 def manifest_for(
     policy: PrefillPolicy, layout: PageTableLayout, sampling_paths: Iterable[SamplingPath] = ALL_PATHS
 ) -> WarmupManifest:
     """Every program and trace signature ``policy`` can produce on ``layout``."""
+    _check_arguments(policy, layout)
     check_policy_fits_layout(policy, layout)
-    paths = tuple(sampling_paths)
+    paths = tuple(sampling_paths) if not isinstance(sampling_paths, (str, bytes)) else (sampling_paths,)
+    for path in paths:
+        if not isinstance(path, SamplingPath):
+            rule = "must be SamplingPath members (SamplingPath('logits'), not 'logits')"
+            raise field_error(PrefillInputError, "manifest_for", "sampling_paths", path, rule)
     programs: list[PrefillProgramSignature] = []
     traces: list[PrefillTraceSignature] = []
     for body, shortest, longest in _bodies(policy, layout):

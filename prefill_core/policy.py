@@ -133,6 +133,8 @@ class PrefillPolicy:
         a device; eager on a CPU it would pad a 129-token prompt to 1024 and
         a 2049-token one to 4096 (here: 2560, run as two 1280-token chunks).
         """
+        if type(max_chunk_length) is not int or max_chunk_length <= 0:
+            raise _fail("max_chunk_length", max_chunk_length, "must be a positive int")
         if type(block_size) is not int or block_size <= 0 or max_chunk_length % (4 * block_size):
             rule = f"must be a positive int with 4 * block_size dividing max_chunk_length={max_chunk_length}"
             raise _fail("block_size", block_size, rule)

@@ -38,7 +38,7 @@ import math
 import attrs
 
 from .batch import PrefillBatch, PrefillRow
-from .errors import TraceBudgetError, field_error
+from .errors import PrefillInputError, TraceBudgetError, field_error
 from .histogram import HistogramEntry
 from .intmath import ceil_div, round_up
 from .layout import PageTableLayout
@@ -118,6 +118,9 @@ def _short_work(
 def _rungs_by_trace_count(values: list[int], counts: list[tuple[int, int]], max_traces: int) -> dict[int, tuple]:
     """For each trace count ``t <= max_traces`` reachable, the cheapest rungs (ending at the largest value)."""
     n = len(values)
+    # Each rung serves at most two kinds, so no ladder of these values needs more than 2n traces:
+    # a larger budget adds nothing but table size.
+    max_traces = min(max_traces, 2 * n)
     prompts, regular, chunked = [0], [0], [0]
     for r, c in counts:
         prompts.append(prompts[-1] + r + c)
@@ -150,16 +153,26 @@ def _rungs_by_trace_count(values: list[int], counts: list[tuple[int, int]], max_
     return choices
 
 
-def _max_chunks(policy: PrefillPolicy) -> list[int]:
-    """Max chunks the tuner may pick: multiples of the chunk quantum up to the policy's, and the policy's."""
+def _max_chunks(policy: PrefillPolicy, entries: tuple[HistogramEntry, ...], block_size: int) -> list[int]:
+    """Max chunks the tuner may pick: multiples of the chunk quantum up to the policy's, and the policy's.
+
+    Multiples past the first that holds every entry's rung are left out: from
+    there on every entry runs one step of its rung (no chunk is cut shorter),
+    so they plan alike, and the tie goes to the smallest. A huge max chunk
+    would otherwise be a huge range.
+    """
     quantum, limit = policy.chunk_quantum, policy.max_chunk_length
-    return sorted(set(range(quantum, limit + 1, quantum)) | {limit})
+    unit = math.lcm(policy.tile_size, block_size)
+    longest = max(entry.length for entry in entries)
+    # No candidate ladder's rung, nor a power of two past it, exceeds this for any entry.
+    reach = max(1 << (longest - 1).bit_length(), round_up(longest, unit))
+    return sorted(set(range(quantum, min(limit, round_up(reach, quantum)) + 1, quantum)) | {limit})
 
 
 def _candidates(policy: PrefillPolicy, entries: tuple[HistogramEntry, ...], block_size: int, max_traces: int):
     """Every (ladder, max chunk) the search proposes, in a fixed order."""
     unit = math.lcm(policy.tile_size, block_size)
-    for max_chunk in _max_chunks(policy):
+    for max_chunk in _max_chunks(policy, entries, block_size):
         values, counts, longest = _short_work(entries, block_size, unit, max_chunk)
         tail = (ceil_div(longest, max_chunk) * max_chunk,) if longest else ()
         if not values:
@@ -179,6 +192,11 @@ def tune(
     ``max_chunk_length`` no larger than its own.
     """
     default = PrefillPolicy() if default is None else default
+    if not isinstance(entries, tuple) or not entries or not all(isinstance(e, HistogramEntry) for e in entries):
+        rule = "must be a non-empty tuple of HistogramEntry"
+        raise field_error(PrefillInputError, "tune", "entries", entries, rule)
+    if type(block_size) is not int or block_size <= 0:
+        raise field_error(PrefillInputError, "tune", "block_size", block_size, "must be a positive int")
     if type(max_traces) is not int or max_traces < 1:
         raise field_error(TraceBudgetError, "tune", "max_traces", max_traces, "must be a positive int")
     default_cost = measure(default, entries, block_size)
