@@ -9,6 +9,7 @@ from .errors import PrefillInputError
 from .explain import (
     ArgumentError,
     check_sample_blocks,
+    count_argument,
     manifest_table,
     parse_cached,
     parse_lengths,
@@ -26,13 +27,6 @@ from .serialize import to_json
 from .tuner import tune
 
 
-def _positive_int(text: str) -> int:
-    """An argparse type: a positive integer, else a usage error (exit 2) naming the option."""
-    if not text.strip().isdecimal() or int(text) <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
-    return int(text)
-
-
 def _non_negative_int(text: str) -> int:
     if not text.strip().isdecimal():
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 0")
@@ -44,8 +38,8 @@ def _policy(args: argparse.Namespace) -> PrefillPolicy:
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--block", type=_positive_int, default=32, help="KV block size (tokens)")
-    parser.add_argument("--max-chunk", type=_positive_int, default=2048, help="max chunk length (tokens)")
+    parser.add_argument("--block", type=count_argument, default=32, help="KV block size (tokens)")
+    parser.add_argument("--max-chunk", type=count_argument, default=2048, help="max chunk length (tokens)")
     parser.add_argument("--no-batching", action="store_true", help="plan every row as a single request")
     parser.add_argument("--json", action="store_true", help="print the cattrs JSON instead of a table")
 
@@ -58,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     plan.add_argument("--cached", default="", help="cached prefix per length group (comma list)")
     _add_common(plan)
     manifest = sub.add_parser("manifest", help="enumerate every signature a policy can produce")
-    manifest.add_argument("--max-length", type=_positive_int, default=8192, help="longest prompt the layout maps")
+    manifest.add_argument("--max-length", type=count_argument, default=8192, help="longest prompt the layout maps")
     _add_common(manifest)
     tuner = sub.add_parser("tune", help="pick ladder rungs and a max chunk for a length histogram")
     tuner.add_argument("--lengths", required=True, help="histogram file: LENGTH [COUNT [CACHED]] per line")
@@ -66,9 +60,9 @@ def main(argv: list[str] | None = None) -> int:
         "--cached", type=_non_negative_int, default=0, help="shared cached prefix (tokens) where a line has none"
     )
     tuner.add_argument("--max-traces", type=int, required=True, help="trace budget (distinct trace signatures)")
-    tuner.add_argument("--block", type=_positive_int, default=32, help="KV block size (tokens)")
+    tuner.add_argument("--block", type=count_argument, default=32, help="KV block size (tokens)")
     tuner.add_argument(
-        "--max-chunk", type=_positive_int, default=2048, help="largest max chunk to pick; the default's (tokens)"
+        "--max-chunk", type=count_argument, default=2048, help="largest max chunk to pick; the default's (tokens)"
     )
     tuner.add_argument("--json", action="store_true", help="print the tuned PrefillPolicy as cattrs JSON")
     tuner.set_defaults(no_batching=False)

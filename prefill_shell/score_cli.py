@@ -15,13 +15,14 @@ import argparse
 import json
 from pathlib import Path
 
-from prefill_core import PageTableLayout, PrefillPolicy, ceil_div
-from prefill_core.errors import InvalidScoringRequestError, PrefillConfigError
+from prefill_core import PrefillPolicy
+from prefill_core.errors import InvalidScoringRequestError
+from prefill_core.explain import count_argument
 
 from .backends import TorchBackend
 from .config import PrefillRuntimeConfig
 from .runtime import PrefillRuntime
-from .scoring import Scorer, encode_pair
+from .scoring import Scorer, encode_pair, scoring_layout, window_length
 from .text import load_model, load_tokenizer
 
 __all__ = ["add_score_parser", "run_score"]
@@ -33,22 +34,13 @@ def add_score_parser(sub) -> None:
     source = score.add_mutually_exclusive_group(required=True)
     source.add_argument("--pairs", help="JSON lines, each with 'context' and 'continuation' text")
     source.add_argument("--document", help="a text file scored over rolling windows of --max-length tokens")
-    score.add_argument("--max-length", type=_count, default=None, help="lm-eval's max_length (default: the model's)")
-    score.add_argument("--block-size", type=_count, default=16)
-    score.add_argument("--max-chunk", type=_count, default=2048, help="the runtime's longest step")
+    score.add_argument(
+        "--max-length", type=count_argument, default=None, help="lm-eval's max_length (default: the model's)"
+    )
+    score.add_argument("--block-size", type=count_argument, default=16)
+    score.add_argument("--max-chunk", type=count_argument, default=2048, help="the runtime's longest step")
     score.add_argument("--device", default="cpu", help="torch device (cpu or cuda)")
     score.add_argument("--debug", action="store_true", help="show the traceback of a failure")
-
-
-def _count(text: str) -> int:
-    """An argument that counts tokens: an int >= 1 (argparse names the flag on failure)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be an integer >= 1")
-    return value
 
 
 def _read_text(path: str | Path) -> str:
@@ -78,18 +70,8 @@ def read_pairs(path: str | Path) -> list[tuple[str, str]]:
     return pairs
 
 
-def _max_length(given: int | None, model) -> int:
-    """``--max-length``, or the model's longest scored row; a row holds max_length + 1 tokens, so no more."""
-    most = model.spec.max_position - 1
-    if given is not None and given > most:
-        rule = f"must be <= {most} (a scored row of max_length + 1 tokens fits the model)"
-        raise PrefillConfigError(f"--max-length={given} is invalid: {rule}")
-    return most if given is None else given
-
-
 def _scorer(args: argparse.Namespace, model, max_length: int) -> Scorer:
-    row_blocks = ceil_div(max_length + 1, args.block_size)
-    layout = PageTableLayout(args.block_size, row_blocks, max(4 * row_blocks, ceil_div(16384, args.block_size)))
+    layout = scoring_layout(max_length, args.block_size)
     policy = PrefillPolicy.fine_rungs(args.block_size, max_chunk_length=args.max_chunk)
     kv = model.new_kv_cache(layout.num_blocks, layout.block_size)
     config = PrefillRuntimeConfig.resolve(model, TorchBackend(args.device), kv, layout=layout, policy=policy)
@@ -100,7 +82,7 @@ def run_score(args: argparse.Namespace) -> None:
     text_pairs = read_pairs(args.pairs) if args.pairs else None  # bad input fails before the model loads
     document = _read_text(args.document) if args.document else None
     model, tokenizer = load_model(args.model, device=args.device), load_tokenizer(args.model)
-    max_length = _max_length(args.max_length, model)
+    max_length = window_length(args.max_length, model.spec.max_position, "--max-length")
     if tokenizer is None:
         raise InvalidScoringRequestError(f"--model {args.model!r} has no tokenizer: score needs text", field="model")
     scorer = _scorer(args, model, max_length)

@@ -34,13 +34,21 @@ from collections.abc import Iterable, Iterator, Sequence
 import attrs
 import torch
 
-from prefill_core import SamplingParams, ceil_div
+from prefill_core import PageTableLayout, SamplingParams, ceil_div
 from prefill_core.errors import CapacityError, InvalidScoringRequestError, PrefillConfigError, row_error
 
 from .prefix_sharing import share_prefix, sharing_groups
 from .runtime import PrefillRuntime
 
-__all__ = ["BlockPool", "ContinuationScore", "Scorer", "encode_pair", "rolling_windows"]
+__all__ = [
+    "BlockPool",
+    "ContinuationScore",
+    "Scorer",
+    "encode_pair",
+    "rolling_windows",
+    "scoring_layout",
+    "window_length",
+]
 
 
 @attrs.frozen
@@ -104,6 +112,27 @@ def _check_max_length(max_length: object) -> None:
     """A window length: an int >= 1 (a window of 0 tokens would never advance over a document)."""
     if not _is_int(max_length) or max_length < 1:
         raise PrefillConfigError(f"max_length={max_length!r} is invalid: must be None or an int >= 1")
+
+
+def window_length(given: int | None, max_position: int, name: str) -> int:
+    """lm-eval's ``max_length`` for a model of ``max_position`` positions: ``given``, or the longest that fits.
+
+    A scored row holds ``max_length + 1`` tokens, so more than
+    ``max_position - 1`` is refused (``name`` is how the caller spelled it):
+    it would size a pool for rows the core refuses.
+    """
+    most = max_position - 1
+    if given is not None and given > most:
+        rule = f"must be <= {most} (a scored row of max_length + 1 tokens fits the model)"
+        raise PrefillConfigError(f"{name}={given} is invalid: {rule}")
+    return most if given is None else given
+
+
+def scoring_layout(max_length: int, block_size: int, num_blocks: int | None = None) -> PageTableLayout:
+    """A layout for rows of ``max_length + 1`` tokens; its pool (by default) four such rows, and no fewer
+    than 16384 tokens' blocks, so a round holds several rows and a shared context."""
+    row_blocks = ceil_div(max_length + 1, block_size)
+    return PageTableLayout(block_size, row_blocks, num_blocks or max(4 * row_blocks, ceil_div(16384, block_size)))
 
 
 def _refused(index: int, field: str, shown: str, rule: str) -> InvalidScoringRequestError:

@@ -30,13 +30,13 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
-from prefill_core import PageTableLayout, PrefillPolicy, ceil_div
+from prefill_core import PrefillPolicy
 from prefill_core.errors import PrefillConfigError
 
 from ..backends import TorchBackend
 from ..config import PrefillRuntimeConfig
 from ..runtime import PrefillRuntime
-from ..scoring import Scorer
+from ..scoring import Scorer, scoring_layout, window_length
 from ..text import load_model, load_tokenizer
 
 __all__ = ["PrefillRuntimeLM"]
@@ -96,20 +96,16 @@ class PrefillRuntimeLM(TemplateLM):
         self.tokenizer = load_tokenizer(ref)
         self._model_name = model
         spec = self.model.spec
-        self._max_length = _model_int("max_length", max_length, spec.max_position - 1)
-        if self._max_length > spec.max_position - 1:  # a row holds max_length + 1 tokens; the pool is sized by it
-            rule = f"must be <= {spec.max_position - 1} (a scored row of max_length + 1 tokens fits the model)"
-            raise PrefillConfigError(f"prefill-runtime model argument max_length={self._max_length} is invalid: {rule}")
+        given = _model_int("max_length", max_length, None)
+        self._max_length = window_length(given, spec.max_position, "prefill-runtime model argument max_length")
         block_size = _model_int("block_size", block_size, 16)
-        row_blocks = ceil_div(self._max_length + 1, block_size)
-        num_blocks = _model_int("num_blocks", num_blocks, max(4 * row_blocks, ceil_div(16384, block_size)))
-        layout = PageTableLayout(block_size, row_blocks, num_blocks)
+        layout = scoring_layout(self._max_length, block_size, _model_int("num_blocks", num_blocks, None))
         # Packed steps where the backend and model run them (eager); a traced scorer still plans padded.
         policy = attrs.evolve(
             PrefillPolicy.fine_rungs(block_size, max_chunk_length=_model_int("max_chunk", max_chunk, 2048)),
             packed_steps=True,
         )
-        kv = self.model.new_kv_cache(num_blocks, block_size)
+        kv = self.model.new_kv_cache(layout.num_blocks, block_size)
         config = PrefillRuntimeConfig.resolve(self.model, TorchBackend(device), kv, layout=layout, policy=policy)
         rows = int(batch_size) if str(batch_size).isdecimal() else 32
         traced = _model_flag("traced", traced)
