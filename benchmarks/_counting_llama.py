@@ -14,9 +14,9 @@ import torch
 
 from prefill_core import PageTableLayout, PrefillPolicy, ceil_div
 from prefill_shell.backends import TorchBackend
-from prefill_shell.config import PrefillRuntimeConfig
+from prefill_shell.engine.config import PrefillRuntimeConfig
+from prefill_shell.engine.runtime import PrefillRuntime
 from prefill_shell.reference import PagedLlama, random_llama
-from prefill_shell.runtime import PrefillRuntime
 
 __all__ = ["CountingLlama", "body_positions"]
 

@@ -23,12 +23,12 @@ import time
 import torch
 
 from benchmarks.prefill_throughput import MatmulProbe, workload_flops
-from prefill_shell.cli import make_runtime
-from prefill_shell.demo import SYSTEM, document
-from prefill_shell.prefix_sharing import share_prefix
+from prefill_shell.cli.demo import SYSTEM, document
+from prefill_shell.cli.main import make_runtime
 from prefill_shell.reference.gguf import load_gguf
 from prefill_shell.reference.smollm2 import smollm2_path
-from prefill_shell.text import Prompt, encode
+from prefill_shell.reference.text import Prompt, encode
+from prefill_shell.scoring.prefix_sharing import share_prefix
 
 BLOCK = 32
 TARGETS = {"smollm2_1x512": 1.01, "smollm2_chat16": 2.0}

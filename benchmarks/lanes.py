@@ -38,11 +38,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks._report import Metric, report
 from prefill_core import PageTableLayout, PrefillPolicy
 from prefill_shell.backends import TorchBackend
-from prefill_shell.config import PrefillRuntimeConfig
-from prefill_shell.executor import PrefillExecutor
-from prefill_shell.lane_group import LaneGroup
+from prefill_shell.engine.config import PrefillRuntimeConfig
+from prefill_shell.engine.executor import PrefillExecutor
+from prefill_shell.engine.runtime import PrefillRuntime
+from prefill_shell.lanes.group import LaneGroup
 from prefill_shell.reference import random_llama
-from prefill_shell.runtime import PrefillRuntime
 
 BLOCK = 32
 

@@ -44,9 +44,9 @@ from benchmarks._profile import profile_call
 from benchmarks._report import RESULTS, write_json
 from prefill_core import PageTableLayout, PrefillPolicy, ceil_div
 from prefill_shell.backends import TorchBackend
-from prefill_shell.config import PrefillRuntimeConfig
+from prefill_shell.engine.config import PrefillRuntimeConfig
+from prefill_shell.engine.runtime import PrefillRuntime
 from prefill_shell.reference import random_llama, save_hf_folder
-from prefill_shell.runtime import PrefillRuntime
 
 # A CPU-minded policy: 16-token length rungs (little padding; a CPU compiles
 # nothing per shape, so many rungs cost nothing), one chunk up to 4096 tokens,

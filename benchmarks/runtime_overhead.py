@@ -24,9 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks._report import write_json
 from prefill_core import PageTableLayout, PrefillPolicy, SamplingParams
 from prefill_shell.backends import TorchBackend
-from prefill_shell.config import PrefillRuntimeConfig
-from prefill_shell.model import ModelSpec
-from prefill_shell.runtime import PrefillRuntime
+from prefill_shell.device.model import ModelSpec
+from prefill_shell.engine.config import PrefillRuntimeConfig
+from prefill_shell.engine.runtime import PrefillRuntime
 
 ROWS, LENGTH, HIDDEN, VOCAB, BLOCK = 32, 128, 512, 1024, 32
 

@@ -95,7 +95,7 @@ def compare_with_hf(args: argparse.Namespace) -> list[Metric]:
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
 
-    from prefill_shell.lm_eval import PrefillRuntimeLM
+    from prefill_shell.scoring.lm_eval_model import PrefillRuntimeLM
 
     gguf = smollm2_path()
     ours = PrefillRuntimeLM(model=str(gguf), max_length=args.max_length, batch_size=args.batch_size)
@@ -155,7 +155,7 @@ def rss_child(kind: str) -> None:
     The peak is reset after the model is loaded (Linux ``clear_refs`` 5), so it is the job's, not the
     load's: loading the GGUF (dequantization) peaks higher than either job.
     """
-    from prefill_shell.lm_eval import PrefillRuntimeLM
+    from prefill_shell.scoring.lm_eval_model import PrefillRuntimeLM
 
     lm = PrefillRuntimeLM(model=str(smollm2_path()), max_length=DOCUMENT_TOKENS)
     Path("/proc/self/clear_refs").write_text("5")

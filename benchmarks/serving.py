@@ -33,7 +33,7 @@ from benchmarks.runtime_overhead import BLOCK, LENGTH, ROWS, VOCAB, NullBody, Nu
 from prefill_core import PrefillPolicy, SamplingParams
 from prefill_shell.backends import TorchBackend
 from prefill_shell.reference import random_llama
-from prefill_shell.serving import ServingFacade
+from prefill_shell.serving.facade import ServingFacade
 from tests.shell.vllm_like_scheduler import BlockPool, Scheduler, SimRequest
 
 SCHEDULER_BLOCK, MAX_SEQS = 16, 16

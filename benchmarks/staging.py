@@ -32,9 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks._report import Metric, report
 from prefill_core import PageTableLayout, PrefillBatch, PrefillPolicy, PrefillRow, ceil_div, plan_prefill
 from prefill_shell.backends import TorchBackend
-from prefill_shell.contract import SLOTS
-from prefill_shell.inputs import build_host_steps
-from prefill_shell.ledger import Ownership
+from prefill_shell.device.contract import SLOTS
+from prefill_shell.device.ledger import Ownership
+from prefill_shell.engine.steps.inputs import build_host_steps
 
 BLOCK = 64
 LAYOUT = PageTableLayout(BLOCK, 4096 // BLOCK, 192)

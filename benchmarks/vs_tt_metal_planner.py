@@ -37,9 +37,9 @@ from benchmarks._report import write_json
 from benchmarks.runtime_overhead import HIDDEN, VOCAB, NullBody, NullKV
 from prefill_core import PageTableLayout, PrefillPolicy, ceil_div
 from prefill_shell.backends import TorchBackend
-from prefill_shell.config import PrefillRuntimeConfig
-from prefill_shell.model import ModelSpec
-from prefill_shell.runtime import PrefillRuntime
+from prefill_shell.device.model import ModelSpec
+from prefill_shell.engine.config import PrefillRuntimeConfig
+from prefill_shell.engine.runtime import PrefillRuntime
 
 BLOCK, POOL, LONG = 32, 8192, 131072
 

@@ -1,5 +1,5 @@
-"""``python -m prefill_shell run``: see ``prefill_shell.cli``."""
+"""``python -m prefill_shell run``: see ``prefill_shell.cli.main``."""
 
-from .cli import main
+from prefill_shell.cli.main import main
 
 main()

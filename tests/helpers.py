@@ -14,9 +14,9 @@ import torch
 
 from prefill_core import PageTableLayout, PrefillPolicy
 from prefill_shell.backends import TorchBackend
-from prefill_shell.config import PrefillRuntimeConfig
+from prefill_shell.engine.config import PrefillRuntimeConfig
+from prefill_shell.engine.runtime import PrefillRuntime
 from prefill_shell.reference import PagedKVCache
-from prefill_shell.runtime import PrefillRuntime
 
 TOL = 1e-4
 """Largest absolute difference accepted between runtime and oracle values."""

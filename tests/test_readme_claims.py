@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from prefill_shell.prefix_sharing import share_prefixes, sharing_groups
+from prefill_shell.scoring.prefix_sharing import share_prefixes, sharing_groups
 
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
 

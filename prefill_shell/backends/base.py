@@ -30,9 +30,8 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from prefill_core import PrefillPolicy
-
-from ..contract import TensorSpec
-from ..ledger import DeviceTensor, Ownership, ResourceLedger
+from prefill_shell.device.contract import TensorSpec
+from prefill_shell.device.ledger import DeviceTensor, Ownership, ResourceLedger
 
 __all__ = ["Backend", "TraceHandle"]
 

@@ -15,7 +15,7 @@ from typing import Any
 import attrs
 
 from prefill_core.errors import PrefillConfigError
-from prefill_shell.model import ModelSpec
+from prefill_shell.device.model import ModelSpec
 
 __all__ = ["Llama3RopeScaling", "LlamaSpec", "check_plain_llama", "read_config_json"]
 

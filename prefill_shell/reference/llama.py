@@ -197,7 +197,7 @@ def _expand_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
 
 
 class PagedLlama:
-    """Llama with paged KV; implements ``prefill_shell.model.PrefillModel``, packed steps included."""
+    """Llama with paged KV; implements ``prefill_shell.device.model.PrefillModel``, packed steps included."""
 
     packed_steps = True  # forward_packed: segments end to end (reference/packed_attention.py)
 

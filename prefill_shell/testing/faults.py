@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from prefill_shell.device.ledger import DeviceTensor
+
 from ..backends.base import Backend, TraceHandle
-from ..ledger import DeviceTensor
 
 __all__ = ["FAULT_KINDS", "FaultPlan", "InjectedFault", "FaultInjectingBackend", "FaultInjectingModel"]
 

@@ -30,12 +30,12 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from prefill_core import PageTableLayout, SamplingParams, WarmupManifest, ceil_div
 from prefill_core.errors import PrefillConfigError
+from prefill_shell.device.ledger import Ownership
+from prefill_shell.engine.config import PrefillRuntimeConfig
+from prefill_shell.engine.executor import PrefillExecutor
+from prefill_shell.engine.runtime import PrefillRuntime
 
 from ..backends import TorchBackend
-from ..config import PrefillRuntimeConfig
-from ..executor import PrefillExecutor
-from ..ledger import Ownership
-from ..runtime import PrefillRuntime
 from .faults import FaultInjectingBackend, FaultInjectingModel, FaultPlan, InjectedFault
 from .small import SMALL_BLOCK, SMALL_POLICY
 

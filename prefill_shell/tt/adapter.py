@@ -60,7 +60,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from ..model import ModelSpec
+from prefill_shell.device.model import ModelSpec
 
 __all__ = ["TILE_ROWS", "TtKVCache", "TtModel", "TtModelAdapter"]
 

@@ -58,12 +58,12 @@ import torch
 
 from prefill_core import PrefillPolicy
 from prefill_core.errors import PrefillConfigError, PrefillStateError
+from prefill_shell.device.contract import LOGITS, TEMPERATURE, TOP_K, TOP_P, TensorSpec
+from prefill_shell.device.ledger import DeviceTensor, Ownership, ResourceLedger
+from prefill_shell.device.notes import add_note
+from prefill_shell.tt import staging as ttnn_staging
 
 from ..backends.base import TraceHandle
-from ..contract import LOGITS, TEMPERATURE, TOP_K, TOP_P, TensorSpec
-from ..ledger import DeviceTensor, Ownership, ResourceLedger
-from ..notes import add_note
-from . import staging as ttnn_staging
 
 __all__ = ["TtnnBackend", "device_seed", "host_contract"]
 

@@ -44,7 +44,8 @@ from typing import Any
 
 import torch
 
-from . import emulation_ops
+from prefill_shell.tt import emulation_ops
+
 from .emulated_mesh import EmulatedMesh, placement
 
 __all__ = ["EmulatedMesh", "EmulatedTensor", "EmulationError", "HostRead", "ReferenceEmulation"]

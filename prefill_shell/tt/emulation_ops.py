@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from ..torch_sampling import sample_row
+from prefill_shell.sampling.torch_sampling import sample_row
 
 __all__ = ["OPS", "host_of", "require_same_spec", "torch_of"]
 

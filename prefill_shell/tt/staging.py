@@ -59,8 +59,7 @@ import numpy as np
 import torch
 
 from prefill_core.errors import PrefillInputError
-
-from ..contract import (
+from prefill_shell.device.contract import (
     CHUNK_START,
     FILL_TABLE,
     HIDDEN,

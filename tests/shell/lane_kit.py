@@ -7,9 +7,9 @@ import torch
 
 from prefill_core import PageTableLayout, route_to_lanes
 from prefill_shell.backends import TorchBackend
-from prefill_shell.executor import PrefillExecutor
-from prefill_shell.lane_group import LaneGroup
-from prefill_shell.runtime import PrefillRuntime
+from prefill_shell.engine.executor import PrefillExecutor
+from prefill_shell.engine.runtime import PrefillRuntime
+from prefill_shell.lanes.group import LaneGroup
 from prefill_shell.testing.faults import FaultInjectingBackend, FaultInjectingModel
 from prefill_shell.testing.small import SMALL_BLOCK, SMALL_POLICY
 from tests.helpers import build_runtime, randomize_pool

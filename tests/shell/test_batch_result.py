@@ -9,7 +9,7 @@ import torch
 from prefill_core import SamplingParams, SamplingPath
 from prefill_core.errors import InvalidSamplingError
 from prefill_shell.backends import TorchBackend
-from prefill_shell.executor import PrefillExecutor
+from prefill_shell.engine.executor import PrefillExecutor
 from prefill_shell.testing import FaultInjectingBackend, FaultPlan, InjectedFault
 from tests.helpers import SMALL_POLICY, assign_blocks, build_runtime, make_tokens, page_table, token_matrix
 from tests.shell.lane_kit import group_call, make_group

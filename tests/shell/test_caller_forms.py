@@ -16,8 +16,8 @@ import torch
 from prefill_core import PrefillPolicy, SamplingParams
 from prefill_core.errors import InvalidSamplingError, InvalidSlotError
 from prefill_shell.backends import TorchBackend
-from prefill_shell.plugin_sampling import rows_from_plugin
-from prefill_shell.serving import ServingFacade
+from prefill_shell.serving.facade import ServingFacade
+from prefill_shell.serving.plugin_sampling import rows_from_plugin
 from tests.helpers import build_runtime, make_tokens, page_table, token_matrix
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -7,9 +7,9 @@ import shutil
 
 import pytest
 
-from prefill_shell.cli import main
+from prefill_shell.cli.main import main
 from prefill_shell.reference import random_llama, save_hf_folder
-from prefill_shell.text import read_prompt_file
+from prefill_shell.reference.text import read_prompt_file
 
 pytest.importorskip("gguf")
 from tests.shell.test_gguf import write_llama_gguf

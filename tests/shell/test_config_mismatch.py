@@ -14,7 +14,7 @@ import torch
 from prefill_core import PageTableLayout, PrefillPolicy
 from prefill_core.errors import PrefillConfigError, PrefillStateError
 from prefill_shell.backends import TorchBackend
-from prefill_shell.config import PrefillRuntimeConfig
+from prefill_shell.engine.config import PrefillRuntimeConfig
 from prefill_shell.reference import PagedKVCache
 from tests.helpers import build_runtime, make_tokens
 

@@ -6,7 +6,7 @@ import torch
 from hypothesis import given
 
 from prefill_core import PrefillProgramSignature, prepare_prefill
-from prefill_shell.contract import (
+from prefill_shell.device.contract import (
     ALL_SPECS,
     BODY_INPUTS,
     READ_TABLE,
@@ -17,8 +17,8 @@ from prefill_shell.contract import (
     program_geometry,
     workspace_specs,
 )
-from prefill_shell.inputs import build_host_steps
-from prefill_shell.trace import warmup_step
+from prefill_shell.engine.steps.inputs import build_host_steps
+from prefill_shell.engine.steps.trace import warmup_step
 from tests.strategies import cases
 
 HIDDEN = 16

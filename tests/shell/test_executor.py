@@ -15,10 +15,10 @@ import torch
 
 from prefill_core import PageTableLayout, PrefillPolicy, SamplingParams, WarmupManifest, manifest_for
 from prefill_core.errors import PrefillStateError, TraceCoverageError
-from prefill_shell.executor import PrefillExecutor
-from prefill_shell.ledger import Ownership
+from prefill_shell.device.ledger import Ownership
+from prefill_shell.engine.executor import PrefillExecutor
+from prefill_shell.engine.runtime import PrefillRuntime
 from prefill_shell.reference import random_llama
-from prefill_shell.runtime import PrefillRuntime
 from tests.helpers import build_runtime
 
 VOCAB = 256

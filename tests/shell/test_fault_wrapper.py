@@ -9,8 +9,8 @@ import torch
 
 from prefill_shell.backends import TorchBackend
 from prefill_shell.backends.base import Backend
-from prefill_shell.contract import SLOTS
-from prefill_shell.ledger import Ownership
+from prefill_shell.device.contract import SLOTS
+from prefill_shell.device.ledger import Ownership
 from prefill_shell.testing import FaultInjectingBackend, FaultPlan, InjectedFault
 
 

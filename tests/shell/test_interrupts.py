@@ -13,13 +13,14 @@ import torch
 
 from prefill_core import PageTableLayout, PrefillPolicy, SamplingParams
 from prefill_core.errors import PrefillStateError
-from prefill_shell import lane_dispatch, runtime
 from prefill_shell.backends import TorchBackend
-from prefill_shell.executor import PrefillExecutor
-from prefill_shell.lane_group import LaneGroup
-from prefill_shell.scoring import Scorer
-from prefill_shell.serving import ServingFacade
-from prefill_shell.serving_lanes import LaneGroupFacade
+from prefill_shell.engine import runtime
+from prefill_shell.engine.executor import PrefillExecutor
+from prefill_shell.lanes import dispatch as lane_dispatch
+from prefill_shell.lanes.group import LaneGroup
+from prefill_shell.scoring.scorer import Scorer
+from prefill_shell.serving.facade import ServingFacade
+from prefill_shell.serving.lane_facade import LaneGroupFacade
 from prefill_shell.testing.faults import FaultInjectingBackend, FaultInjectingModel, FaultPlan
 from prefill_shell.testing.small import SMALL_POLICY
 from tests.helpers import (

@@ -7,10 +7,10 @@ import torch
 
 from prefill_core import PageTableLayout, PrefillPolicy, WarmupManifest
 from prefill_core.errors import PrefillInputError, PrefillStateError
-from prefill_shell.executor import PrefillExecutor
-from prefill_shell.ledger import Ownership
+from prefill_shell.device.ledger import Ownership
+from prefill_shell.engine.executor import PrefillExecutor
+from prefill_shell.engine.runtime import PrefillRuntime
 from prefill_shell.reference import random_llama
-from prefill_shell.runtime import PrefillRuntime
 from tests.helpers import build_runtime
 
 POLICY = PrefillPolicy(max_chunk_length=128, chunk_quantum=128, length_ladder=(128,), waves=(1, 2, 4))

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 
 from prefill_core import SamplingParams, WarmupManifest, route_to_lanes
 from prefill_core.errors import InvalidCachedLengthError, InvalidSlotError, PrefillConfigError, TraceCoverageError
-from prefill_shell.executor import PrefillExecutor
-from prefill_shell.lane_group import LaneGroup
+from prefill_shell.engine.executor import PrefillExecutor
+from prefill_shell.lanes.group import LaneGroup
 from prefill_shell.reference import random_llama
 from prefill_shell.testing.sweep import single_threaded
 from tests.shell.lane_kit import (

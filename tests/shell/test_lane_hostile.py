@@ -16,9 +16,9 @@ from prefill_core.errors import (
     PrefillStateError,
 )
 from prefill_shell.backends import TorchBackend
-from prefill_shell.executor import PrefillExecutor
-from prefill_shell.lane_group import LaneGroup
-from prefill_shell.serving_lanes import LaneGroupFacade
+from prefill_shell.engine.executor import PrefillExecutor
+from prefill_shell.lanes.group import LaneGroup
+from prefill_shell.serving.lane_facade import LaneGroupFacade
 from tests.helpers import ParkingModel
 from tests.shell.lane_kit import PER_LANE, group_call, lane_runtime, make_group, pool_of
 

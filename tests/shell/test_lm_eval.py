@@ -32,7 +32,7 @@ def lm_eval_modules():
         pytest.skip(f"lm-eval's evaluator does not import in this environment: {error}")
     from lm_eval.tasks import TaskManager
 
-    import prefill_shell.lm_eval  # noqa: F401 (registers prefill-runtime)
+    import prefill_shell.scoring.lm_eval_model  # noqa: F401 (registers prefill-runtime)
 
     return evaluator, TaskManager(include_path=str(REPO / "evals"))
 
@@ -110,7 +110,7 @@ def test_rolling_windows_match_lm_evals_own(lm_eval_modules):
     """scoring.rolling_windows (the API's own, for Pythons without lm-eval) cuts what lm-eval cuts."""
     from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
-    from prefill_shell.scoring import rolling_windows
+    from prefill_shell.scoring.scorer import rolling_windows
 
     for length in (1, 5, 127, 128, 129, 300, 1000):
         for max_length in (1, 2, 16, 128):
@@ -121,7 +121,7 @@ def test_rolling_windows_match_lm_evals_own(lm_eval_modules):
 
 def test_generate_until_raises_a_clear_error(lm_eval_modules):
     """prefill-runtime does not generate: generate_until names what it does instead."""
-    from prefill_shell.lm_eval import PrefillRuntimeLM
+    from prefill_shell.scoring.lm_eval_model import PrefillRuntimeLM
 
     with pytest.raises(NotImplementedError, match="prefill engine"):
         PrefillRuntimeLM.generate_until(None, [])
@@ -130,7 +130,7 @@ def test_generate_until_raises_a_clear_error(lm_eval_modules):
 def _readme_command() -> list[str]:
     """The README's lm-eval command line, as argv (its environment assignments dropped, python this one)."""
     text = (REPO / "README.md").read_text()
-    line = next(line for line in text.splitlines() if "python -m prefill_shell.lm_eval --model" in line)
+    line = next(line for line in text.splitlines() if "python -m prefill_shell.cli.lm_eval_harness --model" in line)
     words = shlex.split(line)
     while "=" in words[0]:  # leading VAR=value assignments
         words.pop(0)
@@ -140,7 +140,7 @@ def _readme_command() -> list[str]:
 def test_the_readme_command_runs_lm_evals_cli_with_prefill_runtime(lm_eval_modules, smollm2_file):
     """The README's command (plus --limit 4) registers prefill-runtime and prints lm-eval's results table."""
     command = _readme_command()
-    assert command[1:5] == ["-m", "prefill_shell.lm_eval", "--model", "prefill-runtime"]
+    assert command[1:5] == ["-m", "prefill_shell.cli.lm_eval_harness", "--model", "prefill-runtime"]
     env = {
         **os.environ,
         **OFFLINE,

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.skipif(sys.version_info[:2] != (3, 12), reason="lm-eval
 @pytest.fixture(scope="module")
 def model_class():
     pytest.importorskip("lm_eval")
-    from prefill_shell.lm_eval import PrefillRuntimeLM
+    from prefill_shell.scoring.lm_eval_model import PrefillRuntimeLM
 
     return PrefillRuntimeLM
 

@@ -9,7 +9,7 @@ import torch
 from prefill_core import PageTableLayout, SamplingParams
 from prefill_shell.reference import save_hf_folder
 from prefill_shell.reference.llama import PagedLlama
-from prefill_shell.torch_sampling import top_logprobs
+from prefill_shell.sampling.torch_sampling import top_logprobs
 from tests.helpers import SMALL_POLICY, assign_blocks, build_runtime, make_tokens, page_table, token_matrix
 
 BS = 16

@@ -8,11 +8,11 @@ import torch
 
 from prefill_core import PageTableLayout, PrefillPolicy, RequestKind, SamplingParams, WarmupManifest, ceil_div
 from prefill_shell.backends import TorchBackend
-from prefill_shell.config import PrefillRuntimeConfig
-from prefill_shell.executor import PrefillExecutor
+from prefill_shell.engine.config import PrefillRuntimeConfig
+from prefill_shell.engine.executor import PrefillExecutor
+from prefill_shell.engine.runtime import PrefillRuntime
 from prefill_shell.reference import random_llama, save_hf_folder
 from prefill_shell.reference.packed_attention import segment_reads
-from prefill_shell.runtime import PrefillRuntime
 
 transformers = pytest.importorskip("transformers")
 

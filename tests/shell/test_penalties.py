@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from prefill_core import PrefillPolicy, SamplingParams
 from prefill_shell.backends import TorchBackend
-from prefill_shell.penalties import apply_penalties, sample_penalised
-from prefill_shell.serving import ServingFacade
+from prefill_shell.sampling.penalties import apply_penalties, sample_penalised
+from prefill_shell.serving.facade import ServingFacade
 from tests.penalty_reference import reference_penalties
 
 BLOCK = 16

@@ -11,7 +11,7 @@ import torch
 from prefill_core import PrefillPolicy
 from prefill_core.errors import PrefillConfigError, PrefillInputError
 from prefill_shell.backends import TorchBackend
-from prefill_shell.serving import ServingFacade
+from prefill_shell.serving.facade import ServingFacade
 
 BLOCK, POOL = 16, 48
 POLICY = PrefillPolicy(max_chunk_length=128, chunk_quantum=128, length_ladder=(128,))

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from prefill_core.errors import InvalidSamplingError
-from prefill_shell.plugin_sampling import rows_from_plugin
+from prefill_shell.serving.plugin_sampling import rows_from_plugin
 from tests.strategies import PLUGIN_FIELD_VALUES, plugin_encodings
 
 VOCAB = 256

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from prefill_shell.cli import make_runtime
-from prefill_shell.prefix_sharing import share_prefix, share_prefixes, sharing_groups
+from prefill_shell.cli.main import make_runtime
 from prefill_shell.reference import random_llama
+from prefill_shell.scoring.prefix_sharing import share_prefix, share_prefixes, sharing_groups
 
 BS = 32
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 
 from prefill_core import WarmupManifest
-from prefill_shell.executor import PrefillExecutor
-from prefill_shell.ledger import Ownership
-from prefill_shell.progress import Progress
+from prefill_shell.device.ledger import Ownership
+from prefill_shell.engine.executor import PrefillExecutor
+from prefill_shell.engine.progress import Progress
 from tests.helpers import SMALL_POLICY, assign_blocks, build_runtime, make_tokens, page_table, token_matrix
 
 BS, NUM_BLOCKS = 16, 64

@@ -8,9 +8,9 @@ import torch
 
 from prefill_core import PageTableLayout, PrefillPolicy, RequestKind, SamplingParams
 from prefill_shell.backends import TorchBackend
-from prefill_shell.config import PrefillRuntimeConfig
-from prefill_shell.prompt_logprobs import POSITIONS_PER_CALL
-from prefill_shell.runtime import PrefillRuntime
+from prefill_shell.engine.config import PrefillRuntimeConfig
+from prefill_shell.engine.runtime import PrefillRuntime
+from prefill_shell.engine.steps.prompt_logprobs import POSITIONS_PER_CALL
 
 SMALL_CHUNKS = PrefillPolicy(max_chunk_length=256, chunk_quantum=128, length_ladder=(128, 256))
 """256-token chunks: a 300-token row runs in two steps, so requested ranges cross a chunk boundary."""

@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from prefill_shell.model import ModelSpec, PrefillModel
+from prefill_shell.device.model import ModelSpec, PrefillModel
 from prefill_shell.reference import (
     PagedKVCache,
     PagedLlama,

@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 from prefill_core import PageTableLayout, PrefillPolicy, SamplingParams, WarmupManifest
 from prefill_core.errors import PrefillConfigError, PrefillError, PrefillInputError, PrefillStateError
 from prefill_shell.backends import TorchBackend
-from prefill_shell.config import PrefillRuntimeConfig
-from prefill_shell.executor import PrefillExecutor
+from prefill_shell.engine.config import PrefillRuntimeConfig
+from prefill_shell.engine.executor import PrefillExecutor
+from prefill_shell.engine.runtime import PrefillRuntime
 from prefill_shell.reference import random_llama
-from prefill_shell.runtime import PrefillRuntime
 from prefill_shell.testing.stateful import run_lifecycle_machine
 from prefill_shell.testing.sweep import FAULT_TYPES, SCENARIOS, sweep
 from tests.helpers import build_runtime

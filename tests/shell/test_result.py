@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from prefill_shell.result import PrefillResult
+from prefill_shell.engine.result import PrefillResult
 
 
 def test_results_with_equal_logits_in_other_tensors_are_equal_and_hash_alike():

@@ -1,7 +1,7 @@
 """Sampling at extreme parameters: the token always lies in the set float64 allows.
 
 The allowed set is computed here in float64 from the very logits the sampler
-saw, independently of ``prefill_shell.torch_sampling``: greedy rows allow
+saw, independently of ``prefill_shell.sampling.torch_sampling``: greedy rows allow
 the argmax; other rows allow the top-k set (ties at the k-th value kept)
 intersected with the top-p nucleus of the temperature-scaled probabilities.
 A stand-in model whose LM head returns chosen logits drives the runtime's argmax,
@@ -18,10 +18,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from prefill_core import PrefillPolicy, SamplingParams, SamplingPath
-from prefill_shell.contract import TEMPERATURE, TOP_K, TOP_P, sampling_values
-from prefill_shell.model import ModelSpec
+from prefill_shell.device.contract import TEMPERATURE, TOP_K, TOP_P, sampling_values
+from prefill_shell.device.model import ModelSpec
 from prefill_shell.reference import PagedKVCache
-from prefill_shell.torch_sampling import sample_row, top_logprobs
+from prefill_shell.sampling.torch_sampling import sample_row, top_logprobs
 from prefill_shell.tt import staging as tt_staging
 from tests.helpers import build_runtime, page_table
 from tests.strategies import adversarial_logits, extreme_sampling_params

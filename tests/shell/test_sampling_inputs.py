@@ -7,7 +7,7 @@ import torch
 
 from prefill_core import SamplingParams, SamplingPath, WarmupManifest
 from prefill_shell.backends import TorchBackend
-from prefill_shell.contract import (
+from prefill_shell.device.contract import (
     LAST_TOKEN_INDEX,
     SAMPLING_INPUTS,
     TEMPERATURE,
@@ -16,10 +16,10 @@ from prefill_shell.contract import (
     sampling_values,
     workspace_specs,
 )
-from prefill_shell.executor import PrefillExecutor
-from prefill_shell.ledger import Ownership
+from prefill_shell.device.ledger import Ownership
+from prefill_shell.engine.executor import PrefillExecutor
 from prefill_shell.reference import random_llama
-from prefill_shell.torch_sampling import sample_row
+from prefill_shell.sampling.torch_sampling import sample_row
 from tests.helpers import SMALL_POLICY, build_runtime
 
 FIRST = SamplingParams(temperature=0.9, top_k=8, top_p=0.9, seed=5, num_logprobs=2)

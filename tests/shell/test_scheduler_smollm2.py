@@ -15,8 +15,8 @@ import torch
 
 from prefill_core import PrefillPolicy
 from prefill_shell.backends import TorchBackend
-from prefill_shell.demo import document
-from prefill_shell.serving import ServingFacade
+from prefill_shell.cli.demo import document
+from prefill_shell.serving.facade import ServingFacade
 from tests.shell.vllm_like_scheduler import BlockPool, Scheduler, SimRequest, drive
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # many small steps: see the fixture

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from prefill_core.errors import InvalidScoringRequestError
-from prefill_shell.cli import main
-from prefill_shell.score_cli import read_pairs
+from prefill_shell.cli.main import main
+from prefill_shell.cli.score import read_pairs
 
 
 @pytest.mark.parametrize("item", [{"context": None, "continuation": 5}, {"context": "a", "continuation": ["b"]}])

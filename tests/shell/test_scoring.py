@@ -8,9 +8,9 @@ import torch
 from prefill_core import PageTableLayout
 from prefill_core.errors import CapacityError, InvalidScoringRequestError
 from prefill_shell.backends import TorchBackend
-from prefill_shell.config import PrefillRuntimeConfig
-from prefill_shell.runtime import PrefillRuntime
-from prefill_shell.scoring import BlockPool, Scorer, rolling_windows
+from prefill_shell.engine.config import PrefillRuntimeConfig
+from prefill_shell.engine.runtime import PrefillRuntime
+from prefill_shell.scoring.scorer import BlockPool, Scorer, rolling_windows
 
 
 def _scorer(model, block_size: int, **kwargs) -> Scorer:

@@ -17,11 +17,11 @@ import torch
 
 from prefill_core import PageTableLayout
 from prefill_core.errors import CapacityError, InvalidScoringRequestError, PrefillConfigError
-from prefill_shell import score_cli
 from prefill_shell.backends import TorchBackend
-from prefill_shell.config import PrefillRuntimeConfig
-from prefill_shell.runtime import PrefillRuntime
-from prefill_shell.scoring import Scorer
+from prefill_shell.cli import score as score_cli
+from prefill_shell.engine.config import PrefillRuntimeConfig
+from prefill_shell.engine.runtime import PrefillRuntime
+from prefill_shell.scoring.scorer import Scorer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -131,7 +131,7 @@ def test_an_empty_document_scores_zero_not_a_division_by_zero(tiny_model, tmp_pa
 def test_lm_eval_on_a_model_without_a_tokenizer_names_it():
     """prefill-runtime on random:NAME met lm-eval's text with "'NoneType' object has no attribute 'encode'"."""
     pytest.importorskip("lm_eval")
-    from prefill_shell.lm_eval import PrefillRuntimeLM
+    from prefill_shell.scoring.lm_eval_model import PrefillRuntimeLM
 
     lm = PrefillRuntimeLM(model="random:tiny", max_length=64)
     with pytest.raises(PrefillConfigError, match="random:tiny.*no tokenizer"):

@@ -10,9 +10,9 @@ import torch
 from prefill_core import PageTableLayout
 from prefill_core.errors import InvalidScoringRequestError, PrefillConfigError
 from prefill_shell.backends import TorchBackend
-from prefill_shell.config import PrefillRuntimeConfig
-from prefill_shell.runtime import PrefillRuntime
-from prefill_shell.scoring import BlockPool, Scorer, rolling_windows
+from prefill_shell.engine.config import PrefillRuntimeConfig
+from prefill_shell.engine.runtime import PrefillRuntime
+from prefill_shell.scoring.scorer import BlockPool, Scorer, rolling_windows
 
 CONTEXT = list(range(1, 41))
 

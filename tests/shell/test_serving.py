@@ -16,7 +16,7 @@ from prefill_core.errors import (
     TraceCoverageError,
 )
 from prefill_shell.backends import TorchBackend
-from prefill_shell.serving import ServingFacade
+from prefill_shell.serving.facade import ServingFacade
 
 BLOCK = 16
 POLICY = PrefillPolicy(max_chunk_length=128, chunk_quantum=128, length_ladder=(128,))

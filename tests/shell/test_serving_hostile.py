@@ -17,8 +17,8 @@ from prefill_core.errors import (
     PrefillStateError,
 )
 from prefill_shell.backends import TorchBackend
-from prefill_shell.plugin_sampling import rows_from_plugin
-from prefill_shell.serving import ServingFacade
+from prefill_shell.serving.facade import ServingFacade
+from prefill_shell.serving.plugin_sampling import rows_from_plugin
 from tests.helpers import ParkingModel
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

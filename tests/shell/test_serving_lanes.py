@@ -10,8 +10,8 @@ import torch
 from prefill_core import PrefillPolicy, SamplingPath, manifest_for
 from prefill_core.errors import InvalidSlotError, KVCacheMismatchError, PrefillStateError, TraceCoverageError
 from prefill_shell.backends import TorchBackend
-from prefill_shell.serving import ServingFacade
-from prefill_shell.serving_lanes import LaneGroupFacade
+from prefill_shell.serving.facade import ServingFacade
+from prefill_shell.serving.lane_facade import LaneGroupFacade
 from tests.shell.lane_kit import changed_blocks
 
 BLOCK, POOL, PER_LANE, MAX_SEQ = 16, 48, 16, 128

@@ -25,9 +25,9 @@ import torch
 
 from prefill_core import PageTableLayout, PrefillPolicy, RequestKind, SamplingParams
 from prefill_shell.backends import TorchBackend
-from prefill_shell.config import PrefillRuntimeConfig
-from prefill_shell.demo import document
-from prefill_shell.runtime import PrefillRuntime
+from prefill_shell.cli.demo import document
+from prefill_shell.engine.config import PrefillRuntimeConfig
+from prefill_shell.engine.runtime import PrefillRuntime
 from tests.helpers import build_runtime
 
 transformers = pytest.importorskip("transformers")

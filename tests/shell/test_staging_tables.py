@@ -7,8 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from prefill_core import PageTableLayout, PrefillBatch, PrefillPolicy, PrefillRow, plan_prefill
-from prefill_shell.contract import FILL_TABLE, READ_TABLE
-from prefill_shell.inputs import build_host_steps
+from prefill_shell.device.contract import FILL_TABLE, READ_TABLE
+from prefill_shell.engine.steps.inputs import build_host_steps
 
 LAYOUT = PageTableLayout(16, 64, 512)
 POLICY = PrefillPolicy(length_ladder=(32, 64, 128), max_chunk_length=128, chunk_quantum=64, waves=(1, 2, 4, 8))

@@ -15,7 +15,7 @@ import torch
 
 from prefill_core import PageTableLayout, PrefillPolicy, WarmupManifest
 from prefill_core.errors import PrefillStateError
-from prefill_shell.executor import PrefillExecutor
+from prefill_shell.engine.executor import PrefillExecutor
 from tests.helpers import ParkingModel, assign_blocks, build_runtime, make_tokens, page_table, token_matrix
 
 BS, POOL = 16, 64

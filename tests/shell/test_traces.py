@@ -15,11 +15,11 @@ import torch
 from prefill_core import PageTableLayout, PrefillPolicy, SamplingParams, WarmupManifest
 from prefill_core.errors import PrefillStateError
 from prefill_shell.backends import TorchBackend
-from prefill_shell.contract import LOGITS, SAMPLED_TOKENS
-from prefill_shell.executor import PrefillExecutor
-from prefill_shell.ledger import Ownership
+from prefill_shell.device.contract import LOGITS, SAMPLED_TOKENS
+from prefill_shell.device.ledger import Ownership
+from prefill_shell.engine.executor import PrefillExecutor
+from prefill_shell.engine.runtime import PrefillRuntime
 from prefill_shell.reference import random_llama
-from prefill_shell.runtime import PrefillRuntime
 from tests.helpers import SMALL_POLICY, build_runtime, randomize_pool
 
 VOCAB = 256

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from prefill_core import PageTableLayout, PrefillPolicy, WarmupManifest
-from prefill_shell.executor import PrefillExecutor
+from prefill_shell.engine.executor import PrefillExecutor
 
 BLOCK = 16
 LAYOUT = PageTableLayout(BLOCK, 32, 96)

@@ -8,7 +8,7 @@ import functools
 import torch
 
 from prefill_core import PrefillPolicy
-from prefill_shell.executor import PrefillExecutor
+from prefill_shell.engine.executor import PrefillExecutor
 from prefill_shell.reference import random_llama
 from tests.helpers import build_runtime
 from tests.tt.reference_standin import ReferenceLlamaStandIn

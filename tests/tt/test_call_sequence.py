@@ -15,10 +15,10 @@ import torch
 from prefill_core import SamplingParams, WarmupManifest
 from prefill_core.errors import PrefillStateError
 from prefill_shell.backends.base import Backend
-from prefill_shell.contract import INPUT_TOKENS, SLOTS
-from prefill_shell.executor import PrefillExecutor
-from prefill_shell.ledger import Ownership
-from prefill_shell.model import ModelSpec
+from prefill_shell.device.contract import INPUT_TOKENS, SLOTS
+from prefill_shell.device.ledger import Ownership
+from prefill_shell.device.model import ModelSpec
+from prefill_shell.engine.executor import PrefillExecutor
 from prefill_shell.tt.backend import TtnnBackend
 from tests.helpers import build_runtime
 from tests.tt.emulated_lanes import POLICY  # 128-token chunks: a 300-token row runs 3 (padded 512)

@@ -13,7 +13,7 @@ import torch
 
 from prefill_core import SamplingParams, WarmupManifest
 from prefill_shell.backends import TorchBackend
-from prefill_shell.executor import PrefillExecutor
+from prefill_shell.engine.executor import PrefillExecutor
 from tests.helpers import build_runtime
 from tests.tt.emulated_lanes import POLICY
 from tests.tt.tiny_twins import BLOCK, VOCAB, TorchTwin, TtnnTwin, twin_weights

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from prefill_core import SamplingParams, WarmupManifest, route_to_lanes
-from prefill_shell.contract import SLOTS
-from prefill_shell.executor import PrefillExecutor
-from prefill_shell.lane_group import LaneGroup
-from prefill_shell.ledger import Ownership
+from prefill_shell.device.contract import SLOTS
+from prefill_shell.device.ledger import Ownership
+from prefill_shell.engine.executor import PrefillExecutor
+from prefill_shell.lanes.group import LaneGroup
 from tests.helpers import build_runtime
 from tests.tt.emulated_lanes import (
     BLOCK,

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import torch
 
-from prefill_shell.serving import ServingFacade
+from prefill_shell.serving.facade import ServingFacade
 from tests.penalty_reference import reference_penalties
 from tests.tt.emulated_lanes import EmulatedLane, call_args
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from prefill_core import SamplingParams, WarmupManifest
-from prefill_shell.contract import SAMPLING_INPUTS, TEMPERATURE, TOP_K, TOP_P
-from prefill_shell.ledger import Ownership
+from prefill_shell.device.contract import SAMPLING_INPUTS, TEMPERATURE, TOP_K, TOP_P
+from prefill_shell.device.ledger import Ownership
 from tests.tt.emulated_lanes import EmulatedLane, call_args, torch_executor
 
 FIRST = SamplingParams(temperature=0.9, top_k=5, top_p=0.95, seed=7, num_logprobs=2)

@@ -18,7 +18,7 @@ def _modules_after(code: str) -> set[str]:
 def test_the_torch_runtime_never_imports_ttnn(ttnn):
     """prefill_core and the whole torch shell load without ttnn."""
     loaded = _modules_after(
-        "import prefill_core, prefill_shell.runtime, prefill_shell.executor, prefill_shell.backends"
+        "import prefill_core, prefill_shell.engine.runtime, prefill_shell.engine.executor, prefill_shell.backends"
     )
     assert loaded == set()
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from prefill_core import PageTableLayout, PrefillBatch, PrefillPolicy, PrefillRow, SamplingParams, plan_prefill
 from prefill_core.errors import PrefillInputError
-from prefill_shell.contract import (
+from prefill_shell.device.contract import (
     ALL_SPECS,
     CHUNK_START,
     FILL_TABLE,
@@ -34,7 +34,7 @@ from prefill_shell.contract import (
     TensorSpec,
     sampling_values,
 )
-from prefill_shell.inputs import build_host_steps
+from prefill_shell.engine.steps.inputs import build_host_steps
 from prefill_shell.tt import staging as ttnn_staging
 
 POLICY = PrefillPolicy(

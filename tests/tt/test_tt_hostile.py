@@ -11,8 +11,8 @@ import torch
 
 from prefill_core import SamplingParams
 from prefill_core.errors import PrefillInputError
-from prefill_shell.contract import PROMPT_TARGETS, SAMPLED_TOKENS
-from prefill_shell.executor import PrefillExecutor
+from prefill_shell.device.contract import PROMPT_TARGETS, SAMPLED_TOKENS
+from prefill_shell.engine.executor import PrefillExecutor
 from prefill_shell.reference import random_llama
 from prefill_shell.tt import staging as ttnn_staging
 from tests.helpers import build_runtime
@@ -128,8 +128,8 @@ def _emulation(ttnn):
 @pytest.mark.parametrize(("seed", "passed"), [(0, 0xFFFFFFFF), (2**32, 0xFFFFFFFF), (3, 3), (2**40 + 5, 5)])
 def test_ttnn_sampling_never_gets_seed_zero(ttnn, monkeypatch, seed, passed):
     """The sampling kernel reseeds only for a non-zero seed (sampling.cpp, generate_rand_tile): 0 is never passed."""
-    from prefill_shell.contract import LOGITS, TEMPERATURE, TOP_K, TOP_P, sampling_values
-    from prefill_shell.ledger import Ownership
+    from prefill_shell.device.contract import LOGITS, TEMPERATURE, TOP_K, TOP_P, sampling_values
+    from prefill_shell.device.ledger import Ownership
     from prefill_shell.tt import emulation_ops
     from prefill_shell.tt.backend import TtnnBackend
 

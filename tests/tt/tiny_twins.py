@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from prefill_shell.model import ModelSpec
+from prefill_shell.device.model import ModelSpec
 
 VOCAB, HIDDEN, BLOCK = 256, 64, 32
 SPEC = ModelSpec(

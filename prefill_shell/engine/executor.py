@@ -1,0 +1,152 @@
+"""``PrefillExecutor``: program/trace registries, warm-up, and eager or traced dispatch.
+
+tt-metal's prefill runtime leaves this to a model executor; it is here so the
+library is usable on its own. Rules:
+
+* Warm-up from a ``WarmupManifest`` first runs every program signature
+  eagerly (on a device this compiles it), then allocates every alias
+  workspace, then captures every trace signature, largest first. Nothing
+  compiles or allocates after the first capture.
+* Traced dispatch preflights the whole call: if any request lacks a trace or
+  workspace, ``TraceCoverageError`` names the signature and the request
+  before any model body runs. There is no silent eager fallback.
+* Threads: the executor is its runtime's one caller at a time; warm-up and
+  every stream hold the runtime (``PrefillRuntime.hold``), so an entry from
+  another thread meanwhile raises ``PrefillStateError`` at once.
+* ``mode``: ``"traced"``, ``"eager"``, or ``"auto"`` (traced when every
+  request is covered, else eager). An eager run of a program signature the
+  registry has not seen counts as a compile (``compile_count``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prefill_core import PrefillProgramSignature, WarmupManifest
+from prefill_core.errors import PrefillInputError, PrefillStateError
+from prefill_shell.engine.call_guard import HeldStream
+from prefill_shell.engine.progress import ProgressCallback, ProgressCounter
+from prefill_shell.engine.result import BatchResult, InvocationResult, PrefillResult, refuse_per_row_extras
+from prefill_shell.engine.runtime import PrefillRuntime, PreparedBatch
+from prefill_shell.engine.steps.trace import require_coverage
+
+__all__ = ["PrefillExecutor", "MODES"]
+
+MODES = ("auto", "eager", "traced")
+
+
+class PrefillExecutor:
+    """Owns the program registry, the warm-up order and the eager-or-traced choice of one runtime."""
+
+    def __init__(self, runtime: PrefillRuntime):
+        self.runtime = runtime
+        self.compiled: set[PrefillProgramSignature] = set()
+        self.compile_count = 0
+        self._closed = False
+
+    # -- warm-up --------------------------------------------------------
+    def compile(self, signature: PrefillProgramSignature) -> None:
+        """Compiles ``signature`` once (an eager run that writes no KV)."""
+        if signature in self.compiled:
+            return
+        self.runtime.compile(signature)
+        self.compiled.add(signature)
+        self.compile_count += 1
+
+    def warm_up(self, manifest: WarmupManifest, on_progress: ProgressCallback | None = None) -> None:
+        """Compile every program, allocate every workspace, then capture every trace, largest first.
+
+        ``on_progress`` gets stages ``"compile"``, ``"allocate"`` and
+        ``"capture"`` in that order, each done 0..total (``prefill_shell.engine.progress``).
+        """
+        self._check_open()
+        captured = set(manifest.trace_signatures)
+        aliases = [s for s in manifest.program_signatures if s.body in captured]
+        bodies = sorted(captured, key=lambda s: (s.padded_batch * s.chunk_length, s.key), reverse=True)
+        stages = (
+            ("compile", manifest.program_signatures, self.compile),
+            ("allocate", aliases, self.runtime.allocate_workspace),
+            ("capture", bodies, self.runtime.capture),
+        )
+        with self.runtime.hold():
+            for stage, signatures, run in stages:
+                progress = ProgressCounter(on_progress, stage, len(signatures)).start()
+                for signature in signatures:
+                    run(signature)
+                    progress.advance(signature.key)
+
+    # -- dispatch -------------------------------------------------------
+    def invocations(
+        self, batch: PreparedBatch, mode: str = "auto", on_progress: ProgressCallback | None = None
+    ) -> Iterator[InvocationResult]:
+        """Invocations in plan order; a traced call is preflighted before anything runs.
+
+        ``on_progress`` gets stage ``"prefill"``: done 0..``batch.num_steps`` body steps.
+        """
+        self._check_open()
+        if mode not in MODES:
+            raise PrefillInputError(f"mode={mode!r} is invalid: must be one of {MODES}", field="mode")
+        gaps = self.runtime.trace_gaps(batch)
+        if mode == "traced":
+            require_coverage(gaps)
+        steps = self._run(batch, mode == "traced" or (mode == "auto" and not gaps), on_progress)
+        # Held until the stream ends (a replay's outputs stay unread between steps), advanced by its holder only.
+        return HeldStream(self.runtime.hold, steps, "PrefillExecutor.invocations")
+
+    def _run(self, batch: PreparedBatch, traced: bool, on_progress) -> Iterator[InvocationResult]:
+        progress = ProgressCounter(on_progress, "prefill", batch.num_steps).start()
+        for index, prepared in enumerate(batch.requests):
+            self._check_open()  # a stream opened before close() must not outlive it
+            if not traced and prepared.program_signature not in self.compiled:
+                self.compiled.add(prepared.program_signature)
+                self.compile_count += 1  # a program first seen while serving: a late compile
+            yield self.runtime.invoke(batch, index, traced=traced, progress=progress)
+
+    def prefill(
+        self,
+        tokens,
+        page_table,
+        prompt_lengths,
+        cached_lengths=None,
+        slots=None,
+        sampling=None,
+        mode: str = "auto",
+        on_progress: ProgressCallback | None = None,
+        *,
+        batched: bool = False,
+    ) -> list[PrefillResult] | BatchResult:
+        """prepare + (traced or eager) invoke + streaming assemble, in caller row order.
+
+        ``batched=True``: the outputs as caller-ordered tensors
+        (``BatchResult``, ``PrefillRuntime.assemble_batch``), no per-row
+        result built; a row asking top or prompt log-probs then raises
+        ``InvalidSamplingError`` before anything runs.
+        """
+        call = (tokens, page_table, prompt_lengths, cached_lengths, slots, sampling)
+        return self._prefill(call, mode, on_progress, batched=batched)
+
+    def _prefill(self, call: tuple, mode: str, on_progress, *, batched: bool):
+        with self.runtime.hold():
+            # Traces replay padded waves: a call that may replay is planned padded, an eager one may be packed.
+            padded = mode == "traced" or (mode == "auto" and bool(self.runtime.captured_traces()))
+            batch = self.runtime.prepare(*call, packed=False if padded else None)
+            if not batched:
+                return self.runtime.assemble(self.invocations(batch, mode, on_progress), batch.num_rows)
+            for prepared in batch.requests:
+                refuse_per_row_extras(prepared.request.source_rows, prepared.request.sampling)
+            return self.runtime.assemble_batch(self.invocations(batch, mode, on_progress), batch.num_rows)
+
+    def close(self) -> None:
+        """Releases every trace and workspace, then the runtime's orphans; refuses further calls.
+
+        Holds the runtime throughout: a close from another thread while a call
+        runs is refused before it marks anything closed.
+        """
+        with self.runtime.hold():
+            self._closed = True
+            self.runtime.release_traces()
+            self.runtime.cleanup()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise PrefillStateError("this PrefillExecutor was closed: its traces were released; build a new one")

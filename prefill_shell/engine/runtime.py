@@ -1,0 +1,442 @@
+"""``PrefillRuntime``: the facade that composes the collaborators around one config.
+
+prepare (caller tensors -> prepared requests + host step values, once)
+  -> invoke each prepared request (the one step loop: eager, or trace replay)
+  -> assemble (stream: read, restore source rows, release)
+  -> cleanup (retry failed releases) / close (release traces and workspaces too)
+
+The collaborators (input stager, postprocessor, step loop, trace
+lifecycle, result assembler) are private and share this runtime's identities:
+the same stager, the same model-body boundary, the same postprocessor and
+the same release callback on the eager and the traced path. What sits above
+the package (program and trace registries, warm-up order, eager-or-traced
+choice) is ``PrefillExecutor``'s, and it uses only the public methods here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import torch
+
+from prefill_core import (
+    PageTableLayout,
+    PrefillProgramSignature,
+    PrefillTraceSignature,
+    PreparedPrefill,
+    RequestKind,
+    SamplingParams,
+    SamplingPath,
+    plans_packed,
+    prepare_in_sub_batches,
+    prepare_packed,
+    prepare_prefill,
+)
+from prefill_core.errors import CleanupError, PrefillStateError
+from prefill_shell.device.contract import (
+    CHUNK_START,
+    FILL_TABLE,
+    INPUT_TOKENS,
+    PACKED_INPUTS,
+    PACKED_TOKENS,
+    READ_TABLE,
+)
+from prefill_shell.device.ledger import DeviceTensor
+from prefill_shell.device.notes import add_note
+from prefill_shell.engine.batch_builder import as_token_matrix, build_batch, check_token_ids, host_page_table
+from prefill_shell.engine.call_guard import CallGuard, exclusive, exclusive_stream
+from prefill_shell.engine.config import PrefillRuntimeConfig
+from prefill_shell.engine.progress import ProgressCallback, ProgressCounter
+from prefill_shell.engine.result import BatchResult, InvocationResult, PrefillResult
+from prefill_shell.engine.steps.assembler import PrefillResultAssembler
+from prefill_shell.engine.steps.inputs import DeviceStep, PrefillInputStager, build_host_steps
+from prefill_shell.engine.steps.packed_inputs import build_packed_host_steps
+from prefill_shell.engine.steps.partial_writes import StepLog, note_partial_writes
+from prefill_shell.engine.steps.postprocess import PrefillPostprocessor, wave_params
+from prefill_shell.engine.steps.prepared_batch import PreparedBatch, check_runnable, checked_request
+from prefill_shell.engine.steps.prompt_logprobs import (
+    PromptLogprobCollector,
+    prompt_steps,
+    requested_spans,
+    take_entries,
+)
+from prefill_shell.engine.steps.step_loop import EagerSteps, PrefillStepLoop
+from prefill_shell.engine.steps.trace import CapturedTrace, PrefillTraceLifecycle, require_coverage, warmup_step
+
+__all__ = ["PrefillRuntime", "PreparedBatch"]  # PreparedBatch re-exported: prepare returns it
+
+_SEEDED_PATHS = (SamplingPath.TOPK, SamplingPath.HOST)
+
+
+def _warmup_params(signature: PrefillProgramSignature) -> tuple:
+    """Sampling parameters that exercise ``signature``'s postprocessing path."""
+    b = signature.padded_batch
+    if signature.sampling_path is SamplingPath.LOGITS:
+        return (None,) * b
+    if signature.sampling_path is SamplingPath.ARGMAX:
+        return (SamplingParams.greedy(),) * b
+    return (SamplingParams(top_k=2, top_p=0.9),) * b
+
+
+class PrefillRuntime:
+    """Plans, runs and collects prefill for one execution lane.
+
+    Thread safety: one call at a time. A runtime owns one lane's device
+    state (its KV pool, persistent trace inputs, workspaces that every replay
+    overwrites), and a serving engine (vLLM's model runner, tt-metal's
+    generator) drives a lane from one thread, so two overlapping calls are an
+    engine bug: an entry from a second thread while a call is in progress
+    raises ``PrefillStateError`` at once, before anything runs, instead of
+    queueing behind a lock (a queued call would hide the bug, and a caller
+    that keeps an unfinished ``invocations()`` generator would stall every
+    other thread). A call is in progress from entry to return, and for a
+    stream (``invocations``, ``stream``) from its first step until it is
+    exhausted or closed. Sequential calls from different threads are fine;
+    a stream is advanced on the thread that started it (another thread's
+    ``next()`` is refused and the stream goes on; ``close()`` works from any
+    thread). Use ``hold()`` to make several calls one.
+    """
+
+    def __init__(self, config: PrefillRuntimeConfig, *, seed: int = 0):
+        self.config = config
+        self.backend = config.backend
+        self.orphans: list[DeviceTensor] = []
+        self._rng = random.Random(seed)
+        self._closed = False
+        self._guard = CallGuard()
+        self._stager = PrefillInputStager(self.backend)
+        self._postprocessor = PrefillPostprocessor(self.backend, self._run_lm_head, config.policy.max_logprobs)
+        self._eager = EagerSteps(self.backend, self._stager, self._run_body)
+        self._loop = PrefillStepLoop(self._postprocessor, self._release_handles)
+        self._traces = PrefillTraceLifecycle(
+            self.backend,
+            self._stager,
+            self._postprocessor,
+            self._run_body,
+            config.model.spec,
+            config.model.dtype,
+            self._release_handles,
+        )
+        self._assembler = PrefillResultAssembler(self.backend, self._release_handles)
+        self._prompt = PromptLogprobCollector(self.backend, self._run_lm_head, self._release_handles)
+
+    def hold(self) -> contextlib.AbstractContextManager[None]:
+        """Holds this runtime for the calling thread until the block exits (re-entrant on that thread).
+
+        Several calls made inside are one call to every other thread: their
+        entries raise ``PrefillStateError`` until the block exits, or, when a
+        stream (``invocations``, ``stream``) started inside it is still
+        unfinished, until that stream ends.
+        """
+        return self._guard.hold("hold")
+
+    # -- model-body boundaries (shared by eager and traced paths) ---------
+    # Model calls run without autograd: every public entry point that reaches
+    # them (invoke, compile, capture) enters torch.inference_mode once.
+    def _run_body(self, step: DeviceStep) -> Any:
+        if PACKED_TOKENS in step:  # packed step (prefill_core.packed): segments end to end
+            return self.config.model.forward_packed(*(step[spec].value for spec in PACKED_INPUTS), self.config.kv)
+        read = step.get(READ_TABLE)
+        return self.config.model.forward_hidden(
+            step[INPUT_TOKENS].value,
+            step[CHUNK_START].value,
+            step[FILL_TABLE].value,
+            None if read is None else read.value,
+            self.config.kv,
+        )
+
+    def _run_lm_head(self, rows: Any) -> Any:
+        return self.config.model.lm_head(rows)
+
+    # -- prepare, invoke, assemble ----------------------------------------
+    @exclusive
+    def prepare(
+        self,
+        tokens,
+        page_table,
+        prompt_lengths: Sequence[int] | torch.Tensor,
+        cached_lengths: Sequence[int] | torch.Tensor | None = None,
+        slots: Sequence[int] | torch.Tensor | None = None,
+        sampling: SamplingParams | Sequence[SamplingParams | None] | None = None,
+        *,
+        packed: bool | None = None,
+    ) -> PreparedBatch:
+        """Validates and plans a call; builds every step's host input values once.
+
+        ``sampling`` is ``None`` (every row returns logits), one
+        ``SamplingParams`` applied to every row, or a list or tuple with one
+        entry (``SamplingParams`` or ``None``) per row; anything else raises a
+        ``PrefillInputError`` with ``field == "sampling"``.
+
+        Raises a ``PrefillInputError`` subclass naming the row and field on
+        any malformed input; nothing is allocated or written in that case.
+        ``packed``: plan packed steps (eager only) when the config allows
+        them (``None``: whenever it does; ``False``: padded waves, which a
+        traced call needs).
+        """
+        self._check_open()
+        config = self.config
+        matrix = as_token_matrix(tokens)
+        table = host_page_table(page_table, matrix.shape[0])
+        batch = build_batch(matrix, table, prompt_lengths, cached_lengths, slots, sampling, config.layout)
+        check_token_ids(matrix, batch, config.model.spec.vocab_size)
+        max_position = config.model.spec.max_position
+        if plans_packed(config.packed_steps, packed):
+            requests = prepare_packed(
+                batch, config.policy, config.layout, max_position=max_position, whole_call_lane=slots is None
+            )
+            steps = tuple(tuple(build_packed_host_steps(matrix, p.request, table)) for p in requests)
+        else:
+            if slots is None and len(batch) > config.policy.lane_size:
+                requests = prepare_in_sub_batches(batch, config.policy, config.layout, max_position=max_position)
+            else:
+                requests = prepare_prefill(batch, config.policy, config.layout, max_position=max_position)
+            steps = tuple(build_host_steps(matrix, p.request, table) for p in requests)
+        spans = requested_spans(batch)
+        prompt = tuple(prompt_steps(matrix, spans, p.request, s) for p, s in zip(requests, steps)) if spans else ()
+        return PreparedBatch(requests, steps, len(batch), self, config.layout, prompt)
+
+    @exclusive
+    def invoke(
+        self, batch: PreparedBatch, index: int, *, traced: bool = False, progress: ProgressCounter | None = None
+    ) -> InvocationResult:
+        """Runs request ``index`` of ``batch``: eagerly, or by replaying its captured trace.
+
+        ``traced=True`` never falls back to eager: a request without a trace
+        or workspace raises ``TraceCoverageError`` before anything runs.
+        ``progress`` counts each body step as it finishes. An error raised
+        once a step has started carries ``partial_writes`` (see
+        ``partial_writes.note_partial_writes``).
+
+        Lifetime: read each invocation once (``assemble`` / ``stream``), and a
+        traced one before the next traced ``invoke``: its outputs live in its
+        program alias's workspace, which the next replay overwrites, so
+        reading an overwritten one raises ``PrefillStateError``. An
+        invocation never read is released by ``cleanup()`` / ``close()``;
+        reading it afterwards raises ``PrefillStateError``.
+        """
+        self._check_open()
+        prepared = checked_request(batch, index, self, self.config.layout)
+        rows = prepared.request.source_rows
+        finished = None
+        if progress is not None:
+            num_steps = len(batch.steps[index])
+
+            def finished(step: int) -> None:
+                progress.advance(f"rows {rows} chunk {step + 1}/{num_steps}")
+
+        steps = StepLog(batch.steps[index], finished, block_size=batch.layout.block_size)
+        mode, generation = self._traces.mode_for(prepared) if traced else (self._eager, 0)
+        seeds = self._resolve_seeds(prepared)
+        pieces = batch.prompt_steps[index] if batch.prompt_steps else None
+        on_hidden = None if pieces is None else self._prompt.hook(pieces, batch.prompt_entries)
+        try:
+            with torch.inference_mode():
+                signature = prepared.program_signature
+                outputs, owned = self._loop.run(mode, signature, wave_params(prepared), steps, seeds, on_hidden)
+        except BaseException as error:
+            if steps.started:
+                note_partial_writes(error, steps.written_blocks(rows))
+            raise
+        try:  # until the assembler records it, an interrupt here would strand the outputs where cleanup() cannot
+            # Rows this request returns take their entries, scored here or in earlier requests' steps (packed).
+            prompt = take_entries(batch.prompt_entries, rows) if batch.prompt_steps else None
+            invocation = InvocationResult(prepared, outputs, owned, seeds, mode.workspace, generation, prompt, steps)
+            return self._assembler.produced(invocation)
+        except BaseException as primary:
+            self._release_handles(owned, primary)
+            raise
+
+    @exclusive_stream
+    def invocations(
+        self, batch: PreparedBatch, *, traced: bool = False, on_progress: ProgressCallback | None = None
+    ) -> Iterator[InvocationResult]:
+        """Invocations in plan order, produced lazily (one in flight at a time).
+
+        ``traced=True`` preflights the whole call as ``PrefillExecutor`` does:
+        a request without a trace raises ``TraceCoverageError`` before any
+        request runs. ``on_progress`` gets stage ``"prefill"``: done
+        0..``batch.num_steps`` body steps (``prefill_shell.engine.progress``).
+
+        Closing the stream early (``break``) after a packed request leaves
+        the rows its steps started for a later request partly written, with
+        no error to say so: the last invocation's ``unfinished_writes()``
+        names their blocks (drop them from a prefix cache, as for
+        ``partial_writes``).
+        """
+        if traced:
+            require_coverage(self.trace_gaps(batch))
+        progress = ProgressCounter(on_progress, "prefill", batch.num_steps).start()
+        for index in range(len(batch.requests)):
+            yield self.invoke(batch, index, traced=traced, progress=progress)
+
+    @exclusive_stream
+    def stream(self, invocations: Iterable[InvocationResult]) -> Iterator[PrefillResult]:
+        """Each source row's result as its invocation is read and released (plan order)."""
+        return self._assembler.stream(invocations)
+
+    @exclusive
+    def assemble(self, invocations: Iterable[InvocationResult], num_rows: int) -> list[PrefillResult]:
+        """Reads each invocation before pulling the next; results in caller row order."""
+        return self._assembler.assemble(invocations, num_rows)
+
+    @exclusive
+    def assemble_batch(self, invocations: Iterable[InvocationResult], num_rows: int) -> BatchResult:
+        """``assemble`` as caller-ordered tensors (``BatchResult``): no per-row result is built."""
+        return self._assembler.assemble_batch(invocations, num_rows)
+
+    @exclusive
+    def prefill(
+        self,
+        tokens,
+        page_table,
+        prompt_lengths,
+        cached_lengths=None,
+        slots=None,
+        sampling=None,
+        *,
+        traced: bool = False,
+        on_progress: ProgressCallback | None = None,
+    ) -> list[PrefillResult]:
+        """prepare + invoke + assemble: one row's result per caller row, in caller order."""
+        batch = self.prepare(tokens, page_table, prompt_lengths, cached_lengths, slots, sampling)
+        return self.assemble(self.invocations(batch, traced=traced, on_progress=on_progress), batch.num_rows)
+
+    def _resolve_seeds(self, prepared: PreparedPrefill) -> tuple[int, ...]:
+        """A seed per physical row: the row's own, else one drawn from the runtime's generator.
+
+        Only the sampling paths read seeds; logits and argmax waves get zeros
+        and leave the generator untouched.
+        """
+        request = prepared.request
+        if prepared.sampling_path not in _SEEDED_PATHS:
+            return (0,) * request.padded_batch
+        seeds = [
+            (p.seed if p.seed is not None else self._rng.getrandbits(63)) if p is not None else 0
+            for p in request.sampling
+        ]
+        return tuple(seeds + [seeds[0]] * (request.padded_batch - request.active_batch_size))
+
+    # -- programs and traces ------------------------------------------------
+    @exclusive
+    def compile(self, signature: PrefillProgramSignature) -> None:
+        """Runs ``signature``'s body and postprocessing once on a step that writes no KV.
+
+        The normal eager path on a warm-up step; on a device this compiles
+        every program the invocation uses. Its outputs are released at once.
+        """
+        self._check_open()
+        if signature.variant is RequestKind.PACKED:
+            return  # eager only and shaped by each step's segments: nothing to build ahead of a call
+        step = warmup_step(signature.body, self.config.model.spec.hidden_size)
+        params = _warmup_params(signature)
+        with torch.inference_mode():
+            _, owned = self._loop.run(self._eager, signature, params, [step], (0,) * len(params))
+        self._release_handles(owned)
+
+    @exclusive
+    def allocate_workspace(self, signature: PrefillProgramSignature) -> None:
+        """Allocates the persistent postprocessing workspace of one program alias."""
+        self._check_open()
+        self._traces.allocate_workspace(signature)
+
+    @exclusive
+    def capture(self, body: PrefillTraceSignature) -> None:
+        """Captures the hidden-body trace of ``body`` with its persistent inputs."""
+        self._check_open()
+        with torch.inference_mode():
+            self._traces.capture(body)
+
+    @exclusive
+    def trace_gap(self, prepared: PreparedPrefill) -> str | None:
+        """Why ``prepared`` cannot run traced (no trace, no workspace, not eligible), or None."""
+        return self._traces.gap(prepared)
+
+    @exclusive
+    def trace_gaps(self, batch: PreparedBatch) -> list[tuple[PreparedPrefill, str]]:
+        """Each request of ``batch`` that cannot run traced, with ``trace_gap``'s reason, in plan order."""
+        check_runnable(batch, self, self.config.layout)
+        gaps = [(prepared, self._traces.gap(prepared)) for prepared in batch.requests]
+        return [(prepared, why) for prepared, why in gaps if why is not None]
+
+    @exclusive
+    def captured_traces(self) -> tuple[CapturedTrace, ...]:
+        """Every live captured trace (signature, persistent inputs, replay count), in capture order."""
+        return tuple(self._traces.traces.values())
+
+    @exclusive
+    def release_traces(self) -> None:
+        """Releases every trace and workspace (``CleanupError`` names traces that would not go)."""
+        self._traces.release_all()
+
+    @exclusive
+    def configure_page_table_layout(self, layout: PageTableLayout) -> None:
+        """Installs a bounded replacement layout; collaborators are not rebuilt."""
+        self._check_open()
+        self.config = self.config.with_layout(layout)
+
+    # -- ownership ------------------------------------------------------
+    @exclusive
+    def release(self, handles: Iterable[DeviceTensor], primary: BaseException | None = None) -> None:
+        """Releases live ``handles``; a failed release becomes an orphan for ``cleanup``.
+
+        With ``primary`` (an error in flight) each cleanup failure is attached
+        to it as a note; the primary error itself is never replaced. An
+        interrupt (any ``BaseException`` that is not an ``Exception``, such as
+        ``KeyboardInterrupt``) during a release orphans that handle and every
+        one not yet released, then propagates: nothing is left unowned.
+        """
+        self._release_handles(handles, primary)
+
+    def _release_handles(self, handles: Iterable[DeviceTensor], primary: BaseException | None = None) -> None:
+        """``release`` for the collaborators, which run inside a call that already holds the guard."""
+        pending = [h for h in handles if not h.released]
+        for position, handle in enumerate(pending):
+            try:
+                self.backend.release(handle)
+            except Exception as failure:
+                self.orphans.append(handle)
+                if primary is not None:
+                    add_note(primary, f"cleanup: releasing {handle!r} failed: {failure!r}")
+            except BaseException:
+                self.orphans.extend(h for h in pending[position:] if not h.released)
+                raise
+
+    @exclusive
+    def cleanup(self) -> None:
+        """Releases every invocation nobody read, then retries every orphan.
+
+        Raises ``CleanupError`` with what is still alive.
+        """
+        self._assembler.release_pending()
+        pending, self.orphans = self.orphans, []
+        failures = []
+        for position, handle in enumerate(pending):
+            if handle.released:
+                continue
+            try:
+                self.backend.release(handle)
+            except Exception as failure:
+                self.orphans.append(handle)
+                failures.append(repr(failure))
+            except BaseException:
+                self.orphans.extend(h for h in pending[position:] if not h.released)
+                raise
+        if self.orphans:
+            raise CleanupError(f"{len(self.orphans)} device tensors could not be released: {failures}", self.orphans)
+
+    @exclusive
+    def close(self) -> None:
+        """Releases traces, workspaces and orphans, then refuses further calls."""
+        self._closed = True
+        try:
+            self.release_traces()
+        finally:
+            self.cleanup()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise PrefillStateError("this PrefillRuntime was closed; build a new one")

@@ -1,0 +1,170 @@
+"""lm-evaluation-harness as the scoring client: the ``prefill-runtime`` model.
+
+``PrefillRuntimeLM`` is an lm-eval ``TemplateLM``: lm-eval's own code turns
+requests into token ids (``_encode_pair``, the empty-context prefix token)
+and this class scores them on the runtime through ``scoring.Scorer``:
+``loglikelihood`` pairs with shared contexts computed once, and
+``loglikelihood_rolling`` over lm-eval's own rolling windows
+(``get_rolling_token_windows`` + ``make_disjoint_window``). It is a prefill
+engine: ``generate_until`` raises.
+
+lm-eval finds models only in its registry; importing this package registers
+the class as ``prefill-runtime``. ``python -m prefill_shell.cli.lm_eval_harness <lm-eval
+arguments>`` does that, then runs lm-eval's own command line.
+
+Model arguments (``--model_args``): ``model`` (a .gguf file, a Hugging Face
+folder, ``random:NAME``, or ``smollm2``/empty for the pinned SmolLM2),
+``max_length`` (lm-eval's window and truncation length; default the model's
+positions minus one), ``block_size`` (16), ``max_chunk`` (the runtime's
+longest step, default 2048), ``num_blocks`` (KV pool size), ``traced``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import lm_eval.models  # noqa: F401 (lm-eval fills its registry from this import only while the registry is empty)
+import torch
+from lm_eval.api.model import TemplateLM
+from lm_eval.api.registry import register_model
+from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+from prefill_core import PrefillPolicy
+from prefill_core.errors import PrefillConfigError
+from prefill_shell.backends import TorchBackend
+from prefill_shell.engine.config import PrefillRuntimeConfig
+from prefill_shell.engine.runtime import PrefillRuntime
+from prefill_shell.reference.text import load_model, load_tokenizer
+from prefill_shell.scoring.scorer import Scorer, scoring_layout, window_length
+
+__all__ = ["PrefillRuntimeLM"]
+
+_TRUE = ("1", "true", "yes")
+_FALSE = ("0", "false", "no", "")
+
+
+def _model_int(name: str, value: Any, default: int | None) -> int | None:
+    """A ``--model_args`` count: an int >= 1, given as an int or a string of digits; None or "" is ``default``."""
+    if value is None or value == "":
+        return default
+    if isinstance(value, str) and value.strip().isdecimal():  # isdigit() also takes "²", which int() refuses
+        value = int(value)
+    if type(value) is not int or value < 1:
+        raise PrefillConfigError(f"prefill-runtime model argument {name}={value!r} is invalid: must be an int >= 1")
+    return value
+
+
+def _model_flag(name: str, value: Any) -> bool:
+    """A ``--model_args`` switch: a bool, or one of true/false, yes/no, 1/0 in any case."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text not in _TRUE + _FALSE:
+        raise PrefillConfigError(f"prefill-runtime model argument {name}={value!r} is invalid: must be true or false")
+    return text in _TRUE
+
+
+def _model_ref(model: str | None) -> str | None:
+    return None if model in (None, "", "smollm2") else str(model)
+
+
+@register_model("prefill-runtime")
+class PrefillRuntimeLM(TemplateLM):
+    """lm-eval's ``LM`` on the prefill runtime (torch backend)."""
+
+    def __init__(
+        self,
+        model: str | None = None,
+        max_length: int | None = None,
+        block_size: int = 16,
+        max_chunk: int = 2048,
+        num_blocks: int | None = None,
+        traced: bool | str = False,
+        device: str | None = None,
+        batch_size: int | str | None = None,
+        max_batch_size: int | None = None,
+        **_ignored: Any,
+    ):
+        super().__init__()
+        ref = _model_ref(model)
+        # lm-eval's command line passes device="cuda" unless told otherwise; on a machine without CUDA
+        # that default is not a request the caller made, so the CPU serves it.
+        device = device if device == "cpu" or (device and torch.cuda.is_available()) else "cpu"
+        self.model = load_model(ref, device=device)
+        self.tokenizer = load_tokenizer(ref)
+        self._model_name = model
+        spec = self.model.spec
+        given = _model_int("max_length", max_length, None)
+        self._max_length = window_length(given, spec.max_position, "prefill-runtime model argument max_length")
+        block_size = _model_int("block_size", block_size, 16)
+        layout = scoring_layout(self._max_length, block_size, _model_int("num_blocks", num_blocks, None))
+        # Packed steps where the backend and model run them (eager); a traced scorer still plans padded.
+        policy = attrs.evolve(
+            PrefillPolicy.fine_rungs(block_size, max_chunk_length=_model_int("max_chunk", max_chunk, 2048)),
+            packed_steps=True,
+        )
+        kv = self.model.new_kv_cache(layout.num_blocks, block_size)
+        config = PrefillRuntimeConfig.resolve(self.model, TorchBackend(device), kv, layout=layout, policy=policy)
+        rows = int(batch_size) if str(batch_size).isdecimal() else 32
+        traced = _model_flag("traced", traced)
+        self.scorer = Scorer(PrefillRuntime(config), max_length=self._max_length, max_rows=max(rows, 1), traced=traced)
+
+    # -- what TemplateLM asks for ----------------------------------------
+    @property
+    def eot_token_id(self) -> int:
+        return self.tokenizer.eos_token_id
+
+    @property
+    def prefix_token_id(self) -> int:
+        # As lm-eval's HF backend: the BOS token when the tokenizer has one, else EOS.
+        bos = self.tokenizer.bos_token_id
+        return self.eot_token_id if bos is None else bos
+
+    @property
+    def max_length(self) -> int:
+        return self._max_length
+
+    def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs: Any) -> list[int]:
+        if self.tokenizer is None:  # a random preset (or a file without one) still scores token ids, never text
+            msg = f"prefill-runtime model {self._model_name!r} has no tokenizer: lm-eval's requests are text"
+            raise PrefillConfigError(msg)
+        if add_special_tokens is None:
+            return self.tokenizer.encode(string)
+        return self.tokenizer.encode(string, add_special_tokens=add_special_tokens)
+
+    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs: Any) -> list[tuple[float, bool]]:
+        scores = self.scorer.score([(context, continuation) for _, context, continuation in requests])
+        answers = [(score.logprob, score.is_greedy) for score in scores]
+        for (request, _, _), answer in zip(requests, answers):
+            if request is not None:
+                self.cache_hook.add_partial("loglikelihood", request, answer)
+        return answers
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        documents = [
+            [
+                make_disjoint_window(window)
+                for window in get_rolling_token_windows(
+                    token_list=self.tok_encode(string),
+                    prefix_token=self.prefix_token_id,
+                    max_seq_len=self.max_length,
+                    context_len=1,
+                )
+            ]
+            for (string,) in (request.args for request in requests)
+        ]
+        scores = self.scorer.score([window for windows in documents for window in windows])
+        totals, at = [], 0
+        for windows, request in zip(documents, requests):
+            total = sum(score.logprob for score in scores[at : at + len(windows)])
+            at += len(windows)
+            self.cache_hook.add_partial("loglikelihood_rolling", (request.args[0],), total)
+            totals.append(total)
+        return totals
+
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        raise NotImplementedError(
+            "prefill-runtime is a prefill engine: it scores (loglikelihood, loglikelihood_rolling) and does not "
+            "generate; run generation tasks with another lm-eval model"
+        )

@@ -1,0 +1,380 @@
+"""``ServingFacade``: the runtime behind a serving engine, called as vLLM's Tenstorrent plugin calls a model.
+
+The plugin reaches a TTTv2 model through its generator facade: it reads the
+class-level ``model_capabilities``, calls ``allocate_kv_cache`` with vLLM's
+KV shape, ``warmup_model_prefill``, then ``prefill_forward`` step after
+step. This module is that facade over a ``PrefillExecutor``
+(``serving_lanes.LaneGroupFacade`` is the same facade over a lane group: it
+replaces only the lane-shaped steps, the methods under "what a subclass
+serving several lanes replaces"):
+
+* **Normalisation and refusals** (tt-metal's ``VLLMAdapter.normalize_prefill``):
+  ``enable_trace`` must be a bool (``TypeError``); ``enable_trace=True`` when
+  prefill traces are off is a ``ValueError`` (``PrefillConfigError``); of the
+  extra keywords only ``page_tables_per_layer``, ``prompt_tokens``,
+  ``output_tokens``, ``slot_remap`` and ``rope_deltas_all_users`` are
+  accepted, any other is a ``TypeError`` naming it. Integer tensors and
+  numpy integer arrays (the plugin's ``prompt_lens`` and ``start_pos``) are
+  cast (tokens, ``prompt_lens``, ``start_pos`` to int64, the page table to
+  int32); a float or bool tensor or array is left for the runtime to refuse
+  by name, where the adapter would truncate it.
+* **Chunks**: ``start_pos`` (tokens already computed, anywhere in
+  ``[0, prompt_lens]``) becomes the cached length and ``prompt_lens`` (the
+  end of this step's chunk) the prompt length (``computed_positions``).
+  ``empty_slots`` are the rows' slots.
+* **One call, one mode**: ``enable_trace`` picks traced or eager per call; a
+  traced call is preflighted whole (``TraceCoverageError`` before any body
+  runs, never an eager fallback). ``kv_cache`` must be the pool
+  ``allocate_kv_cache`` returned (``None`` means that pool).
+* **Returns** (tt-metal's result collector): without ``sampling_params``,
+  float32 logits ``[B, 1, vocab]``; with them, ``(tokens int64 [B],
+  log_probs)`` where ``log_probs`` is None when no row asked for one, else
+  float32 ``[B]`` in caller order holding each asking row's sampled-token
+  log-prob and 1.0 elsewhere.
+* **Sampling** (``plugin_sampling``): the plugin's encodings map onto the
+  core's ``SamplingParams``; a row with penalties asks the device for logits
+  and is sampled here (``penalties``), its prompt being its tokens up to
+  ``prompt_lens`` and its output tokens those of ``output_tokens`` (none
+  unless passed).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+import torch
+
+from prefill_core import PageTableLayout, PrefillPolicy, SamplingPath, ceil_div, manifest_for
+from prefill_core.errors import InvalidSamplingError, KVCacheMismatchError, PrefillConfigError, PrefillStateError
+from prefill_shell.backends.base import Backend
+from prefill_shell.device.model import PrefillModel
+from prefill_shell.device.notes import add_note
+from prefill_shell.engine.batch_builder import as_token_matrix
+from prefill_shell.engine.config import PrefillRuntimeConfig
+from prefill_shell.engine.executor import PrefillExecutor
+from prefill_shell.engine.result import BatchResult
+from prefill_shell.engine.runtime import PrefillRuntime
+from prefill_shell.sampling.penalties import sample_penalised
+from prefill_shell.serving.plugin_sampling import PluginRows, rows_from_plugin
+
+__all__ = ["ServingFacade", "IGNORED_KEYWORDS"]
+
+IGNORED_KEYWORDS = frozenset(
+    {"page_tables_per_layer", "prompt_tokens", "output_tokens", "slot_remap", "rope_deltas_all_users"}
+)
+"""The plugin's keywords a text-only model accepts (``output_tokens`` feeds the penalties)."""
+
+_PROVISIONAL_BLOCK_SIZE = 32
+_NO_POOL_NOTE = (
+    "allocate_kv_cache released the previous KV pool and its runtime before this build failed: "
+    "no pool is allocated now; call allocate_kv_cache again (a smaller pool, or after freeing memory)"
+)
+
+
+class ServingFacade:
+    """``prefill_forward`` and its set-up calls, as the plugin makes them, over one runtime lane.
+
+    ``kv_factory(num_blocks, block_size)`` builds a KV pool (default: the
+    model's ``new_kv_cache``); the pool is built by ``allocate_kv_cache``,
+    at vLLM's block size, so nothing runs before it. ``max_batch_size`` is
+    vLLM's ``max_num_seqs``: the lane's slots (the runtime's
+    ``policy.lane_size`` is set to it), so an ``empty_slots`` entry at or
+    past it is an ``InvalidSlotError`` at its row.
+    """
+
+    model_capabilities = {
+        "supports_prefix_caching": True,
+        "supports_async_decode": False,  # prefill only: there is no decode here
+        "supports_sample_on_device": True,
+        "accepts_trace_mode": True,
+        "supports_chunked_prefill": True,
+    }
+
+    def __init__(
+        self,
+        model: PrefillModel,
+        backend: Backend,
+        *,
+        max_seq_len: int,
+        max_batch_size: int = 32,
+        policy: PrefillPolicy | None = None,
+        kv_factory: Callable[[int, int], Any] | None = None,
+        kv_dtype: torch.dtype | None = None,
+        prefill_traces: bool = True,
+        seed: int = 0,
+    ):
+        for name, value in (("max_seq_len", max_seq_len), ("max_batch_size", max_batch_size)):
+            if type(value) is not int or value <= 0:
+                raise PrefillConfigError(f"{type(self).__name__}: {name}={value!r} is invalid: must be an int > 0")
+        self.model = model
+        self.backend = backend
+        self.max_seq_len = max_seq_len
+        self.max_batch_size = max_batch_size
+        self.policy = policy
+        self.prefill_traces = prefill_traces
+        self._kv_factory = kv_factory or model.new_kv_cache
+        self._kv_dtype = kv_dtype or model.dtype
+        self._seed = seed
+        self._rng = random.Random(seed)
+        self.kv: Any = None
+        self.executor: PrefillExecutor | None = None
+
+    @property
+    def runtime(self) -> PrefillRuntime:
+        return self._executors()[0].runtime
+
+    # -- what a subclass serving several lanes replaces -------------------
+    def _executors(self) -> list[PrefillExecutor]:
+        """The lanes' executors, in lane order (here: the one lane)."""
+        if self.executor is None:
+            raise PrefillStateError("call allocate_kv_cache before any prefill: no KV pool is allocated yet")
+        return [self.executor]
+
+    def _prefill_target(self) -> PrefillExecutor:
+        """What runs a normalised call: anything with ``PrefillExecutor.prefill``'s signature (``batched`` included)."""
+        return self.executor
+
+    def _pool_rows(self) -> int:
+        """Slots one lane holds (its policy's ``lane_size``); a provisional pool holds a block of tail for each."""
+        return self.max_batch_size
+
+    def _build(self, num_blocks: int, block_size: int) -> Any:
+        """Builds the pool and the runtime over it; returns what the plugin passes back as ``kv_cache``."""
+        kv = self._kv_factory(num_blocks, block_size)
+        self.executor = self._lane_executor(self.model, self.backend, kv, num_blocks, block_size, self._seed)
+        return kv
+
+    def _release(self) -> None:
+        """Closes the lane (its pool's traces and workspaces go with it); the next call needs a new pool."""
+        if self.executor is not None:
+            self.executor.close()
+        self.executor, self.kv = None, None
+
+    def _check_kv(self, kv_cache: Any) -> None:
+        if kv_cache is not None and kv_cache is not self.runtime.config.kv:
+            msg = (
+                f"kv_cache={type(kv_cache).__name__} is invalid: it must be the pool allocate_kv_cache returned "
+                "(the one this runtime was resolved with), or None"
+            )
+            raise KVCacheMismatchError(msg, field="kv_cache")
+
+    def _lane_executor(self, model, backend, kv, num_blocks: int, block_size: int, seed: int) -> PrefillExecutor:
+        layout = PageTableLayout(block_size, ceil_div(self.max_seq_len, block_size), num_blocks)
+        policy = self.policy or backend.preferred_policy(block_size)
+        if isinstance(policy, PrefillPolicy):
+            # The plugin numbers a lane's rows 0..max_num_seqs-1: the core's slot rule refuses any slot past them.
+            policy = attrs.evolve(policy, lane_size=self._pool_rows())
+        config = PrefillRuntimeConfig.resolve(model, backend, kv, layout=layout, policy=policy)
+        return PrefillExecutor(PrefillRuntime(config, seed=seed))
+
+    # -- set-up ---------------------------------------------------------
+    def allocate_kv_cache(self, kv_cache_shape=None, dtype=None, num_layers=None) -> Any:
+        """Builds the KV pool and the runtime over it; returns the pool (pass it back as ``kv_cache``).
+
+        All three arguments or none (``TypeError``). Without them the pool is
+        the provisional one (block size 32, the longest sequence plus one
+        block per row). With them, ``kv_cache_shape`` is vLLM's rank-4
+        ``(num_blocks, kv_heads, block_size, head_dim)``, checked against the
+        model (``PrefillConfigError``; ``kv_heads`` per device, as vLLM divides
+        them over a lane of several devices), and vLLM's block size replaces the
+        provisional one: the layout is rebuilt before any warm-up.
+        """
+        supplied = (kv_cache_shape is not None, dtype is not None, num_layers is not None)
+        if any(supplied) and not all(supplied):
+            raise TypeError("kv_cache_shape, dtype, and num_layers must be supplied together")
+        if all(supplied):
+            num_blocks, block_size = self._checked_shape(kv_cache_shape, dtype, num_layers)
+        else:
+            block_size = _PROVISIONAL_BLOCK_SIZE
+            num_blocks = ceil_div(self.max_seq_len, block_size) + self._pool_rows()
+        self._release()  # before the build: a device holds one pool, never the old and the new together
+        try:
+            self.kv = self._build(num_blocks, block_size)
+        except BaseException as error:
+            add_note(error, _NO_POOL_NOTE)
+            raise
+        return self.kv
+
+    def _checked_shape(self, shape, dtype, num_layers) -> tuple[int, int]:
+        spec = self.model.spec
+        dims = tuple(shape) if isinstance(shape, Sequence) else (shape,)
+        if len(dims) != 4 or not all(type(d) is int for d in dims):
+            msg = f"kv_cache_shape={dims!r} is invalid: must be 4 ints (num_blocks, kv_heads, block_size, head_dim)"
+            raise PrefillConfigError(msg)
+        num_blocks, kv_heads, block_size, head_dim = (int(d) for d in dims)
+        expected = (
+            ("num_blocks", num_blocks, num_blocks if num_blocks > 0 else "> 0"),
+            ("block_size", block_size, block_size if block_size > 0 else "> 0"),
+            ("kv_heads", kv_heads, _kv_heads_per_device(spec.num_kv_heads, getattr(self.backend, "num_devices", 1))),
+            ("head_dim", head_dim, spec.head_dim),
+            ("num_layers", num_layers, spec.num_layers),
+            ("dtype", dtype, self._kv_dtype),
+        )
+        for name, got, want in expected:
+            if got != want:
+                raise PrefillConfigError(f"vLLM's KV {name}={got!r} is invalid: the model needs {want}")
+        return num_blocks, block_size
+
+    def warmup_model_prefill(self, *, kv_cache: Any, can_sample_on_device: bool, enable_trace: bool) -> None:
+        """Compiles every program the layout can plan (and captures every trace when ``enable_trace``).
+
+        The logits and host paths always; the argmax and device top-k paths
+        when ``can_sample_on_device``. Every lane, in lane order.
+        """
+        self._check_call(kv_cache, enable_trace)
+        if not isinstance(can_sample_on_device, bool):
+            raise TypeError("can_sample_on_device must be bool")
+        paths = [SamplingPath.LOGITS, SamplingPath.HOST]
+        if can_sample_on_device:
+            paths += [SamplingPath.ARGMAX, SamplingPath.TOPK]
+        for executor in self._executors():
+            config = executor.runtime.config
+            manifest = manifest_for(config.policy, config.layout, paths)
+            if enable_trace:
+                executor.warm_up(manifest)
+            else:
+                for signature in manifest.program_signatures:
+                    executor.compile(signature)
+
+    # -- the call -------------------------------------------------------
+    def prefill_forward(
+        self,
+        tokens,
+        page_table,
+        *,
+        enable_trace: bool,
+        prompt_lens=None,
+        start_pos=None,
+        empty_slots=None,
+        kv_cache=None,
+        sampling_params=None,
+        **compatibility_kwargs: Any,
+    ):
+        """One prefill step as the plugin submits it; see the module docstring for the returns."""
+        unknown = sorted(key for key in compatibility_kwargs if key not in IGNORED_KEYWORDS)
+        if unknown:
+            raise TypeError(f"prefill got an unexpected keyword argument {unknown[0]!r}")
+        self._check_call(kv_cache, enable_trace)
+        tokens, page_table = _cast(tokens, torch.int64), _cast(page_table, torch.int32)
+        prompt_lens, start_pos = _cast(prompt_lens, torch.int64), _cast(start_pos, torch.int64)
+        num_rows = _num_rows(tokens)
+        if prompt_lens is None:
+            prompt_lens = [len(row) for row in tokens]
+        mode = "traced" if enable_trace else "eager"
+        target = self._prefill_target()
+        if sampling_params is None:
+            out = target.prefill(tokens, page_table, prompt_lens, start_pos, empty_slots, None, mode=mode, batched=True)
+            return out.logits.unsqueeze(1)  # [B, 1, V]
+        plugin = rows_from_plugin(sampling_params, num_rows, self.model.spec.vocab_size)
+        given = compatibility_kwargs.get("output_tokens")
+        outputs = {row: _output_row(given, row) for row in plugin.penalised}  # checked before anything runs
+        out = target.prefill(
+            tokens, page_table, prompt_lens, start_pos, empty_slots, plugin.core, mode=mode, batched=True
+        )
+        return self._sampled(out, plugin, tokens, prompt_lens, outputs)
+
+    def _sampled(self, out: BatchResult, plugin: PluginRows, tokens, prompt_lens, outputs: dict):
+        """``(tokens, log_probs)`` from the call's tensors; penalised rows are sampled here from their logits."""
+        sampled, logprobs = out.tokens, out.logprobs
+        if plugin.penalised:
+            lengths = prompt_lens.tolist() if isinstance(prompt_lens, torch.Tensor) else list(prompt_lens)
+        for row in plugin.penalised:
+            sampling = plugin.rows[row]
+            seed = sampling.params.seed
+            seed = self._rng.getrandbits(63) if seed is None else seed
+            prompt = torch.as_tensor(tokens[row][: lengths[row]], dtype=torch.int64)
+            sampled[row], logprobs[row] = sample_penalised(
+                out.logits[row], prompt, outputs[row], sampling.penalties, sampling.params, seed
+            )
+        if not plugin.logprob_rows:
+            return sampled, None
+        log_probs = torch.ones(len(plugin.rows), dtype=torch.float32)
+        log_probs[plugin.logprob_rows] = logprobs[plugin.logprob_rows]
+        return sampled, log_probs
+
+    def _check_call(self, kv_cache: Any, enable_trace: Any) -> None:
+        if not isinstance(enable_trace, bool):
+            raise TypeError("enable_trace must be bool")
+        if enable_trace and not self.prefill_traces:
+            raise PrefillConfigError("enable_trace=True for prefill disagrees with this facade: prefill traces are off")
+        self._executors()  # nothing runs before allocate_kv_cache
+        self._check_kv(kv_cache)
+
+    def cleanup(self) -> None:
+        """Releases traces, workspaces and orphans; a later call needs ``allocate_kv_cache`` again."""
+        self._release()
+
+
+def _from_numpy(value):
+    """A numpy integer array as a tensor: the plugin builds ``prompt_lens`` and ``start_pos`` with numpy.
+
+    Only the dtypes the runtime takes as tensors (signed ints, uint8); anything
+    else, a float or uint64 array included, is returned as it is for the
+    runtime to name. numpy is not imported here: an array is known by its module.
+    """
+    dtype = getattr(value, "dtype", None)
+    if type(value).__module__ != "numpy" or dtype is None:
+        return value
+    if dtype.kind == "i" or dtype.kind == "u" and dtype.itemsize == 1:
+        return torch.as_tensor(value.copy())  # a copy is C-contiguous: torch refuses negative strides
+    return value
+
+
+def _cast(value, dtype: torch.dtype):
+    """An integer tensor (or numpy integer array) cast to ``dtype`` (as the adapter does); anything else as it is.
+
+    A tensor holding a value ``dtype`` cannot (an int64 block id past int32)
+    stays as it is too: the cast would wrap it onto another value, which the
+    runtime would then take for the caller's.
+    """
+    value = _from_numpy(value)
+    if not isinstance(value, torch.Tensor) or value.dtype is dtype:
+        return value
+    if value.is_floating_point() or value.is_complex() or value.dtype is torch.bool:
+        return value
+    if value.layout is not torch.strided or value.is_meta:
+        return value  # no dense data to cast: the runtime names it
+    if value.dtype is torch.int64 and dtype is torch.int32 and value.numel():
+        low, high = (int(v) for v in torch.aminmax(value))
+        if low < torch.iinfo(dtype).min or high > torch.iinfo(dtype).max:
+            return value
+    return value.to(dtype)
+
+
+def _kv_heads_per_device(num_kv_heads: int, num_devices: int) -> int:
+    """The KV heads vLLM's plugin puts in ``kv_cache_shape`` for a lane of ``num_devices`` devices.
+
+    The plugin divides the model's KV heads over the lane's devices (tensor
+    parallel: each device holds its share), never below one head.
+    """
+    return num_kv_heads // min(max(int(num_devices), 1), num_kv_heads)
+
+
+def _num_rows(tokens) -> int:
+    """The call's row count; tokens that are not rows (a 0-d or 1-d tensor, a number) get the runtime's named error."""
+    if not hasattr(tokens, "__len__") or isinstance(tokens, torch.Tensor) and tokens.dim() != 2:
+        as_token_matrix(tokens)  # raises the PrefillInputError naming tokens
+    return len(tokens)
+
+
+def _output_row(output_tokens, row: int) -> torch.Tensor:
+    """Row ``row``'s output token ids: none unless passed; ids outside [0, vocab) are padding (vLLM pads).
+
+    Anything but integer ids for the row (a missing row, floats, text) is an
+    ``InvalidSamplingError`` naming it.
+    """
+    if output_tokens is None:
+        return torch.zeros(0, dtype=torch.int64)
+    try:
+        ids = torch.as_tensor(output_tokens[row])
+    except (TypeError, ValueError, IndexError, KeyError, RuntimeError) as error:
+        ids = error
+    if not isinstance(ids, torch.Tensor) or ids.is_floating_point() or ids.is_complex() or ids.dtype is torch.bool:
+        shown = f"{type(output_tokens).__name__}: {ids!r}" if isinstance(ids, Exception) else f"<{ids.dtype}>"
+        msg = f"row {row}: output_tokens={shown} is invalid: a penalised row needs its output token ids (ints)"
+        raise InvalidSamplingError(msg, row=row, field="output_tokens")
+    ids = ids.to(torch.int64).reshape(-1)
+    return ids[ids >= 0]

@@ -1,0 +1,153 @@
+"""``LaneGroupFacade``: the serving facade over a ``LaneGroup``, vLLM's data-parallel ranks as lanes.
+
+Under data parallelism vLLM's Tenstorrent plugin numbers a rank's rows
+``empty_slots = dp_rank * per_lane_max_num_seqs + i``. With one lane per
+rank and ``policy.lane_size = per_lane_max_num_seqs``, the lane group's
+routing (``prefill_core.route_to_lanes``) sends such a row to lane
+``dp_rank`` at its slot ``i``. Everything the plugin sees is
+``ServingFacade``'s (normalisation, refusals, return shapes, sampling and
+penalties: one code path); what differs is lane-shaped, as in tt-metal's
+``LaneGroupExecutor``:
+
+* ``allocate_kv_cache`` builds one pool per lane, each of vLLM's shape
+  (vLLM sizes a rank's cache), and returns them as a list in lane order;
+* ``kv_cache`` is that sequence: one pool per lane, in lane order (``None``
+  means those pools); anything else is a ``KVCacheMismatchError`` naming
+  the position and, for a pool of another lane, that lane;
+* ``warmup_model_prefill`` warms every lane; a traced call is preflighted on
+  every lane before any lane runs (``LaneGroup``);
+* ``max_batch_size`` is ``num_lanes * per_lane_batch``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from prefill_core import PrefillPolicy
+from prefill_core.errors import KVCacheMismatchError, PrefillConfigError, PrefillStateError
+from prefill_shell.backends.base import Backend
+from prefill_shell.device.model import PrefillModel
+from prefill_shell.engine.executor import PrefillExecutor
+from prefill_shell.engine.runtime import PrefillRuntime
+from prefill_shell.lanes.group import LaneGroup
+from prefill_shell.serving.facade import ServingFacade
+
+__all__ = ["LaneGroupFacade"]
+
+
+def _lane_pairs(lanes: Any) -> tuple:
+    """The lanes as ``(model, backend)`` pairs, at least one; anything else is a ``PrefillConfigError``."""
+    rule = "must be an iterable of (model, backend) pairs, one per lane, at least one"
+    try:
+        pairs = tuple(lanes)
+    except TypeError:
+        raise PrefillConfigError(f"lane group facade: lanes={type(lanes).__name__} is invalid: {rule}") from None
+    if not pairs:
+        raise PrefillConfigError("lane group facade: needs at least one (model, backend) lane")
+    for lane, pair in enumerate(pairs):
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2 or not hasattr(pair[0], "spec"):
+            raise PrefillConfigError(f"lane group facade: lanes[{lane}]={type(pair).__name__} is invalid: {rule}")
+    return tuple(tuple(pair) for pair in pairs)
+
+
+class LaneGroupFacade(ServingFacade):
+    """``ServingFacade`` over one lane per ``(model, backend)`` pair, ``policy.lane_size`` slots each.
+
+    Each lane's pool comes from its own model's ``new_kv_cache``; lane ``i``'s
+    runtime is seeded ``seed + i``. ``threaded`` is ``LaneGroup``'s.
+    """
+
+    def __init__(
+        self,
+        lanes: Sequence[tuple[PrefillModel, Backend]],
+        *,
+        max_seq_len: int,
+        policy: PrefillPolicy | None = None,
+        kv_dtype=None,
+        prefill_traces: bool = True,
+        threaded: bool = False,
+        seed: int = 0,
+    ):
+        self.lane_models = _lane_pairs(lanes)
+        model, backend = self.lane_models[0]
+        for lane, (other, _) in enumerate(self.lane_models):
+            if getattr(other, "spec", None) != model.spec or getattr(other, "dtype", None) != model.dtype:
+                raise PrefillConfigError(f"lane group facade: lane {lane}'s model differs from lane 0's (spec, dtype)")
+        policy = PrefillPolicy() if policy is None else policy
+        if not isinstance(policy, PrefillPolicy):
+            raise PrefillConfigError(f"lane group facade: policy={type(policy).__name__} is invalid: a PrefillPolicy")
+        self.per_lane_batch = policy.lane_size
+        self.threaded = bool(threaded)
+        self.group: LaneGroup | None = None
+        per_group = len(self.lane_models) * self.per_lane_batch
+        super().__init__(
+            model,
+            backend,
+            max_seq_len=max_seq_len,
+            max_batch_size=per_group,
+            policy=policy,
+            kv_dtype=kv_dtype,
+            prefill_traces=prefill_traces,
+            seed=seed,
+        )
+
+    @property
+    def num_lanes(self) -> int:
+        return len(self.lane_models)
+
+    @property
+    def runtime(self) -> PrefillRuntime:
+        raise PrefillStateError("a lane group has one runtime per lane: read facade.runtimes")
+
+    @property
+    def runtimes(self) -> tuple[PrefillRuntime, ...]:
+        """The lanes' runtimes, in lane order."""
+        return tuple(executor.runtime for executor in self._executors())
+
+    def _executors(self) -> list[PrefillExecutor]:
+        if self.group is None:
+            raise PrefillStateError("call allocate_kv_cache before any prefill: no KV pools are allocated yet")
+        return list(self.group.lanes)
+
+    def _prefill_target(self) -> LaneGroup:
+        return self.group
+
+    def _pool_rows(self) -> int:
+        return self.per_lane_batch  # a pool serves one lane's slots
+
+    def _build(self, num_blocks: int, block_size: int) -> list:
+        executors: list[PrefillExecutor] = []
+        pools = []
+        try:
+            for lane, (model, backend) in enumerate(self.lane_models):
+                pool = model.new_kv_cache(num_blocks, block_size)
+                executors.append(self._lane_executor(model, backend, pool, num_blocks, block_size, self._seed + lane))
+                pools.append(pool)
+            self.group = LaneGroup(executors, threaded=self.threaded)
+        except BaseException:
+            for executor in executors:
+                executor.close()
+            raise
+        return pools
+
+    def _release(self) -> None:
+        if self.group is not None:
+            self.group.close()
+        self.group, self.kv = None, None
+
+    def _check_kv(self, kv_cache: Any) -> None:
+        if kv_cache is None:
+            return
+        pools = [executor.runtime.config.kv for executor in self.group.lanes]
+        rule = f"a lane group takes one pool per lane ({len(pools)}), in lane order, as allocate_kv_cache returned"
+        if not isinstance(kv_cache, (list, tuple)):
+            raise KVCacheMismatchError(f"kv_cache={type(kv_cache).__name__} is invalid: {rule}", field="kv_cache")
+        if len(kv_cache) != len(pools):
+            raise KVCacheMismatchError(f"kv_cache holds {len(kv_cache)} entries: {rule}", field="kv_cache")
+        for lane, given in enumerate(kv_cache):
+            if given is pools[lane]:
+                continue
+            owner = next((i for i, pool in enumerate(pools) if pool is given), None)
+            what = "a pool of no lane" if owner is None else f"lane {owner}'s pool"
+            raise KVCacheMismatchError(f"kv_cache[{lane}] is {what}: {rule}", field="kv_cache")
