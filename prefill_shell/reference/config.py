@@ -14,12 +14,11 @@ from typing import Any
 
 import attrs
 
+from prefill_core.dtype import DTYPES
 from prefill_core.errors import PrefillConfigError
 from prefill_shell.device.model import ModelSpec
 
 __all__ = ["Llama3RopeScaling", "LlamaSpec", "check_plain_llama", "read_config_json"]
-
-_SUPPORTED_DTYPES = ("float32", "bfloat16", "float16")
 
 
 def _positive(_instance: object, attribute: attrs.Attribute, value: Any) -> None:
@@ -80,8 +79,8 @@ class LlamaSpec:
             )
         if self.head_dim % 2:
             raise PrefillConfigError(f"head_dim={self.head_dim!r} is invalid: RoPE needs an even head_dim")
-        if self.dtype not in _SUPPORTED_DTYPES:
-            raise PrefillConfigError(f"dtype={self.dtype!r} is invalid: expected one of {_SUPPORTED_DTYPES}")
+        if self.dtype not in DTYPES:
+            raise PrefillConfigError(f"dtype={self.dtype!r} is invalid: expected one of {DTYPES}")
 
     def model_spec(self) -> ModelSpec:
         """The architecture-neutral part the runtime sees."""
