@@ -10,11 +10,12 @@ from .errors import __all__ as _error_names
 from .lanes import LaneRoute, route_to_lanes
 from .layout import PageTableLayout
 from .manifest import WarmupManifest, manifest_for
-from .packed import PackedRequest, PackedSegment, PackedStep, plan_packed, plans_packed, prepare_packed
+from .execution import ExecutionMode, execution_mode, plans_packed
+from .packed import PackedRequest, PackedStep, plan_packed
 from .plan import plan_prefill
 from .policy import PrefillPolicy, ceil_div, round_up
-from .prepared import PreparedPrefill, prepare_in_sub_batches, prepare_prefill
-from .request import PrefillChunk, PrefillRequest, RequestKind
+from .prepared import PreparedPrefill, prepare_in_sub_batches, prepare_packed, prepare_prefill
+from .request import PrefillChunk, PrefillRequest, RequestKind, StepSegment
 from .rules import RULES, Rule
 from .sampling import GREEDY_TEMPERATURE, SamplingParams, SamplingPath, is_greedy
 from .serialize import converter, from_json, to_json
@@ -22,11 +23,11 @@ from .signatures import PrefillProgramSignature, PrefillTraceSignature
 from .tables import SKIP, PageTableView, TableRole, materialize_table
 
 __all__ = [
+    "ExecutionMode",
     "GREEDY_TEMPERATURE",
     "LaneRoute",
     "PageTableLayout",
     "PackedRequest",
-    "PackedSegment",
     "PackedStep",
     "PageTableView",
     "PrefillBatch",
@@ -43,9 +44,11 @@ __all__ = [
     "SKIP",
     "SamplingParams",
     "SamplingPath",
+    "StepSegment",
     "TableRole",
     "WarmupManifest",
     "ceil_div",
+    "execution_mode",
     "converter",
     "from_json",
     "is_greedy",

@@ -147,7 +147,7 @@ def warmup_step(body: PrefillTraceSignature, hidden_size: int) -> HostStep:
         if spec is READ_TABLE and not body.read_table_width:
             continue
         values[spec] = torch.full(spec.shape(geometry), _NO_WRITE.get(spec, 0), dtype=spec.host_dtype)
-    return HostStep(None, values)
+    return HostStep(None, values, body.variant)
 
 
 def workspace_key(signature: PrefillProgramSignature) -> tuple:
