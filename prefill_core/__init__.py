@@ -7,10 +7,10 @@ numpy, no I/O, no clocks, no environment, no global mutable state.
 from .batch import PrefillBatch, PrefillRow
 from .errors import *  # noqa: F403 (the hierarchy is public API)
 from .errors import __all__ as _error_names
+from .execution import ExecutionMode, execution_mode, plans_packed, replays
 from .lanes import LaneRoute, route_to_lanes
 from .layout import PageTableLayout
 from .manifest import WarmupManifest, manifest_for
-from .execution import ExecutionMode, execution_mode, plans_packed
 from .packed import PackedRequest, PackedStep, plan_packed
 from .plan import plan_prefill
 from .policy import PrefillPolicy, ceil_div, round_up
@@ -56,6 +56,7 @@ __all__ = [
     "materialize_table",
     "plan_packed",
     "plans_packed",
+    "replays",
     "plan_prefill",
     "prepare_in_sub_batches",
     "prepare_packed",

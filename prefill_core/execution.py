@@ -14,7 +14,7 @@ import enum
 
 from .errors import PrefillInputError
 
-__all__ = ["ExecutionMode", "execution_mode", "plans_packed"]
+__all__ = ["ExecutionMode", "execution_mode", "plans_packed", "replays"]
 
 
 class ExecutionMode(str, enum.Enum):
@@ -48,3 +48,12 @@ def plans_packed(lane_runs_packed: bool, mode: ExecutionMode, traces_captured: b
     if not lane_runs_packed or mode is ExecutionMode.TRACED:
         return False
     return mode is ExecutionMode.EAGER or not traces_captured
+
+
+def replays(mode: ExecutionMode, covered: bool) -> bool:
+    """Whether a call (or one request) in ``mode`` runs by trace replay; ``covered``: every request has a trace.
+
+    ``traced`` replays (an uncovered call is refused before it runs, not run
+    eagerly); ``auto`` replays exactly when covered; ``eager`` never does.
+    """
+    return mode is ExecutionMode.TRACED or (mode is ExecutionMode.AUTO and covered)

@@ -72,9 +72,10 @@ class PackedStep:
     def written_blocks(self, blocks_of: dict[int, tuple[int, ...]], block_size: int) -> dict[int, tuple[int, ...]]:
         """Per caller row with a segment here, the blocks this step writes for it (``blocks_of``: rows' blocks)."""
         written: dict[int, tuple[int, ...]] = {}
-        for segment in self.segments:
-            blocks = segment.written_blocks(blocks_of[segment.row], block_size)
-            written[segment.row] = written.get(segment.row, ()) + blocks
+        for s in self.segments:
+            # A packed segment computes only owed positions, so it writes every block they touch (rule 1).
+            blocks = blocks_of[s.row][s.start // block_size : ceil_div(s.end, block_size)] if s.writes else ()
+            written[s.row] = written.get(s.row, ()) + blocks
         return written
 
 

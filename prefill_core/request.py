@@ -19,7 +19,6 @@ import enum
 import attrs
 
 from .computed_positions import recomputed_positions
-from .intmath import ceil_div
 from .sampling import SamplingParams
 from .tables import PageTableView, materialize_table
 
@@ -45,8 +44,11 @@ class StepSegment:
 
     They lie at ``offset`` in the step's hidden output rows (a padded wave's
     row ``b`` at ``b * chunk_length``; a packed step's segments end to end).
-    ``writes``: whether the step writes their KV (a fully cached row's re-run
-    writes nothing: its blocks are cached and may be shared).
+    ``writes``: whether the step writes any KV of the row (a fully cached
+    row's re-run writes nothing: its blocks are cached and may be shared).
+    Which blocks a step writes is the request's to say (``written_blocks(i)``):
+    a padded wave recomputes a cached row's prefix positions without writing
+    them.
     """
 
     row: int
@@ -58,12 +60,6 @@ class StepSegment:
     @property
     def end(self) -> int:
         return self.start + self.length
-
-    def written_blocks(self, blocks: tuple[int, ...], block_size: int) -> tuple[int, ...]:
-        """The blocks of the row (``blocks``: its page-table row) this segment writes (none for a re-run)."""
-        if not self.writes:
-            return ()
-        return blocks[self.start // block_size : ceil_div(self.end, block_size)]
 
 
 @attrs.frozen
@@ -176,7 +172,9 @@ class PrefillRequest:
         chunk = self.chunk(index)
         rows = zip(self.source_rows, self.lengths, self.cached)
         return tuple(
-            StepSegment(row, b * chunk.length, chunk.start, max(0, min(chunk.end, length) - chunk.start), cached < length)
+            StepSegment(
+                row, b * chunk.length, chunk.start, max(0, min(chunk.end, length) - chunk.start), cached < length
+            )
             for b, (row, length, cached) in enumerate(rows)
         )
 

@@ -145,7 +145,9 @@ class _Harness:
             return self.executor.prefill(
                 self.tokens, self.table, list(s.lengths), cached, sampling=list(s.sampling), mode="eager"
             )
-        batch = self.runtime.prepare(self.tokens, self.table, list(s.lengths), cached, sampling=list(s.sampling))
+        batch = self.runtime.prepare(
+            self.tokens, self.table, list(s.lengths), cached, sampling=list(s.sampling), mode="traced"
+        )
         self.executor.warm_up(WarmupManifest().observe(batch.requests))
         return self.executor.prefill(
             self.tokens, self.table, list(s.lengths), cached, sampling=list(s.sampling), mode="traced"
