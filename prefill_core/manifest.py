@@ -104,12 +104,17 @@ def _bodies(policy: PrefillPolicy, layout: PageTableLayout) -> Iterator[tuple[Pr
             width = regular_table_width(policy, bs, padded)
             yield PrefillTraceSignature(RequestKind.REGULAR_SINGLE, 1, padded, width, 0), shortest, longest
             max_wave = policy.max_wave_for(padded) if policy.batching_enabled else 0
-            for wave in sorted({policy.wave_for(k) for k in range(2, max_wave + 1)}):
+            for wave in sorted({policy.wave_for(k) for k in range(max(2, policy.min_active_rows), max_wave + 1)}):
                 yield PrefillTraceSignature(RequestKind.REGULAR_BATCHED, wave, padded, width, 0), shortest, longest
         for chunk in sorted(reachable_chunks(policy, bs, padded, shortest, longest)):
             read = chunked_read_width(policy, layout, chunk)
             fill = chunked_fill_width(policy, bs, chunk)
             yield PrefillTraceSignature(RequestKind.CHUNKED, 1, chunk, fill, read), shortest, longest
+
+
+def _samples_in(policy: PrefillPolicy, body: PrefillTraceSignature) -> bool:
+    """Whether sampled rows can run in a wave of ``body``'s padded batch."""
+    return policy.max_sampled_wave is None or body.padded_batch <= policy.max_sampled_wave
 
 
 def _tiles(policy: PrefillPolicy, body: PrefillTraceSignature, shortest: int, longest: int) -> tuple[int | None, ...]:
@@ -142,6 +147,8 @@ def manifest_for(
         if policy.is_trace_eligible(body.chunk_length):
             traces.append(body)
         for path in paths:
+            if body.padded_batch > 1 and path is not SamplingPath.LOGITS and not _samples_in(policy, body):
+                continue  # a sampled wave this wide is never planned (max_sampled_wave)
             device_samples = path in (SamplingPath.ARGMAX, SamplingPath.TOPK)
             for logprobs in (False, True) if device_samples and policy.max_logprobs else (False,):
                 for tile in _tiles(policy, body, shortest, longest):

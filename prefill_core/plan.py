@@ -16,8 +16,13 @@ tests/core/test_chunk_rules.py.
    batch is the smallest supported wave >= its active rows; a bucket larger
    than its largest usable wave splits into several waves (and, unless the
    policy pads partial waves, a partial wave splits into exact supported
-   sizes). Every other row is a sequential single request: a planning
-   fallback that changes geometry, never results.
+   sizes), unless ``split_oversize_buckets`` is False. A wave holds at
+   least ``min_active_rows`` rows, runs at most ``max_wave_length``
+   positions and, sampled, at most ``max_sampled_wave`` rows; with
+   ``isolate_cached_buckets`` no row of a rung that a cached row's
+   uncached work also has joins a wave (``PrefillPolicy.wave_groups``,
+   ``max_wave_for``). Every other row is a sequential single request: a
+   planning fallback that changes geometry, never results.
 4. A chunked row's work is ``P = rung(length - start)`` where ``start =
    computed_start(length, cached, bs)`` (``computed_positions``: the start
    of the block holding the cached offset, so a start inside a block
@@ -79,19 +84,16 @@ def plan_prefill(
     needs = checked_scope(batch, policy, layout, max_position=max_position).needs
     buckets, singles = _bucket_rows(batch, policy)
     waves: list[PrefillRequest] = []
-    for (padded_length, _), members in buckets.items():
-        max_wave = policy.max_wave_for(padded_length)
-        if len(members) < 2 or max_wave < 2:
-            singles.extend(members)
-            continue
-        for first in range(0, len(members), max_wave):
-            rest = members[first : first + max_wave]
-            for size in policy.split_wave(len(rest)):
-                group, rest = rest[:size], rest[size:]
-                if len(group) == 1:
-                    singles.append(group[0])
-                else:
-                    waves.append(_regular_request(batch, needs, group, padded_length, policy, layout))
+    for (padded_length, logits), members in buckets.items():
+        max_wave = policy.max_wave_for(padded_length, sampled=not logits)
+        first = 0
+        for size, is_wave in policy.wave_groups(len(members), max_wave):
+            group = members[first : first + size]
+            first += size
+            if is_wave:
+                waves.append(_regular_request(batch, needs, group, padded_length, policy, layout))
+            else:
+                singles.extend(group)
     waves.sort(key=lambda request: request.source_rows[0])
     singles.sort()
     planned = tuple(waves) + tuple(_single_request(batch, needs, index, policy, layout) for index in singles)
@@ -110,12 +112,22 @@ def _bucket_rows(batch: PrefillBatch, policy: PrefillPolicy) -> tuple[dict[tuple
     buckets: dict[tuple[int, bool], list[int]] = {}
     singles: list[int] = []
     max_chunk = policy.max_chunk_length
+    isolated = _cached_rungs(batch, policy) if policy.isolate_cached_buckets else frozenset()
     for (rung, cached, logits), rows in groups.items():
-        if cached or rung > max_chunk:  # rule 2 (PrefillPolicy.is_regular): not a regular row
+        if cached or rung > max_chunk or rung in isolated:  # rule 2 (PrefillPolicy.is_regular), rule 3
             singles.extend(rows)
         else:
             buckets[rung, logits] = rows
     return buckets, singles
+
+
+def _cached_rungs(batch: PrefillBatch, policy: PrefillPolicy) -> frozenset[int]:
+    """Rungs of the uncached work of the rows that are cached but not fully (``isolate_cached_buckets``)."""
+    return frozenset(
+        policy.padded_length(length - cached)
+        for length, cached in zip(batch.lengths, batch.cached)
+        if 0 < cached < length
+    )
 
 
 def _single_request(
