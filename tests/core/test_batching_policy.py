@@ -23,6 +23,8 @@ from prefill_core.plan import plan_prefill
 from tests.strategies import cases
 from tests.tt_transformers_rule import GALAXY, tt_transformers_cost
 
+from .plan_checks import expected_writes, writes_by_source_row
+
 BS = 32
 GALAXY_POLICY = PrefillPolicy.from_tt_transformers(
     physical_batch_sizes=(32,), minimum_active_rows=16, maximum_sequence_length=2048
@@ -160,6 +162,7 @@ def test_galaxy_never_computes_more_than_tt_transformers_rule(shapes, sampled):
 _POLICIES = {
     "galaxy": attrs.evolve(GALAXY_POLICY, lane_size=64),
     "sampled_singles": PrefillPolicy(max_sampled_wave=1, min_active_rows=3, max_wave_length=1024),
+    "cached_waves": PrefillPolicy(batch_cached_rows=True),
 }
 _LAYOUT = PageTableLayout(BS, 4096 // BS, 1 << 16)
 _MANIFESTS = {name: manifest_for(policy, _LAYOUT) for name, policy in _POLICIES.items()}
@@ -179,3 +182,27 @@ def test_the_manifest_leaves_out_sampled_waves_wider_than_max_sampled_wave():
     programs = _MANIFESTS["sampled_singles"].program_signatures
     batched = [p for p in programs if p.padded_batch > 1]
     assert batched and all(p.sampling_path is SamplingPath.LOGITS for p in batched)
+
+
+@settings(max_examples=max(5, settings.default.max_examples // 3))
+@given(cases(), st.integers(1, 4))
+def test_cached_rows_in_waves_write_exactly_what_they_write_alone(case, minimum):
+    """With batch_cached_rows each row writes exactly the blocks from its cached offset's block on (no cached
+    block), a chunked wave's rows share one start (their own computed start) and one step, and every row
+    computes what it computes alone: the same step length from the same start."""
+    policy = attrs.evolve(case.policy, batch_cached_rows=True, min_active_rows=minimum)
+    plan = plan_prefill(case.batch, policy, case.layout)
+    assert writes_by_source_row(plan) == expected_writes(case.batch, case.layout.block_size)
+    alone = {
+        r.source_rows[0]: r for r in plan_prefill(case.batch, attrs.evolve(policy, batching_enabled=False), case.layout)
+    }
+    for request in plan:
+        if request.kind is RequestKind.CHUNKED and request.padded_batch > 1:
+            assert request.num_chunks == 1 and request.active_batch_size >= max(2, minimum)
+            for row in request.source_rows:
+                single = alone[row]
+                assert (single.first_chunk_start, single.chunk_length, single.num_chunks) == (
+                    request.first_chunk_start,
+                    request.chunk_length,
+                    1,
+                )
