@@ -4,10 +4,12 @@ Imports the standard library, attrs and cattrs only: no torch, no ttnn, no
 numpy, no I/O, no clocks, no environment, no global mutable state.
 """
 
+from .attention_layout import AttentionKind, AttentionLayout, KVGroup
 from .batch import PrefillBatch, PrefillRow
 from .errors import *  # noqa: F403 (the hierarchy is public API)
 from .errors import __all__ as _error_names
 from .execution import ExecutionMode, execution_mode, plans_packed, replays
+from .group_tables import GroupedRequest, GroupStepTables, prepare_grouped
 from .lanes import LaneRoute, route_to_lanes
 from .layout import PageTableLayout
 from .manifest import WarmupManifest, manifest_for
@@ -21,10 +23,17 @@ from .sampling import GREEDY_TEMPERATURE, SamplingParams, SamplingPath, is_greed
 from .serialize import converter, from_json, to_json
 from .signatures import PrefillProgramSignature, PrefillTraceSignature
 from .tables import SKIP, PageTableView, TableRole, materialize_table
+from .trace_check import can_trace
 
 __all__ = [
     "ExecutionMode",
+    "AttentionKind",
+    "AttentionLayout",
+    "can_trace",
     "GREEDY_TEMPERATURE",
+    "GroupStepTables",
+    "GroupedRequest",
+    "KVGroup",
     "LaneRoute",
     "PageTableLayout",
     "PackedRequest",
@@ -58,6 +67,7 @@ __all__ = [
     "plans_packed",
     "replays",
     "plan_prefill",
+    "prepare_grouped",
     "prepare_in_sub_batches",
     "prepare_packed",
     "prepare_prefill",
