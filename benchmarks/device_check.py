@@ -98,11 +98,11 @@ class Case:
 
     def check(self) -> dict[str, float]:
         """Correctness first: traced vs the same plan eagerly, eager vs traced, ours vs transformers."""
-        padded = self.runtime.prepare(*self.call, packed=False)
+        padded = self.runtime.prepare(*self.call, mode="traced")
         eager = self.eager()
         self.executor.warm_up(WarmupManifest().observe(padded.requests))
         traced = self.traced()
-        same = self.runtime.assemble(self.runtime.invocations(padded), padded.num_rows) == traced
+        same = self.runtime.assemble(self.runtime.invocations(padded, mode="eager"), padded.num_rows) == traced
         ours = torch.stack([r.logits for r in eager])
         theirs = self.theirs().cpu()
         return {
