@@ -150,3 +150,53 @@ def test_the_readme_command_runs_lm_evals_cli_with_prefill_runtime(lm_eval_modul
     done = subprocess.run([*command, "--limit", "4"], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "prefill_mc" in done.stdout and "acc" in done.stdout
+
+
+# -- a Qwen3 random folder: the loader's families through lm-eval, against lm-eval's hf model -----------
+
+
+@pytest.fixture(scope="module")
+def qwen3_folder(tmp_path_factory, smollm2_tokenizer):
+    """A random Qwen3 checkpoint (tiny, tied head, odd vocabulary covering SmolLM2's ids) with SmolLM2's
+    tokenizer saved into it, so that both models load the folder offline."""
+    from tests.shell.family_kit import family_checkpoint
+
+    folder = family_checkpoint("qwen3", tmp_path_factory.mktemp("qwen3_lm_eval"), vocab_size=49157)
+    smollm2_tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_qwen3_folder_log_likelihoods_equal_hf_request_by_request(lm_eval_modules, qwen3_folder):
+    """prefill-runtime on a Qwen3 folder: each multiple-choice log-likelihood within 1e-4 of lm-eval's hf model on
+    the same folder, each is_greedy equal; chunked (max_chunk 64 < max_length) like the SmolLM2 run."""
+    from lm_eval.models.huggingface import HFLM
+
+    from tests.shell.family_kit import hf_model
+
+    evaluator, task_manager = lm_eval_modules
+    common = dict(tasks=["prefill_mc"], batch_size=BATCH_SIZE, task_manager=task_manager, log_samples=True, limit=10)
+    previous, threads = Path.cwd(), torch.get_num_threads()
+    os.chdir(REPO)
+    torch.set_num_threads(1)
+    try:
+        ours = evaluator.simple_evaluate(
+            model="prefill-runtime",
+            model_args=f"model={qwen3_folder},max_length={MAX_LENGTH},max_chunk={MAX_CHUNK},block_size=16",
+            **common,
+        )
+        hf = HFLM(pretrained=hf_model(qwen3_folder, torch.float32), tokenizer=str(qwen3_folder), max_length=MAX_LENGTH)
+        theirs = evaluator.simple_evaluate(model=hf, **common)
+    finally:
+        os.chdir(previous)
+        torch.set_num_threads(threads)
+    mine, reference = _responses(ours, "prefill_mc"), _responses(theirs, "prefill_mc")
+    assert len(mine) == len(reference) == 10
+    for doc, (a, b) in enumerate(zip(mine, reference)):
+        assert len(a) == len(b) == 4
+        for x, y in zip(a, b):
+            (ll_a, greedy_a), (ll_b, greedy_b) = (
+                (x[0] if isinstance(x[0], tuple) else x),
+                (y[0] if isinstance(y[0], tuple) else y),
+            )
+            assert abs(ll_a - ll_b) <= 1e-4, (doc, ll_a, ll_b)
+            assert greedy_a == greedy_b, doc
