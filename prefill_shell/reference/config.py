@@ -39,7 +39,7 @@ __all__ = [
     "LinearRopeScaling",
     "LlamaSpec",
     "YarnRopeScaling",
-    "check_plain_llama",
+    "check_computed",
     "read_config_json",
 ]
 
@@ -75,15 +75,17 @@ class _Family:
     window_switch: str | None  # "always": sliding_window alone turns it on; "flag": only with use_sliding_window
     default_window: int | None
 
-    def attention(self, model_type: str, cfg: dict[str, Any]) -> LayerAttention:
-        bias = cfg.get("attention_bias") is True
-        if model_type == "qwen2":
-            return LayerAttention(qkv_bias=True)
-        if model_type == "qwen3":
-            return LayerAttention(qkv_bias=bias, o_bias=bias, qk_norm=True)
-        if model_type == "mistral":
-            return LayerAttention()
-        return LayerAttention(qkv_bias=bias, o_bias=bias)
+
+def _layer_attention(model_type: str, cfg: dict[str, Any]) -> LayerAttention:
+    """Each family's attention options as its transformers model builds them from the config."""
+    bias = cfg.get("attention_bias") is True  # Llama and Qwen3: on all four projections
+    if model_type == "qwen2":
+        return LayerAttention(qkv_bias=True)  # always, and never on o_proj
+    if model_type == "qwen3":
+        return LayerAttention(qkv_bias=bias, o_bias=bias, qk_norm=True)
+    if model_type == "mistral":
+        return LayerAttention()  # no bias option at all
+    return LayerAttention(qkv_bias=bias, o_bias=bias)
 
 
 FAMILIES: dict[str, _Family] = {
@@ -162,7 +164,7 @@ def _refuse_uncomputed(cfg: dict[str, Any]) -> None:
         raise PrefillConfigError(f"config.json {key}={value!r} is unsupported: the reference model computes {rule}")
 
 
-def check_plain_llama(cfg: dict[str, Any]) -> str:
+def check_computed(cfg: dict[str, Any]) -> str:
     """The config's ``model_type``, after refusing (naming key and value) any setting the reference does not compute."""
     model_type = cfg.get("model_type") or "llama"
     family = FAMILIES.get(model_type)
@@ -280,12 +282,12 @@ class LlamaSpec:
         """Reads a parsed HF ``config.json`` of a computed family (either RoPE spelling).
 
         Refuses, naming the key and value, any setting the reference model
-        does not compute (see ``check_plain_llama``), an effective sliding
+        does not compute (see ``check_computed``), an effective sliding
         window included.
         """
         if not isinstance(cfg, dict):
             raise PrefillConfigError(f"config.json holds a {type(cfg).__name__}, expected a JSON object")
-        model_type = check_plain_llama(cfg)
+        model_type = check_computed(cfg)
         family = FAMILIES[model_type]
         heads = _int(cfg, "num_attention_heads")
         hidden = _int(cfg, "hidden_size")
@@ -314,7 +316,7 @@ class LlamaSpec:
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             dtype=str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32"),
             family=model_type,
-            attention=family.attention(model_type, cfg),
+            attention=_layer_attention(model_type, cfg),
         )
 
     def to_hf_dict(self) -> dict[str, Any]:
