@@ -255,7 +255,11 @@ class ServingFacade:
         traces are off or no pool is allocated yet. Otherwise the core's
         ``prefill_core.can_trace``: every row's step length is a trace length.
         """
-        if not self.prefill_traces or self.executor is None:
+        if not self.prefill_traces:
+            return False
+        try:
+            executors = self._executors()
+        except PrefillStateError:  # no pool yet
             return False
         tokens = _cast(tokens, torch.int64)
         if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.dtype is not torch.int64:
@@ -265,8 +269,8 @@ class ServingFacade:
         cached = _int_list(_cast(start_pos, torch.int64), [0] * num_rows)
         if lengths is None or cached is None or any(n > width for n in lengths):
             return False
-        config = self.runtime.config
-        return can_trace(lengths, cached, config.policy, config.layout)
+        configs = [executor.runtime.config for executor in executors]  # a lane group: every lane's
+        return all(can_trace(lengths, cached, config.policy, config.layout) for config in configs)
 
     def prefill_forward(
         self,
