@@ -75,7 +75,7 @@ from .request import PrefillRequest, RequestKind
 from .tables import SKIP, PageTableView, TableRole
 from .validate import checked_scope
 
-__all__ = ["plan_prefill", "chunk_plan", "CHUNKED_FILLER"]
+__all__ = ["plan_prefill", "plan_geometry", "chunk_plan", "CHUNKED_FILLER"]
 
 CHUNKED_FILLER = 0
 """Block id in unmapped columns of a chunked full-request table (never attended)."""
@@ -90,6 +90,18 @@ def plan_prefill(
     longer than it raises ``PositionLimitError``.
     """
     needs = checked_scope(batch, policy, layout, max_position=max_position).needs
+    return order_writers_first(plan_geometry(batch, needs, policy, layout), layout.block_size)
+
+
+def plan_geometry(
+    batch: PrefillBatch, needs: list[int], policy: PrefillPolicy, layout: PageTableLayout
+) -> tuple[PrefillRequest, ...]:
+    """Rules 1-6 and the first part of rule 7 over a checked batch (``needs``: each row's mapped block count).
+
+    No writer-before-reader order yet: ``plan_prefill`` orders by
+    ``batch.blocks``, a call with one table per KV group by every group's
+    (``group_tables``).
+    """
     buckets, singles = _bucket_rows(batch, policy)
     cached_buckets = _cached_buckets(batch, policy, layout.block_size, singles)
     waves: list[PrefillRequest] = []
@@ -107,8 +119,7 @@ def plan_prefill(
                 waves.append(_chunked_request(batch, group, policy, layout))
     waves.sort(key=lambda request: request.source_rows[0])
     singles.sort()
-    planned = tuple(waves) + tuple(_single_request(batch, needs, index, policy, layout) for index in singles)
-    return order_writers_first(planned, layout.block_size)
+    return tuple(waves) + tuple(_single_request(batch, needs, index, policy, layout) for index in singles)
 
 
 Bucket = tuple[int | None, int, bool]

@@ -84,7 +84,9 @@ class ServingFacade:
     at vLLM's block size, so nothing runs before it. ``max_batch_size`` is
     vLLM's ``max_num_seqs``: the lane's slots (the runtime's
     ``policy.lane_size`` is set to it), so an ``empty_slots`` entry at or
-    past it is an ``InvalidSlotError`` at its row.
+    past it is an ``InvalidSlotError`` at its row. ``kv_dtype`` is None or
+    the model's dtype (the pool is built in it and the model runs on it);
+    any other is a ``PrefillConfigError`` here, before any pool exists.
     """
 
     model_capabilities = {
@@ -118,7 +120,13 @@ class ServingFacade:
         self.policy = policy
         self.prefill_traces = prefill_traces
         self._kv_factory = kv_factory or model.new_kv_cache
-        self._kv_dtype = kv_dtype or model.dtype
+        if kv_dtype is not None and kv_dtype != getattr(model, "dtype", None):
+            rule = (
+                f"must be None or the model's dtype {getattr(model, 'dtype', None)}: the KV pool is built in, and "
+                "the model runs on, the model's dtype (load the model in the dtype you want)"
+            )
+            raise PrefillConfigError(f"{type(self).__name__}: kv_dtype={kv_dtype!r} is invalid: {rule}")
+        self._kv_dtype = model.dtype
         self._seed = seed
         self._rng = random.Random(seed)
         self.kv: Any = None

@@ -227,3 +227,21 @@ def test_a_failed_pool_build_says_the_old_pool_is_gone_and_the_next_allocation_s
     fail["now"] = False
     kv = facade.allocate_kv_cache(shape, tiny_model.dtype, spec.num_layers)
     assert torch.equal(_forward(facade, call, kv_cache=kv), want)
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float16, "bfloat16"])
+def test_a_kv_dtype_other_than_the_models_is_refused_by_name_at_construction(tiny_model, kv_dtype):
+    """ServingFacade and LaneGroupFacade refuse kv_dtype != the model's dtype before any pool exists (before: the
+    facade accepted allocate_kv_cache(shape, bfloat16, L), returned a float32 pool, and refused float32 by name)."""
+    from prefill_shell.serving.lane_facade import LaneGroupFacade
+
+    with pytest.raises(PrefillConfigError, match="ServingFacade: kv_dtype=.* is invalid: must be None or the model's"):
+        ServingFacade(tiny_model, TorchBackend(), max_seq_len=256, kv_dtype=kv_dtype)
+    with pytest.raises(PrefillConfigError, match="LaneGroupFacade: kv_dtype="):
+        LaneGroupFacade([(tiny_model, TorchBackend())], max_seq_len=256, kv_dtype=kv_dtype)
+
+
+def test_the_models_own_kv_dtype_builds_its_pool_in_it(tiny_model):
+    """kv_dtype equal to the model's dtype is honoured: allocate_kv_cache in it returns a pool of that dtype."""
+    facade = _facade(tiny_model, kv_dtype=tiny_model.dtype)
+    assert facade.kv.dtype == tiny_model.dtype
