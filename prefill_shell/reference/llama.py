@@ -207,6 +207,7 @@ class PagedLlama:
     """
 
     packed_steps = True  # forward_packed: segments end to end (reference/packed_attention.py)
+    chunked_waves = True  # a chunked step's rows each read and write through their own table rows
 
     def __init__(self, config: LlamaSpec, weights: Mapping[str, torch.Tensor], device: torch.device | str = "cpu"):
         self.config = config

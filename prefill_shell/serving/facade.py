@@ -230,8 +230,8 @@ class PluginFacade:
         cached = _int_list(_cast(start_pos, torch.int64), [0] * num_rows)
         if lengths is None or cached is None or any(n > width for n in lengths):
             return False
-        config = self.lanes.executors()[0].runtime.config  # every lane has the same policy and layout
-        return can_trace(lengths, cached, config.policy, config.layout)
+        configs = [executor.runtime.config for executor in self.lanes.executors()]  # a lane group: every lane's
+        return all(can_trace(lengths, cached, config.policy, config.layout) for config in configs)
 
     def prefill_forward(
         self,
