@@ -12,7 +12,7 @@ ENV = PYTHONPATH=$(CURDIR) PYTHONDONTWRITEBYTECODE=1 PREFILL_SMOLLM2=$(MODEL)
 RUN = $(ENV) $(VENV)/bin/python
 PYTEST = -m pytest -q -p no:cacheprovider --durations=15
 
-.PHONY: venv venvs model demo test lint lint-imports test-py312 test-py310 test-tt fuzz bench explain
+.PHONY: venv venvs model demo test test-core lint lint-imports test-py312 test-py310 test-tt fuzz bench explain
 
 # Prints the interpreter to use (the 3.12 venv's python).
 venv:
@@ -51,6 +51,14 @@ test-py312:
 
 test-py310:
 	HYPOTHESIS_PROFILE=ci $(if $(OMP_NUM_THREADS),OMP_NUM_THREADS=$(OMP_NUM_THREADS)) $(ENV) $(VENV310)/bin/python $(PYTEST)
+
+# The laptop path: tests/core on any CPython >= 3.10 (PYTHON=/path/to/python3.x
+# picks it; python3 by default) in a light venv of the core's dependencies and
+# the test-core extra (scripts/ensure-venv.sh core: ~40 MB, no torch, no model).
+test-core:
+	venv="$$(PYTHON='$(PYTHON)' scripts/ensure-venv.sh core)"; \
+	echo "tests/core on $$("$$venv/bin/python" -VV) ($$venv)"; \
+	PYTHONPATH=$(CURDIR) PYTHONDONTWRITEBYTECODE=1 HYPOTHESIS_PROFILE=ci "$$venv/bin/python" $(PYTEST) tests/core
 
 # Tests that need a Tenstorrent device; they skip with a reason without one.
 test-tt:

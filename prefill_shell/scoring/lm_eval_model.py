@@ -24,19 +24,22 @@ from __future__ import annotations
 from typing import Any
 
 import attrs
-import lm_eval.models  # noqa: F401 (lm-eval fills its registry from this import only while the registry is empty)
 import torch
-from lm_eval.api.model import TemplateLM
-from lm_eval.api.registry import register_model
-from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from prefill_core import PrefillPolicy
 from prefill_core.errors import PrefillConfigError
 from prefill_shell.backends import TorchBackend
 from prefill_shell.engine.config import PrefillRuntimeConfig
 from prefill_shell.engine.runtime import PrefillRuntime
+from prefill_shell.extras import LM_EVAL_PYTHONS, requires_extra
 from prefill_shell.reference.text import load_model, load_tokenizer
 from prefill_shell.scoring.scorer import Scorer, scoring_layout, window_length
+
+with requires_extra("lm-eval", __name__, pythons=LM_EVAL_PYTHONS):
+    import lm_eval.models  # noqa: F401 (lm-eval fills its registry from this import only while the registry is empty)
+    from lm_eval.api.model import TemplateLM
+    from lm_eval.api.registry import register_model
+    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 __all__ = ["PrefillRuntimeLM"]
 
