@@ -63,7 +63,7 @@ test-core:
 # The fuzz stage (.ci/run runs it after `make test`): every hypothesis property of
 # tests/core, randomized from a fresh seed (printed first; FUZZ_SEED=N repeats a
 # run), in two processes (one core each) of FUZZ_SECONDS each, each property in
-# rounds of 100 examples for its share of the time (tests/fuzz_plugin.py). A
+# rounds of 25 examples for its share of the time (tests/fuzz_plugin.py). A
 # failure prints its example and the one command that reproduces it. The `ci`
 # profile of `make test` stays the regression suite. Runs in the core's light venv.
 FUZZ_SECONDS ?= 165

@@ -3,11 +3,13 @@
 Loaded with ``-p tests.fuzz_plugin`` under ``HYPOTHESIS_PROFILE=fuzz-core``; the ``ci`` profile (derandomized,
 the same examples every run) stays the regression suite, and this stage looks for new failures:
 
-* only ``@given`` tests run; ``--fuzz-shard=I/N`` keeps every N-th of them, so N processes split the work;
+* only ``@given`` tests run, in an order shuffled by the seed; ``--fuzz-shard=I/N`` keeps every N-th of
+  them, so N processes split the work;
 * each property runs in rounds of the profile's ``max_examples``, round ``r`` of a run with ``--fuzz-seed=S``
   seeded ``S + r`` (``hypothesis.seed``), until its share of ``--fuzz-seconds`` is spent: the time left
-  divided by the properties left, so a slow property's overrun comes out of the others' shares, and each
-  runs at least one round;
+  divided by the properties left, so a slow property's overrun comes out of the others' shares. Each runs
+  at least one round while time is left; once the budget is spent (a loaded machine), the rest are skipped
+  as such, and the shuffle makes them others next run;
 * the summary lists each property's examples, rounds and seconds; a failure adds the failing example
   (hypothesis prints it) and the one command that reproduces it: the profile, ``--hypothesis-seed`` of the
   failing round (the same ``Random(seed)`` as ``hypothesis.seed``) and the test id. The profile keeps no
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import os
+import random
 import shlex
 import sys
 import time
@@ -105,6 +108,9 @@ def in_rounds(item, fuzzed: Fuzzed, first_seed: int, clock: Clock) -> None:
     def rounds(*args, **kwargs):
         started = time.monotonic()
         budget = clock.share()
+        if budget <= 0:
+            clock.done()
+            pytest.skip("fuzz-core: the budget was spent before this property's turn")
         _running.append(fuzzed)
         try:
             while True:
@@ -125,10 +131,12 @@ def in_rounds(item, fuzzed: Fuzzed, first_seed: int, clock: Clock) -> None:
 def pytest_collection_modifyitems(session, config, items):
     index, count = (int(part) for part in config.getoption("fuzz_shard").split("/"))
     properties = [item for item in items if is_hypothesis_test(getattr(item, "obj", None))]
+    first_seed = config.getoption("fuzz_seed")
+    random.Random(first_seed).shuffle(properties)
     kept = properties[index::count]
     config.hook.pytest_deselected(items=[item for item in items if item not in kept])
     items[:] = kept
-    seconds, first_seed = config.getoption("fuzz_seconds"), config.getoption("fuzz_seed")
+    seconds = config.getoption("fuzz_seconds")
     clock = Clock(deadline=time.monotonic() + seconds, left=len(kept))
     for item in kept:
         config.fuzzed[item.nodeid] = Fuzzed(item.nodeid)
