@@ -19,6 +19,7 @@ import torch
 from prefill_core.dtype import AUTO, DtypeChoice, canonical_dtype
 from prefill_core.errors import PrefillConfigError
 from prefill_shell.backends.numerics import choose_dtype
+from prefill_shell.extras import requires_extra
 from prefill_shell.reference import PRESETS, PagedLlama, load_gguf, load_hf_folder, random_llama, read_config_json
 from prefill_shell.reference.gguf import gguf_has_tokenizer
 from prefill_shell.reference.smollm2 import smollm2_path
@@ -125,7 +126,8 @@ def load_tokenizer(ref: str | None) -> Any:
         return None
     if gguf and not gguf_has_tokenizer(path):
         return None
-    from transformers import AutoTokenizer
+    with requires_extra("text", "a tokenizer"):
+        from transformers import AutoTokenizer
 
     try:
         if gguf:

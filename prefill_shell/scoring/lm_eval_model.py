@@ -28,18 +28,21 @@ from __future__ import annotations
 
 from typing import Any
 
-import lm_eval.models  # noqa: F401 (lm-eval fills its registry from this import only while the registry is empty)
 import torch
-from lm_eval.api.model import TemplateLM
-from lm_eval.api.registry import register_model
-from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from prefill_core import ExecutionMode
 from prefill_core.dtype import canonical_dtype
 from prefill_core.errors import PrefillConfigError
+from prefill_shell.extras import LM_EVAL_PYTHONS, requires_extra
 from prefill_shell.reference.text import load_model, load_tokenizer, model_dtype
 from prefill_shell.scoring.scorer import Scorer, window_length
 from prefill_shell.scoring.setup import scoring_runtime
+
+with requires_extra("lm-eval", __name__, pythons=LM_EVAL_PYTHONS):
+    import lm_eval.models  # noqa: F401 (lm-eval fills its registry from this import only while the registry is empty)
+    from lm_eval.api.model import TemplateLM
+    from lm_eval.api.registry import register_model
+    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 __all__ = ["PrefillRuntimeLM"]
 
