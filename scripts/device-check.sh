@@ -56,7 +56,7 @@ fi
 
 say "CUDA-marked tests (tests/shell; tests/tt is not collected: no ttnn)"
 set +e
-timeout 150 "$PY" -m pytest -q -p no:cacheprovider -m cuda tests/shell --junitxml="$OUT_DIR/cuda_tests.xml" 2>&1 \
+timeout 180 "$PY" -m pytest -q -p no:cacheprovider -m cuda tests/shell --junitxml="$OUT_DIR/cuda_tests.xml" 2>&1 \
     | tail -n 30 | tee -a "$LOG"
 TESTS=${PIPESTATUS[0]}
 set -e
