@@ -9,7 +9,6 @@ from .errors import PrefillInputError
 from .explain import (
     ArgumentError,
     check_sample_blocks,
-    count_argument,
     manifest_table,
     parse_cached,
     parse_lengths,
@@ -21,10 +20,13 @@ from .histogram import parse_histogram
 from .intmath import ceil_div
 from .layout import PageTableLayout
 from .manifest import manifest_for
+from .options import argparse_type, block_size_option, count_option
 from .policy import PrefillPolicy
 from .prepared import prepare_prefill
 from .serialize import to_json
 from .tuner import tune
+
+COUNT, BLOCK_SIZE = argparse_type(count_option), argparse_type(block_size_option)
 
 
 def _non_negative_int(text: str) -> int:
@@ -38,8 +40,8 @@ def _policy(args: argparse.Namespace) -> PrefillPolicy:
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--block", type=count_argument, default=32, help="KV block size (tokens)")
-    parser.add_argument("--max-chunk", type=count_argument, default=2048, help="max chunk length (tokens)")
+    parser.add_argument("--block", type=BLOCK_SIZE, default=32, help="KV block size (tokens, a power of two)")
+    parser.add_argument("--max-chunk", type=COUNT, default=2048, help="max chunk length (tokens)")
     parser.add_argument("--no-batching", action="store_true", help="plan every row as a single request")
     parser.add_argument("--json", action="store_true", help="print the cattrs JSON instead of a table")
 
@@ -52,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     plan.add_argument("--cached", default="", help="cached prefix per length group (comma list)")
     _add_common(plan)
     manifest = sub.add_parser("manifest", help="enumerate every signature a policy can produce")
-    manifest.add_argument("--max-length", type=count_argument, default=8192, help="longest prompt the layout maps")
+    manifest.add_argument("--max-length", type=COUNT, default=8192, help="longest prompt the layout maps")
     _add_common(manifest)
     tuner = sub.add_parser("tune", help="pick ladder rungs and a max chunk for a length histogram")
     tuner.add_argument("--lengths", required=True, help="histogram file: LENGTH [COUNT [CACHED]] per line")
@@ -60,9 +62,9 @@ def main(argv: list[str] | None = None) -> int:
         "--cached", type=_non_negative_int, default=0, help="shared cached prefix (tokens) where a line has none"
     )
     tuner.add_argument("--max-traces", type=int, required=True, help="trace budget (distinct trace signatures)")
-    tuner.add_argument("--block", type=count_argument, default=32, help="KV block size (tokens)")
+    tuner.add_argument("--block", type=BLOCK_SIZE, default=32, help="KV block size (tokens, a power of two)")
     tuner.add_argument(
-        "--max-chunk", type=count_argument, default=2048, help="largest max chunk to pick; the default's (tokens)"
+        "--max-chunk", type=COUNT, default=2048, help="largest max chunk to pick; the default's (tokens)"
     )
     tuner.add_argument("--json", action="store_true", help="print the tuned PrefillPolicy as cattrs JSON")
     tuner.set_defaults(no_batching=False)
