@@ -4,9 +4,11 @@ Imports the standard library, attrs and cattrs only: no torch, no ttnn, no
 numpy, no I/O, no clocks, no environment, no global mutable state.
 """
 
+from .attention_layout import AttentionKind, AttentionLayout, KVGroup
 from .batch import PrefillBatch, PrefillRow
 from .errors import *  # noqa: F403 (the hierarchy is public API)
 from .errors import __all__ as _error_names
+from .group_tables import GroupedRequest, GroupStepTables, prepare_grouped
 from .lanes import LaneRoute, route_to_lanes
 from .layout import PageTableLayout
 from .manifest import WarmupManifest, manifest_for
@@ -20,9 +22,16 @@ from .sampling import GREEDY_TEMPERATURE, SamplingParams, SamplingPath, is_greed
 from .serialize import converter, from_json, to_json
 from .signatures import PrefillProgramSignature, PrefillTraceSignature
 from .tables import SKIP, PageTableView, TableRole, materialize_table
+from .trace_check import can_trace
 
 __all__ = [
+    "AttentionKind",
+    "AttentionLayout",
+    "can_trace",
     "GREEDY_TEMPERATURE",
+    "GroupStepTables",
+    "GroupedRequest",
+    "KVGroup",
     "LaneRoute",
     "PageTableLayout",
     "PackedRequest",
@@ -54,6 +63,7 @@ __all__ = [
     "plan_packed",
     "plans_packed",
     "plan_prefill",
+    "prepare_grouped",
     "prepare_in_sub_batches",
     "prepare_packed",
     "prepare_prefill",

@@ -16,6 +16,7 @@ __all__ = [
     "InvalidCachedLengthError",
     "InvalidSlotError",
     "InvalidPageTableError",
+    "WindowTableError",
     "BlockConflictError",
     "RepeatedBlockError",
     "SharedBlockColumnError",
@@ -83,6 +84,14 @@ class InvalidSlotError(PrefillInputError):
 
 class InvalidPageTableError(PrefillInputError):
     """A row's mapped page-table prefix is too short or names an invalid block."""
+
+
+class WindowTableError(InvalidPageTableError):
+    """A KV group's table does not map a block its window reads (vLLM's hit keeps those blocks).
+
+    Entries before a sliding window may hold anything (the null block, stale
+    ids of freed blocks); the ones inside it must be real blocks.
+    """
 
 
 class BlockConflictError(PrefillInputError):

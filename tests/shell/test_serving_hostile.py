@@ -118,14 +118,23 @@ def test_a_penalised_rows_sampling_values_are_judged_before_anything_runs(tiny_m
     assert tokens.shape == (2,)
 
 
-@pytest.mark.parametrize("output_tokens", ["abc", [[1, 2]], [[1.5, 2.0], [3.0]]], ids=["text", "a row short", "floats"])
-def test_bad_output_tokens_of_a_penalised_row_are_named_before_anything_runs(tiny_model, call, output_tokens):
-    """output_tokens giving a penalised row no integer ids: an InvalidSamplingError naming the row; no KV written."""
+@pytest.mark.parametrize(
+    ("output_tokens", "named"),
+    [
+        ("abc", "output_tokens=str is invalid"),
+        ([[1], [2], [3]], "output_tokens has 3 rows"),  # neither 1 row, the call's 2, nor the lane's slots
+        ([[1.5, 2.0], [3.0]], "row 0: output_tokens="),
+    ],
+    ids=["text", "a row count of neither form", "floats"],
+)
+def test_bad_output_tokens_of_a_penalised_row_are_named_before_anything_runs(tiny_model, call, output_tokens, named):
+    """output_tokens giving a penalised row no integer ids, or rows in no form: an InvalidSamplingError; no KV written.
+
+    One row is a broadcast (tt-transformers' form), no longer a row short."""
     facade = _facade(tiny_model)
     before = _pool(facade)
     sampling = _penalised(repetition_penalty=[1.3, 1.3])
-    row = 1 if output_tokens == [[1, 2]] else 0
-    with pytest.raises(InvalidSamplingError, match=f"row {row}: output_tokens="):
+    with pytest.raises(InvalidSamplingError, match=named):
         _forward(facade, call, sampling_params=sampling, output_tokens=output_tokens)
     assert _unchanged(before, facade)
 
