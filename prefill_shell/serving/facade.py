@@ -41,6 +41,7 @@ serving several lanes replaces"):
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -50,12 +51,14 @@ import torch
 
 from prefill_core import PageTableLayout, PrefillPolicy, SamplingPath, can_trace, ceil_div, manifest_for
 from prefill_core.errors import KVCacheMismatchError, PrefillConfigError, PrefillStateError
+from prefill_core.warmup import limited_to
 from prefill_shell.backends.base import Backend
 from prefill_shell.device.model import PrefillModel
 from prefill_shell.device.notes import add_note
 from prefill_shell.engine.batch_builder import as_token_matrix
 from prefill_shell.engine.config import PrefillRuntimeConfig
 from prefill_shell.engine.executor import PrefillExecutor
+from prefill_shell.engine.progress import ProgressCallback
 from prefill_shell.engine.result import BatchResult
 from prefill_shell.engine.runtime import PrefillRuntime
 from prefill_shell.sampling.penalties import sample_penalised
@@ -69,6 +72,7 @@ IGNORED_KEYWORDS = frozenset(
 )
 """The plugin's keywords a text-only model accepts (``output_tokens`` feeds the penalties)."""
 
+_LOG = logging.getLogger(__name__)
 _PROVISIONAL_BLOCK_SIZE = 32
 _NO_POOL_NOTE = (
     "allocate_kv_cache released the previous KV pool and its runtime before this build failed: "
@@ -84,7 +88,10 @@ class ServingFacade:
     at vLLM's block size, so nothing runs before it. ``max_batch_size`` is
     vLLM's ``max_num_seqs``: the lane's slots (the runtime's
     ``policy.lane_size`` is set to it), so an ``empty_slots`` entry at or
-    past it is an ``InvalidSlotError`` at its row. ``kv_dtype`` is None or
+    past it is an ``InvalidSlotError`` at its row. ``warmup_lengths`` limits
+    both warm-up phases to those invocation lengths (tt-transformers'
+    ``WarmupConfig.prefill_seq_lens``; ``prefill_core.warmup.limited_to``):
+    a traced call of another length is then a ``TraceCoverageError``. ``kv_dtype`` is None or
     the model's dtype (the pool is built in it and the model runs on it);
     any other is a ``PrefillConfigError`` here, before any pool exists.
     """
@@ -108,6 +115,7 @@ class ServingFacade:
         kv_factory: Callable[[int, int], Any] | None = None,
         kv_dtype: torch.dtype | None = None,
         prefill_traces: bool = True,
+        warmup_lengths: Sequence[int] | None = None,
         seed: int = 0,
     ):
         for name, value in (("max_seq_len", max_seq_len), ("max_batch_size", max_batch_size)):
@@ -119,6 +127,7 @@ class ServingFacade:
         self.max_batch_size = max_batch_size
         self.policy = policy
         self.prefill_traces = prefill_traces
+        self.warmup_lengths = None if warmup_lengths is None else tuple(warmup_lengths)
         self._kv_factory = kv_factory or model.new_kv_cache
         if kv_dtype is not None and kv_dtype != getattr(model, "dtype", None):
             rule = (
@@ -228,11 +237,22 @@ class ServingFacade:
                 raise PrefillConfigError(f"vLLM's KV {name}={got!r} is invalid: the model needs {want}")
         return num_blocks, block_size
 
-    def warmup_model_prefill(self, *, kv_cache: Any, can_sample_on_device: bool, enable_trace: bool) -> None:
+    def warmup_model_prefill(
+        self,
+        *,
+        kv_cache: Any,
+        can_sample_on_device: bool,
+        enable_trace: bool,
+        on_progress: ProgressCallback | None = None,
+    ) -> None:
         """Compiles every program the layout can plan (and captures every trace when ``enable_trace``).
 
         The logits and host paths always; the argmax and device top-k paths
-        when ``can_sample_on_device``. Every lane, in lane order.
+        when ``can_sample_on_device``; only ``warmup_lengths`` when given.
+        Every lane, in lane order. Where the backend builds nothing per shape
+        (the CPU) the compile phase runs no body. Before each lane starts, its
+        cost (bodies, positions, persistent bytes) is logged and reported to
+        ``on_progress`` as stage ``"cost"`` (``PrefillExecutor.warm_up``).
         """
         self._check_call(kv_cache, enable_trace)
         if not isinstance(can_sample_on_device, bool):
@@ -240,14 +260,19 @@ class ServingFacade:
         paths = [SamplingPath.LOGITS, SamplingPath.HOST]
         if can_sample_on_device:
             paths += [SamplingPath.ARGMAX, SamplingPath.TOPK]
-        for executor in self._executors():
+        for lane, executor in enumerate(self._executors()):
             config = executor.runtime.config
             manifest = manifest_for(config.policy, config.layout, paths)
+            if self.warmup_lengths is not None:
+                manifest = limited_to(manifest, self.warmup_lengths)
+            phase = "traced" if enable_trace else "compile"
+            _LOG.info(
+                "warmup_model_prefill lane %d (%s): %s", lane, phase, executor.cost(manifest, capture=enable_trace)
+            )
             if enable_trace:
-                executor.warm_up(manifest)
+                executor.warm_up(manifest, on_progress)
             else:
-                for signature in manifest.program_signatures:
-                    executor.compile(signature)
+                executor.compile_programs(manifest, on_progress)
 
     # -- the call -------------------------------------------------------
     def can_trace(self, *, tokens, prompt_lens=None, start_pos=None) -> bool:

@@ -66,6 +66,7 @@ class LaneGroupFacade(ServingFacade):
         policy: PrefillPolicy | None = None,
         kv_dtype=None,
         prefill_traces: bool = True,
+        warmup_lengths=None,
         threaded: bool = False,
         seed: int = 0,
     ):
@@ -90,6 +91,7 @@ class LaneGroupFacade(ServingFacade):
             policy=policy,
             kv_dtype=kv_dtype,
             prefill_traces=prefill_traces,
+            warmup_lengths=warmup_lengths,
             seed=seed,
         )
 
