@@ -6,7 +6,7 @@ A warm-up (``PrefillExecutor.warm_up``) has two stages that run model bodies:
 * **compile**: one eager run per program signature, so a device builds the
   programs before serving. A backend that builds nothing per shape (torch on
   the CPU: ``Backend.compiles_programs`` is False) has nothing to gain from
-  these runs, so none are run there (``programs_to_compile``). Packed
+  these runs, so only the smallest runs there, once (``programs_to_compile``). Packed
   programs are never run ahead (eager only, shaped by each step);
 * **capture**: one trace per trace signature, each running its body once
   (CUDA graphs run it twice: a warm run, then the capture).
@@ -68,10 +68,13 @@ class WarmupCost:
 
 
 def programs_to_compile(manifest: WarmupManifest, compiles_programs: bool) -> tuple[PrefillProgramSignature, ...]:
-    """The program signatures whose eager warm-up run builds something: none where nothing is built per shape."""
-    if not compiles_programs:
-        return ()
-    return tuple(s for s in manifest.program_signatures if s.variant is not RequestKind.PACKED)
+    """The program signatures a warm-up runs eagerly: every one where a program is built per shape; where
+    nothing is, only the smallest, whose one run pays the process's one-time start-up (thread pools, the
+    allocator, dispatch tables) so that no first call of a shape pays it."""
+    runnable = tuple(s for s in manifest.program_signatures if s.variant is not RequestKind.PACKED)
+    if compiles_programs or not runnable:
+        return runnable
+    return (min(runnable, key=lambda s: (s.padded_batch * s.invocation_length, s.key)),)
 
 
 def aliases_to_allocate(manifest: WarmupManifest) -> tuple[PrefillProgramSignature, ...]:

@@ -5,7 +5,7 @@ library is usable on its own. Rules:
 
 * Warm-up from a ``WarmupManifest`` first runs every program signature
   eagerly where the backend builds programs per shape (on a device this
-  compiles it; on the CPU nothing is built, so nothing runs:
+  compiles it; on the CPU nothing is built, so only the smallest runs, once:
   ``prefill_core.warmup``), then allocates every alias workspace, then
   captures every trace signature, largest first. Nothing compiles or
   allocates after the first capture. Before it starts, ``on_progress`` gets
