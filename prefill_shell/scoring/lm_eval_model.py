@@ -31,14 +31,13 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
-from prefill_core import PrefillPolicy
+from prefill_core import ExecutionMode
 from prefill_core.errors import PrefillConfigError, PrefillError
 from prefill_core.options import OptionError, block_size_option, count_option
 from prefill_shell.backends import TorchBackend
-from prefill_shell.engine.config import PrefillRuntimeConfig
-from prefill_shell.engine.runtime import PrefillRuntime
 from prefill_shell.reference.text import load_model, load_tokenizer
-from prefill_shell.scoring.scorer import Scorer, scoring_layout, window_length
+from prefill_shell.scoring.scorer import Scorer, window_length
+from prefill_shell.scoring.setup import scoring_runtime
 
 __all__ = ["ModelOptions", "PrefillRuntimeLM", "check_model_arguments"]
 
@@ -145,17 +144,17 @@ class PrefillRuntimeLM(TemplateLM):
         self._max_length = window_length(
             options.max_length, spec.max_position, "prefill-runtime model argument max_length"
         )
-        layout = scoring_layout(self._max_length, options.block_size, options.num_blocks)
-        # Packed steps where the backend and model run them (eager); a traced scorer still plans padded.
-        policy = attrs.evolve(
-            PrefillPolicy.fine_rungs(options.block_size, max_chunk_length=options.max_chunk), packed_steps=True
+        runtime = scoring_runtime(
+            self.model,
+            options.device,
+            max_length=self._max_length,
+            block_size=options.block_size,
+            max_chunk=options.max_chunk,
+            num_blocks=options.num_blocks,
         )
-        kv = self.model.new_kv_cache(layout.num_blocks, options.block_size)
-        backend = TorchBackend(options.device)
-        config = PrefillRuntimeConfig.resolve(self.model, backend, kv, layout=layout, policy=policy)
         rows = int(batch_size) if str(batch_size).isdecimal() else 32
-        traced = options.traced
-        self.scorer = Scorer(PrefillRuntime(config), max_length=self._max_length, max_rows=max(rows, 1), traced=traced)
+        mode = ExecutionMode.TRACED if options.traced else ExecutionMode.AUTO
+        self.scorer = Scorer(runtime, max_length=self._max_length, max_rows=max(rows, 1), mode=mode)
 
     # -- what TemplateLM asks for ----------------------------------------
     @property
