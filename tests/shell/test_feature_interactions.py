@@ -101,7 +101,7 @@ def test_features_meet_as_transformers_computes(models, case):
     )
     mode = "eager"
     if case["mode"] == "traced":
-        executor.warm_up(WarmupManifest().observe(runtime.prepare(**call, packed=False).requests))
+        executor.warm_up(WarmupManifest().observe(runtime.prepare(**call, mode="traced").requests))
         mode = "traced"
     results = executor.prefill(**call, mode=mode)
     tolerance = TOLERANCE[case["dtype"]]
