@@ -1,5 +1,6 @@
 """Features meeting in one call, against transformers on the same weights: packed, padded or traced steps, a
-cached prefix written by an earlier call, prompt log-probs, block sizes 1-128, float32 and bfloat16.
+cached prefix written by an earlier call, prompt log-probs, one lane or two, block sizes 1-128, float32 and
+bfloat16.
 
 One hypothesis property draws the combination; the ci profile runs a sixth of its usual example count, the
 fuzz profile 50 times that (``HYPOTHESIS_PROFILE=fuzz``).
@@ -10,11 +11,12 @@ from __future__ import annotations
 import attrs
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from prefill_core import PageTableLayout, PrefillPolicy, SamplingParams, WarmupManifest
 from prefill_shell.engine.executor import PrefillExecutor
+from prefill_shell.lanes.group import LaneGroup
 from prefill_shell.reference import random_llama, save_hf_folder
 from tests.helpers import build_runtime, make_tokens, token_matrix
 
@@ -52,7 +54,8 @@ def combinations(draw):
         block=block,
         prefix=prefix // block * block,  # the cached part: whole blocks a first call wrote
         own=own,
-        mode=draw(st.sampled_from(["packed", "padded", "traced"])),
+        mode=(mode := draw(st.sampled_from(["packed", "padded", "traced"]))),
+        lanes=1 if mode == "traced" else draw(st.sampled_from([1, 2])),  # lanes plan per lane: warmed per call
         dtype=draw(st.sampled_from([torch.float32, torch.bfloat16])),
         prompt_logprobs=draw(st.lists(st.booleans(), min_size=len(own), max_size=len(own))),
         seed=draw(st.integers(0, 10_000)),
@@ -79,6 +82,7 @@ def _runtime(model, block: int, mode: str, num_blocks: int):
 def test_features_meet_as_transformers_computes(models, case):
     """Every row's last-token logits and asked prompt log-probs equal transformers' on its whole prompt."""
     model, hf = models[case["dtype"]]
+    event(f"{case['mode']}, {case['lanes']} lane(s), cached {bool(case['prefix'])}, {case['dtype']}")
     block, prefix_len = case["block"], case["prefix"]
     prefix = make_tokens(prefix_len, case["seed"]).tolist()
     rows = [prefix + make_tokens(n, case["seed"] + 1 + i).tolist() for i, n in enumerate(case["own"])]
@@ -88,10 +92,11 @@ def test_features_meet_as_transformers_computes(models, case):
         own = -(-len(row) // block) - len(prefix_blocks)
         tables.append(prefix_blocks + list(range(next_block, next_block + own)))
         next_block += own
-    runtime = _runtime(model, block, case["mode"], max(next_block, 1))
-    executor = PrefillExecutor(runtime)
-    if prefix_len:
-        executor.prefill(torch.tensor([prefix]), torch.tensor([prefix_blocks], dtype=torch.int32), [prefix_len])
+    lanes = [PrefillExecutor(_runtime(model, block, case["mode"], max(next_block, 1))) for _ in range(case["lanes"])]
+    executor, runtime = lanes[0], lanes[0].runtime
+    for lane in lanes:  # each lane's pool holds the cached prefix its rows read
+        if prefix_len:
+            lane.prefill(torch.tensor([prefix]), torch.tensor([prefix_blocks], dtype=torch.int32), [prefix_len])
     call = dict(
         tokens=token_matrix([torch.tensor(r) for r in rows]),
         page_table=_table(tables),
@@ -103,7 +108,12 @@ def test_features_meet_as_transformers_computes(models, case):
     if case["mode"] == "traced":
         executor.warm_up(WarmupManifest().observe(runtime.prepare(**call, mode="traced").requests))
         mode = "traced"
-    results = executor.prefill(**call, mode=mode)
+    if len(lanes) > 1:  # row i on lane i % 2: its slot is lane * lane_size + i // 2
+        size = runtime.config.policy.lane_size
+        call["slots"] = [i % 2 * size + i // 2 for i in range(len(rows))]
+        results = LaneGroup(lanes).prefill(**call, mode=mode)
+    else:
+        results = executor.prefill(**call, mode=mode)
     tolerance = TOLERANCE[case["dtype"]]
     for row, result, asked in zip(rows, results, case["prompt_logprobs"]):
         logp = _log_softmax(hf, row)
@@ -115,4 +125,5 @@ def test_features_meet_as_transformers_computes(models, case):
             assert [e.position for e in result.prompt_logprobs] == [p + 1 for p in positions], case
             for entry, p in zip(result.prompt_logprobs, positions):
                 assert abs(entry.logprob - logp[p, row[p + 1]].item()) <= tolerance, case
-    executor.close()
+    for lane in lanes:
+        lane.close()
