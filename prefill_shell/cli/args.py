@@ -15,6 +15,7 @@ from typing import NoReturn
 
 from prefill_core.errors import PrefillError
 from prefill_shell.cli import options
+from prefill_shell.cli.model_dtype import add_dtype_argument
 from prefill_shell.cli.score import add_score_parser
 from prefill_shell.reference.text import PromptError
 
@@ -55,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--chat", action="store_true", help="apply the model's chat template to plain prompts")
     run.add_argument("--device", default="cpu", type=options.device, help="torch device (cpu or cuda)")
+    add_dtype_argument(run)
     run.add_argument("--block-size", type=options.block_size, default=32, help="KV block size (a power of two)")
     run.add_argument("--seed", type=options.seed, default=0, help="sampling seed (row i samples with seed + i)")
     run.add_argument("--debug", action="store_true", help="show the traceback of a failure")

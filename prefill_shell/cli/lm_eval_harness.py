@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import sys
 
+from prefill_shell.extras import LM_EVAL_PYTHONS, requires_extra
+
 __all__ = ["main"]
 
 
 def main() -> None:
     """Register ``prefill-runtime`` with lm-eval, check its arguments, then run lm-eval's command line."""
-    from lm_eval._cli import HarnessCLI  # what lm_eval.__main__.cli_evaluate runs, with the check between
-    from lm_eval.utils import setup_logging
+    with requires_extra("lm-eval", "prefill-lm-eval", pythons=LM_EVAL_PYTHONS):
+        from lm_eval._cli import HarnessCLI  # what lm_eval.__main__.cli_evaluate runs, with the check between
+        from lm_eval.utils import setup_logging
 
     from prefill_core.errors import PrefillConfigError
     from prefill_shell.scoring.lm_eval_model import check_model_arguments  # importing it registers the model

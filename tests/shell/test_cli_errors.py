@@ -110,6 +110,8 @@ CASES = [
     (SCORE + ["--block-size", "3"], 2, "argument --block-size: '3' must be a power of two"),
     (SCORE + ["--block-size", "1024"], 2, "argument --block-size"),
     (SCORE + ["--model", ""], 2, "argument --model"),
+    (TINY + ["--dtype", "int8"], 2, "--dtype"),
+    (["score", "--model", "random:tiny", "--pairs", "{ids}", "--dtype", "float64"], 2, "--dtype"),
     (TINY + ["--prompts", "{empty}"], 1, "{empty}"),
     (TINY + ["--prompts", "{blank}"], 1, "{blank}"),
     (TINY + ["--prompts", "{missing}"], 1, "{missing}"),
