@@ -22,8 +22,10 @@ A hybrid model's call carries one page table per KV group
    (columns ``written_columns`` inside the step, -1 elsewhere), and a
    chunked step's read table, indexed by absolute column as a paged
    attention kernel indexes it, holds the row's blocks at exactly the
-   columns the step reads (``windows.prefix_columns`` and its own) and the
-   filler 0 everywhere else.
+   columns the step reads (``windows.read_columns``: its window clipped at
+   the row's floor) and the filler 0 everywhere else; with them the first
+   readable column and the positions whose K/V come from the pool
+   (``windows.reused_span``).
 5. **Identity**: each signature gains one ``GroupWidths`` per group (kind,
    window, block size, fill and read widths). Widths follow the chunk
    length and the layout only, so one trace serves every cached offset.
@@ -50,7 +52,7 @@ from .request import PrefillRequest
 from .signatures import GroupWidths
 from .tables import SKIP
 from .validate import checked_scope
-from .windows import window_floor
+from .windows import kept_columns, read_columns, reused_span
 
 __all__ = ["OUTSIDE", "GroupStepTables", "GroupedRequest", "prepare_grouped"]
 
@@ -62,10 +64,22 @@ Rows = tuple[tuple[int, ...], ...]
 
 @attrs.frozen
 class GroupStepTables:
-    """One step's tables for one KV group: ``fill`` ``[padded_batch, fill_width]``, ``read`` for chunked steps."""
+    """One step's tables for one KV group, per physical row.
+
+    ``fill`` ``[padded_batch, fill_width]``: the blocks the step writes.
+    ``read`` (chunked steps) ``[padded_batch, read_width]``: absolute
+    columns; the row's blocks at the columns the step reads, the filler 0
+    elsewhere. ``read_from``: the first column the step may read (the row's
+    floor, ``windows.kept_columns``): a kernel gathers nothing before it.
+    ``reused``: the positions ``[lo, hi)`` whose K/V the step takes from the
+    pool instead of recomputing (``windows.reused_span``; empty but on a
+    first step that starts inside a cached block).
+    """
 
     fill: Rows
     read: Rows | None
+    read_from: tuple[int, ...]
+    reused: tuple[tuple[int, int], ...]
 
 
 @attrs.frozen
@@ -101,24 +115,35 @@ class GroupedRequest:
 def _step_tables(
     group: KVGroup, rows: Rows, request: PrefillRequest, start: int, end: int, widths: GroupWidths
 ) -> GroupStepTables:
-    bs = group.block_size
+    bs, window = group.block_size, group.window
     first = start // bs
-    fills, reads = [], []
+    fills, reads, floors, reused = [], [], [], []
     for blocks, length, cached in zip(rows, request.lengths, request.cached):
-        stop = ceil_div(min(end, length), bs)
-        lo_write = cached // bs if cached < length else stop  # a fully cached row writes nothing
+        floor = kept_columns(length, cached, window, bs).start
+        stop = min(end, length)
+        lo_write = cached // bs if cached < length else ceil_div(stop, bs)  # a fully cached row writes nothing
         fill = [SKIP] * widths.fill_width
-        for column in range(max(first, lo_write), stop):
+        for column in range(max(first, lo_write), ceil_div(stop, bs)):
             fill[column - first] = blocks[column]
         fills.append(tuple(fill))
         if widths.read_width:
             read = [CHUNKED_FILLER] * widths.read_width
-            for column in range(window_floor(start, group.window) // bs, stop):
+            for column in read_columns(start, stop, floor, window, bs):
                 read[column] = blocks[column]
             reads.append(tuple(read))
+        floors.append(floor)
+        span = reused_span(start, end, cached, floor, bs)
+        reused.append((span.start, span.stop) if span else (0, 0))
     padding = request.padded_batch - len(rows)
     fills.extend([(SKIP,) * widths.fill_width] * padding)
-    return GroupStepTables(tuple(fills), tuple(reads) if widths.read_width else None)
+    if widths.read_width:
+        reads.extend([(CHUNKED_FILLER,) * widths.read_width] * padding)
+    return GroupStepTables(
+        tuple(fills),
+        tuple(reads) if widths.read_width else None,
+        tuple(floors) + (0,) * padding,
+        tuple(reused) + ((0, 0),) * padding,
+    )
 
 
 def _masked(blocks: tuple[int, ...], span: GroupRowSpan, need: int) -> tuple[int, ...]:
@@ -180,7 +205,6 @@ def prepare_grouped(
         group_blocks,
         batch.lengths,
         batch.cached,
-        planning_block_size=layout.block_size,
         num_blocks=layout.num_blocks,
         null_block=null_block,
     )

@@ -20,11 +20,11 @@ import pytest
 import torch
 
 from prefill_core import AttentionLayout, PageTableLayout, PrefillBatch, PrefillPolicy, prepare_grouped
-from prefill_core.computed_positions import computed_start
 from prefill_core.intmath import ceil_div
 from prefill_core.windows import kept_columns
 from prefill_shell.reference import random_llama
 from prefill_shell.reference.windowed import GroupedKVCache, GroupTensors, forward_grouped
+from tests.core.vllm_sliding import first_kept_after
 
 transformers = pytest.importorskip("transformers")
 
@@ -89,13 +89,7 @@ def _run_call(model, kv, attention, layout, tokens, lengths, cached, tables):
                 piece = tokens[row][chunk.start : min(chunk.end, lengths[row])]
                 step[b, : len(piece)] = piece
             start = torch.full((request.padded_batch,), chunk.start, dtype=torch.int64)
-            staged = [
-                GroupTensors(
-                    torch.tensor(t.fill, dtype=torch.int32),
-                    None if t.read is None else torch.tensor(t.read, dtype=torch.int32),
-                )
-                for t in grouped.step_tables(index)
-            ]
+            staged = [GroupTensors.of(t) for t in grouped.step_tables(index)]
             hidden = forward_grouped(model, step, start, staged, kv)
             if chunk.is_final:
                 for b, row in enumerate(request.source_rows):
@@ -147,6 +141,8 @@ CASES = [
     ("ministral", 24, 8, 130, 50, "null"),
     ("ministral", 33, 16, 190, 112, "other"),
     ("ministral", 16, 16, 97, 80, "other"),
+    ("mistral", 32, 16, 140, 63, "other"),  # vLLM frees column 1, which a recompute from 48 would read
+    ("ministral", 2, 8, 90, 50, "null"),  # position 48 left the window: its block is rewritten with its bytes
 ]
 
 
@@ -178,8 +174,8 @@ def test_a_prompt_cached_past_its_window_equals_transformers(models, kind, windo
     second = []
     for g, (t, group) in enumerate(zip(tables, attention.groups)):
         row, pool = list(t[0]), kv.pools[g]
-        keep = kept_columns(computed_start(length, cached, 16), length, group.window, group.block_size)
-        for column in range(keep.start):
+        freed = first_kept_after(cached, group.window, group.block_size) if group.is_sliding else 0
+        for column in range(freed):  # vLLM's remove_skipped_blocks at num_computed_tokens = cached
             for tensor in pool.keys + pool.values:
                 tensor[row[column]] = float("nan")
             row[column] = NULL if outside == "null" else t[1][column % len(t[1])]
@@ -187,7 +183,7 @@ def test_a_prompt_cached_past_its_window_equals_transformers(models, kind, windo
     touched = _record_touches(kv)
     (logits,) = _run_call(model, kv, attention, layout, [prompt], [length], [cached], tuple(second))
     for g, group in enumerate(attention.groups):
-        keep = kept_columns(computed_start(length, cached, 16), length, group.window, group.block_size)
+        keep = kept_columns(length, cached, group.window, group.block_size)
         own = {second[g][0][c] for c in keep}
         assert touched[g] and touched[g] <= own, (g, sorted(touched[g] - own))
     expected, hf_kv = _hf_kv(hf, prompt)
