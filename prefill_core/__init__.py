@@ -22,10 +22,12 @@ from .sampling import GREEDY_TEMPERATURE, SamplingParams, SamplingPath, is_greed
 from .serialize import converter, from_json, to_json
 from .signatures import PrefillProgramSignature, PrefillTraceSignature
 from .tables import SKIP, PageTableView, TableRole, materialize_table
+from .trace_check import can_trace
 
 __all__ = [
     "AttentionKind",
     "AttentionLayout",
+    "can_trace",
     "GREEDY_TEMPERATURE",
     "GroupStepTables",
     "GroupedRequest",

@@ -43,6 +43,7 @@ from prefill_core.errors import (
     PrefillInputError,
     TraceCoverageError,
 )
+from prefill_shell.device.model import model_difference
 from prefill_shell.device.notes import add_note
 from prefill_shell.engine.batch_builder import as_token_matrix, host_page_table
 from prefill_shell.engine.call_guard import CallGuard, exclusive
@@ -55,7 +56,13 @@ __all__ = ["LaneGroup"]
 
 
 def _same_for_every_lane(executors: Sequence[PrefillExecutor]) -> int:
-    """The lanes' common ``lane_size``; refuses shared runtimes, backends or KV pools."""
+    """The lanes' common ``lane_size``; refuses lanes of different models (spec, dtype) and shared runtimes,
+    backends or KV pools."""
+    first = executors[0].runtime.config.model
+    for lane, executor in enumerate(executors[1:], start=1):
+        difference = model_difference(first, executor.runtime.config.model)
+        if difference is not None:
+            raise PrefillConfigError(f"lane group: lane {lane}'s model differs from lane 0's ({difference})")
     sizes = [e.runtime.config.policy.lane_size for e in executors]
     if len(set(sizes)) != 1:
         raise PrefillConfigError(f"lane group: every lane needs the same policy.lane_size; lanes have {sizes}")

@@ -306,25 +306,34 @@ class Scorer:
         return tokens, len(tokens) - len(continuation)
 
     def _rounds(self, rows: list[_Row]) -> Iterator[list[_Row]]:
-        """Rows in rounds of at most ``max_rows`` rows and the pool's free blocks; a group's rows stay
-        in one round (its shared blocks are filled once per round)."""
+        """Rows in rounds of at most ``max_rows`` follow-up rows and the pool's free blocks.
+
+        A sharing group larger than a round is split over several: each round
+        that holds some of its rows maps (and prefills) its shared blocks once,
+        so any set of pairs whose rows fit the pool one at a time runs. Every
+        row is checked against the pool before the first round runs.
+        """
         by_group: dict[tuple, list[_Row]] = {}
         for row in rows:
-            key = row.tokens[: row.cached] if row.cached else ("single", row.pair)
-            by_group.setdefault(key, []).append(row)
+            need = len(row.shared_blocks) + self._own_blocks(row)
+            if need > self.pool.available:
+                msg = f"row {row.pair}: it needs {need} KV blocks; the pool has {self.pool.available} free"
+                raise CapacityError(msg, row=row.pair, field="pair")
+            by_group.setdefault(row.tokens[: row.cached] if row.cached else ("single", row.pair), []).append(row)
         batch: list[_Row] = []
         blocks = 0
         for members in by_group.values():
-            need = len(members[0].shared_blocks) + sum(self._own_blocks(r) for r in members)
-            if need > self.pool.available:
-                raise CapacityError(
-                    f"row {members[0].pair}: its group needs {need} KV blocks; the pool has {self.pool.available} free"
-                )
-            if batch and (len(batch) + len(members) > self.max_rows or blocks + need > self.pool.available):
-                yield batch
-                batch, blocks = [], 0
-            batch.extend(members)
-            blocks += need
+            shared = len(members[0].shared_blocks)
+            in_batch = False  # whether this round already maps the group's shared blocks
+            for row in members:
+                need = self._own_blocks(row) + (0 if in_batch else shared)
+                if batch and (len(batch) == self.max_rows or blocks + need > self.pool.available):
+                    yield batch
+                    batch, blocks = [], 0
+                    need = self._own_blocks(row) + shared
+                batch.append(row)
+                blocks += need
+                in_batch = True
         if batch:
             yield batch
 

@@ -35,7 +35,8 @@ serving several lanes replaces"):
   core's ``SamplingParams``; a row with penalties asks the device for logits
   and is sampled here (``penalties``), its prompt being its tokens up to
   ``prompt_lens`` and its output tokens those of ``output_tokens`` (none
-  unless passed).
+  unless passed); ``prompt_tokens``, ``output_tokens`` and ``slot_remap``
+  take tt-transformers' forms (``penalty_state``).
 """
 
 from __future__ import annotations
@@ -47,8 +48,8 @@ from typing import Any
 import attrs
 import torch
 
-from prefill_core import PageTableLayout, PrefillPolicy, SamplingPath, ceil_div, manifest_for
-from prefill_core.errors import InvalidSamplingError, KVCacheMismatchError, PrefillConfigError, PrefillStateError
+from prefill_core import PageTableLayout, PrefillPolicy, SamplingPath, can_trace, ceil_div, manifest_for
+from prefill_core.errors import KVCacheMismatchError, PrefillConfigError, PrefillStateError
 from prefill_shell.backends.base import Backend
 from prefill_shell.device.model import PrefillModel
 from prefill_shell.device.notes import add_note
@@ -58,6 +59,7 @@ from prefill_shell.engine.executor import PrefillExecutor
 from prefill_shell.engine.result import BatchResult
 from prefill_shell.engine.runtime import PrefillRuntime
 from prefill_shell.sampling.penalties import sample_penalised
+from prefill_shell.serving.penalty_state import check_slot_remap, state_rows, token_ids
 from prefill_shell.serving.plugin_sampling import PluginRows, rows_from_plugin
 
 __all__ = ["ServingFacade", "IGNORED_KEYWORDS"]
@@ -82,7 +84,9 @@ class ServingFacade:
     at vLLM's block size, so nothing runs before it. ``max_batch_size`` is
     vLLM's ``max_num_seqs``: the lane's slots (the runtime's
     ``policy.lane_size`` is set to it), so an ``empty_slots`` entry at or
-    past it is an ``InvalidSlotError`` at its row.
+    past it is an ``InvalidSlotError`` at its row. ``kv_dtype`` is None or
+    the model's dtype (the pool is built in it and the model runs on it);
+    any other is a ``PrefillConfigError`` here, before any pool exists.
     """
 
     model_capabilities = {
@@ -116,7 +120,13 @@ class ServingFacade:
         self.policy = policy
         self.prefill_traces = prefill_traces
         self._kv_factory = kv_factory or model.new_kv_cache
-        self._kv_dtype = kv_dtype or model.dtype
+        if kv_dtype is not None and kv_dtype != getattr(model, "dtype", None):
+            rule = (
+                f"must be None or the model's dtype {getattr(model, 'dtype', None)}: the KV pool is built in, and "
+                "the model runs on, the model's dtype (load the model in the dtype you want)"
+            )
+            raise PrefillConfigError(f"{type(self).__name__}: kv_dtype={kv_dtype!r} is invalid: {rule}")
+        self._kv_dtype = model.dtype
         self._seed = seed
         self._rng = random.Random(seed)
         self.kv: Any = None
@@ -240,6 +250,32 @@ class ServingFacade:
                     executor.compile(signature)
 
     # -- the call -------------------------------------------------------
+    def can_trace(self, *, tokens, prompt_lens=None, start_pos=None) -> bool:
+        """Whether ``prefill_forward(..., enable_trace=True)`` could trace a call of this geometry.
+
+        tt-transformers' static question: it reads the arguments' shapes and
+        values only (nothing is planned into tensors, nothing allocated, what
+        is captured is not looked at) and answers False, never raises, for
+        input a call would refuse: tokens that are not a non-empty 2-D
+        integer tensor, ``prompt_lens``/``start_pos`` that are not one int
+        per row, ``start_pos`` outside ``[0, prompt_lens]``, ``prompt_lens``
+        past the token width or the layout's capacity; and when prefill
+        traces are off or no pool is allocated yet. Otherwise the core's
+        ``prefill_core.can_trace``: every row's step length is a trace length.
+        """
+        if not self.prefill_traces or self.executor is None:
+            return False
+        tokens = _cast(tokens, torch.int64)
+        if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.dtype is not torch.int64:
+            return False
+        num_rows, width = tokens.shape
+        lengths = _int_list(_cast(prompt_lens, torch.int64), [width] * num_rows)
+        cached = _int_list(_cast(start_pos, torch.int64), [0] * num_rows)
+        if lengths is None or cached is None or any(n > width for n in lengths):
+            return False
+        config = self.runtime.config
+        return can_trace(lengths, cached, config.policy, config.layout)
+
     def prefill_forward(
         self,
         tokens,
@@ -269,25 +305,39 @@ class ServingFacade:
             out = target.prefill(tokens, page_table, prompt_lens, start_pos, empty_slots, None, mode=mode, batched=True)
             return out.logits.unsqueeze(1)  # [B, 1, V]
         plugin = rows_from_plugin(sampling_params, num_rows, self.model.spec.vocab_size)
-        given = compatibility_kwargs.get("output_tokens")
-        outputs = {row: _output_row(given, row) for row in plugin.penalised}  # checked before anything runs
+        prompts, outputs = self._penalty_state(compatibility_kwargs, tokens, prompt_lens, empty_slots, plugin)
         out = target.prefill(
             tokens, page_table, prompt_lens, start_pos, empty_slots, plugin.core, mode=mode, batched=True
         )
-        return self._sampled(out, plugin, tokens, prompt_lens, outputs)
+        return self._sampled(out, plugin, prompts, outputs)
 
-    def _sampled(self, out: BatchResult, plugin: PluginRows, tokens, prompt_lens, outputs: dict):
+    def _penalty_state(self, kwargs: dict, tokens, prompt_lens, empty_slots, plugin: PluginRows):
+        """Each penalised row's prompt and output ids (``penalty_state``), checked before anything runs."""
+        capacity = self.max_batch_size
+        slots = list(range(len(tokens))) if empty_slots is None else list(empty_slots)
+        check_slot_remap(kwargs.get("slot_remap"), capacity)
+        given_prompts = state_rows(kwargs.get("prompt_tokens"), "prompt_tokens", slots, capacity)
+        given_outputs = state_rows(kwargs.get("output_tokens"), "output_tokens", slots, capacity)
+        lengths = prompt_lens.tolist() if isinstance(prompt_lens, torch.Tensor) else list(prompt_lens)
+        prompts, outputs = {}, {}
+        for row in plugin.penalised:
+            if given_prompts is None:
+                prompts[row] = torch.as_tensor(tokens[row][: lengths[row]], dtype=torch.int64)
+            else:
+                prompts[row] = token_ids(given_prompts[row], "prompt_tokens", row)
+            none = torch.zeros(0, dtype=torch.int64)
+            outputs[row] = none if given_outputs is None else token_ids(given_outputs[row], "output_tokens", row)
+        return prompts, outputs
+
+    def _sampled(self, out: BatchResult, plugin: PluginRows, prompts: dict, outputs: dict):
         """``(tokens, log_probs)`` from the call's tensors; penalised rows are sampled here from their logits."""
         sampled, logprobs = out.tokens, out.logprobs
-        if plugin.penalised:
-            lengths = prompt_lens.tolist() if isinstance(prompt_lens, torch.Tensor) else list(prompt_lens)
         for row in plugin.penalised:
             sampling = plugin.rows[row]
             seed = sampling.params.seed
             seed = self._rng.getrandbits(63) if seed is None else seed
-            prompt = torch.as_tensor(tokens[row][: lengths[row]], dtype=torch.int64)
             sampled[row], logprobs[row] = sample_penalised(
-                out.logits[row], prompt, outputs[row], sampling.penalties, sampling.params, seed
+                out.logits[row], prompts[row], outputs[row], sampling.penalties, sampling.params, seed
             )
         if not plugin.logprob_rows:
             return sampled, None
@@ -344,6 +394,19 @@ def _cast(value, dtype: torch.dtype):
     return value.to(dtype)
 
 
+def _int_list(value, default: list[int]) -> list[int] | None:
+    """One int per row from a 1-D integer tensor or a sequence of ints (``default`` for None); None otherwise."""
+    if value is None:
+        return default
+    if isinstance(value, torch.Tensor):
+        if value.dim() != 1 or value.is_floating_point() or value.is_complex() or value.dtype is torch.bool:
+            return None
+        value = value.tolist()
+    if not isinstance(value, (list, tuple)) or any(type(v) is not int for v in value) or len(value) != len(default):
+        return None
+    return list(value)
+
+
 def _kv_heads_per_device(num_kv_heads: int, num_devices: int) -> int:
     """The KV heads vLLM's plugin puts in ``kv_cache_shape`` for a lane of ``num_devices`` devices.
 
@@ -358,23 +421,3 @@ def _num_rows(tokens) -> int:
     if not hasattr(tokens, "__len__") or isinstance(tokens, torch.Tensor) and tokens.dim() != 2:
         as_token_matrix(tokens)  # raises the PrefillInputError naming tokens
     return len(tokens)
-
-
-def _output_row(output_tokens, row: int) -> torch.Tensor:
-    """Row ``row``'s output token ids: none unless passed; ids outside [0, vocab) are padding (vLLM pads).
-
-    Anything but integer ids for the row (a missing row, floats, text) is an
-    ``InvalidSamplingError`` naming it.
-    """
-    if output_tokens is None:
-        return torch.zeros(0, dtype=torch.int64)
-    try:
-        ids = torch.as_tensor(output_tokens[row])
-    except (TypeError, ValueError, IndexError, KeyError, RuntimeError) as error:
-        ids = error
-    if not isinstance(ids, torch.Tensor) or ids.is_floating_point() or ids.is_complex() or ids.dtype is torch.bool:
-        shown = f"{type(output_tokens).__name__}: {ids!r}" if isinstance(ids, Exception) else f"<{ids.dtype}>"
-        msg = f"row {row}: output_tokens={shown} is invalid: a penalised row needs its output token ids (ints)"
-        raise InvalidSamplingError(msg, row=row, field="output_tokens")
-    ids = ids.to(torch.int64).reshape(-1)
-    return ids[ids >= 0]

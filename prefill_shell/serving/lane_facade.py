@@ -27,7 +27,7 @@ from typing import Any
 from prefill_core import PrefillPolicy
 from prefill_core.errors import KVCacheMismatchError, PrefillConfigError, PrefillStateError
 from prefill_shell.backends.base import Backend
-from prefill_shell.device.model import PrefillModel
+from prefill_shell.device.model import PrefillModel, model_difference
 from prefill_shell.engine.executor import PrefillExecutor
 from prefill_shell.engine.runtime import PrefillRuntime
 from prefill_shell.lanes.group import LaneGroup
@@ -72,8 +72,9 @@ class LaneGroupFacade(ServingFacade):
         self.lane_models = _lane_pairs(lanes)
         model, backend = self.lane_models[0]
         for lane, (other, _) in enumerate(self.lane_models):
-            if getattr(other, "spec", None) != model.spec or getattr(other, "dtype", None) != model.dtype:
-                raise PrefillConfigError(f"lane group facade: lane {lane}'s model differs from lane 0's (spec, dtype)")
+            difference = model_difference(model, other)
+            if difference is not None:
+                raise PrefillConfigError(f"lane group facade: lane {lane}'s model differs from lane 0's ({difference})")
         policy = PrefillPolicy() if policy is None else policy
         if not isinstance(policy, PrefillPolicy):
             raise PrefillConfigError(f"lane group facade: policy={type(policy).__name__} is invalid: a PrefillPolicy")

@@ -150,3 +150,72 @@ def test_the_readme_command_runs_lm_evals_cli_with_prefill_runtime(lm_eval_modul
     done = subprocess.run([*command, "--limit", "4"], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "prefill_mc" in done.stdout and "acc" in done.stdout
+
+
+# -- an MMLU-shaped task whose every context shares one ~300-token preamble, on a pool smaller than a round ----
+
+POOL_BLOCKS = 40
+"""The prefill-runtime pool: one row fits (about 23 blocks), a round of BATCH_SIZE rows (about 60) does not."""
+
+
+@pytest.fixture(scope="module")
+def tiny_llama_folder(smollm2_tokenizer, tmp_path_factory):
+    """A seeded random transformers Llama with SmolLM2's vocabulary, saved with SmolLM2's tokenizer, and the model."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(34)
+    config = transformers.LlamaConfig(
+        vocab_size=len(smollm2_tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        initializer_range=0.2,  # far from uniform log-probs, so a wrong position or mask shows in the numbers
+        bos_token_id=smollm2_tokenizer.bos_token_id,
+        eos_token_id=smollm2_tokenizer.eos_token_id,
+    )
+    hf = transformers.LlamaForCausalLM(config).eval()
+    folder = tmp_path_factory.mktemp("tiny_smollm2_vocab")
+    hf.save_pretrained(folder)
+    smollm2_tokenizer.save_pretrained(folder)
+    return folder, hf
+
+
+def test_an_mmlu_shaped_task_on_a_pool_smaller_than_a_round_equals_hf(lm_eval_modules, tiny_llama_folder):
+    """prefill_mmlu (a shared description and five few-shot examples over 100 documents) through lm-eval with
+    prefill-runtime's model arguments and a 40-block pool: every log-likelihood within 1e-4 of lm-eval's hf
+    model, is_greedy and accuracy equal; the scorer ran it in rounds that each fit the pool (before: one
+    400-row group, CapacityError)."""
+    from lm_eval.models.huggingface import HFLM
+
+    from prefill_shell.scoring.lm_eval_model import PrefillRuntimeLM
+
+    evaluator, task_manager = lm_eval_modules
+    folder, hf_model = tiny_llama_folder
+    common = dict(tasks=["prefill_mmlu"], task_manager=task_manager, log_samples=True)
+    args = f"model={folder},max_length=512,block_size=16,num_blocks={POOL_BLOCKS},batch_size={BATCH_SIZE}"
+    ours_lm = PrefillRuntimeLM.create_from_arg_string(args)
+    rounds, prefill = [], ours_lm.scorer._prefill
+    ours_lm.scorer._prefill = lambda tokens, *rest: rounds.append(tokens.shape[0]) or prefill(tokens, *rest)
+    hf_lm = HFLM(pretrained=hf_model, tokenizer=ours_lm.tokenizer, max_length=512, batch_size=BATCH_SIZE)
+    previous, threads = Path.cwd(), torch.get_num_threads()
+    os.chdir(REPO)
+    torch.set_num_threads(1)
+    try:
+        ours = evaluator.simple_evaluate(model=ours_lm, **common)
+        theirs = evaluator.simple_evaluate(model=hf_lm, **common)
+    finally:
+        os.chdir(previous)
+        torch.set_num_threads(threads)
+    mine, hf = _responses(ours, "prefill_mmlu"), _responses(theirs, "prefill_mmlu")
+    assert len(mine) == len(hf) == 100
+    context = ours["samples"]["prefill_mmlu"][0]["arguments"][0][0]
+    assert len(ours_lm.tok_encode(context)) >= 300  # the shared preamble plus one question
+    for doc, (a, b) in enumerate(zip(mine, hf)):
+        for (ll_a, greedy_a), (ll_b, greedy_b) in zip((x[0] for x in a), (y[0] for y in b)):
+            assert abs(ll_a - ll_b) <= 1e-4, (doc, ll_a, ll_b)
+            assert greedy_a == greedy_b, doc
+    assert ours["results"]["prefill_mmlu"]["acc,none"] == theirs["results"]["prefill_mmlu"]["acc,none"]
+    assert len(rounds) > 400 // BATCH_SIZE and max(rounds) <= BATCH_SIZE + 1  # the pool, not max_rows, cut them
+    assert ours_lm.scorer.pool.available == POOL_BLOCKS

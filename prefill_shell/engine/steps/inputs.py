@@ -162,6 +162,32 @@ def _wave_step(tokens: torch.Tensor, request: PrefillRequest, page_table: torch.
     return HostStep(chunk, values)
 
 
+def _chunked_wave_step(tokens: torch.Tensor, request: PrefillRequest, page_table: torch.Tensor) -> HostStep:
+    """The one step of a chunked wave (cached rows sharing a start): each row's tokens from the start on.
+
+    Every row reads its prefix through its row of the read table and writes
+    from the start's block on (its final fill row); padding rows read filler
+    and write nothing.
+    """
+    chunk = request.chunk(0)
+    b, active, start, length = request.padded_batch, request.active_batch_size, chunk.start, chunk.length
+    index = _row_index(request)
+    stop = min(start + length, tokens.shape[1])
+    block = _caller_rows(tokens, request, slice(start, stop), index)  # [active, stop - start]
+    block = torch.where(torch.arange(start, stop) < _column(request.lengths), block, 0)  # zero past each prompt
+    block = torch.constant_pad_nd(block, (0, length - (stop - start), 0, b - active), 0)  # [B, length]
+    pad = b - active
+    values = {
+        INPUT_TOKENS: block,
+        CHUNK_START: torch.full((b,), start, dtype=torch.int64),
+        SLOTS: torch.tensor(request.slots + (-1,) * pad, dtype=torch.int32),
+        FILL_TABLE: _table_from_caller(page_table, chunk.fill_table, request, chunk.first_block, index),
+        LAST_TOKEN_INDEX: torch.tensor([n - 1 - start for n in request.lengths] + [0] * pad, dtype=torch.int64),
+        READ_TABLE: _table_from_caller(page_table, request.read_table, request, 0, index),
+    }
+    return HostStep(chunk, values)
+
+
 class ChunkedSteps(Sequence):
     """A chunked request's host steps: the row's tensors built once, each step's values views into them.
 
@@ -230,6 +256,8 @@ def build_host_steps(
     the request's block ids (the same integers).
     """
     table = _request_table(request) if page_table is None else page_table
+    if request.kind.is_chunked and request.padded_batch > 1:
+        return [_chunked_wave_step(tokens, request, table)]
     if request.kind.is_chunked:
         return ChunkedSteps(tokens, request, table)
     return [_wave_step(tokens, request, table)]
