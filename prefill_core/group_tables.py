@@ -40,7 +40,6 @@ import attrs
 from .attention_layout import AttentionLayout, KVGroup
 from .batch import PrefillBatch
 from .block_order import order_by_dependencies
-from .errors import InvalidPageTableError
 from .geometry import chunked_fill_width, chunked_read_width, regular_table_width
 from .group_rules import GroupRowSpan, check_group_tables
 from .intmath import ceil_div
@@ -191,15 +190,13 @@ def prepare_grouped(
 ) -> tuple[GroupedRequest, ...]:
     """Plans a call with one table per KV group (``group_blocks[g][row]``); raises ``PrefillInputError``.
 
-    ``batch.blocks`` must be group 0's table (the plugin's ``page_table``);
-    ``null_block`` is the caller's never-written block (vLLM's 0), which no
+    ``batch.blocks`` is not read: every group's table, group 0's (the
+    plugin's ``page_table``) included, is ``group_blocks``, in the group's
+    own block size. ``null_block`` is the caller's never-written block (vLLM's 0), which no
     column a step reads or writes may name.
     """
     scope = checked_scope(batch, policy, layout, max_position=max_position, block_rules=False)
     attention.check_fits(layout.block_size)
-    if type(group_blocks) is tuple and group_blocks and group_blocks[0] != batch.blocks:
-        msg = "PrefillBatch.blocks is invalid: it must be group 0's table (group_blocks[0]), the plugin's page_table"
-        raise InvalidPageTableError(msg, field="blocks")
     spans = check_group_tables(
         attention,
         group_blocks,

@@ -39,6 +39,8 @@ from prefill_core.errors import CleanupError, PrefillStateError
 from prefill_shell.device.contract import (
     CHUNK_START,
     FILL_TABLE,
+    GROUP_FILL_TABLES,
+    GROUPED_INPUTS,
     INPUT_TOKENS,
     PACKED_INPUTS,
     PACKED_TOKENS,
@@ -52,6 +54,7 @@ from prefill_shell.engine.config import PrefillRuntimeConfig
 from prefill_shell.engine.progress import ProgressCallback, ProgressCounter
 from prefill_shell.engine.result import BatchResult, InvocationResult, PrefillResult
 from prefill_shell.engine.steps.assembler import PrefillResultAssembler
+from prefill_shell.engine.steps.grouped_inputs import grouped_call
 from prefill_shell.engine.steps.inputs import DeviceStep, PrefillInputStager, build_host_steps
 from prefill_shell.engine.steps.packed_inputs import build_packed_host_steps
 from prefill_shell.engine.steps.partial_writes import StepLog, note_partial_writes
@@ -139,6 +142,11 @@ class PrefillRuntime:
     def _run_body(self, step: DeviceStep) -> Any:
         if PACKED_TOKENS in step:  # packed step (prefill_core.packed): segments end to end
             return self.config.model.forward_packed(*(step[spec].value for spec in PACKED_INPUTS), self.config.kv)
+        if GROUP_FILL_TABLES in step:  # a hybrid model: each KV group's tables (steps/grouped_inputs.py)
+            values = (None if spec not in step else step[spec].value for spec in GROUPED_INPUTS)
+            return self.config.model.forward_grouped(
+                step[INPUT_TOKENS].value, step[CHUNK_START].value, *values, self.config.kv
+            )
         read = step.get(READ_TABLE)
         return self.config.model.forward_hidden(
             step[INPUT_TOKENS].value,
@@ -163,6 +171,8 @@ class PrefillRuntime:
         sampling: SamplingParams | Sequence[SamplingParams | None] | None = None,
         *,
         packed: bool | None = None,
+        group_page_tables: Sequence | None = None,
+        null_block: int | None = None,
     ) -> PreparedBatch:
         """Validates and plans a call; builds every step's host input values once.
 
@@ -175,7 +185,11 @@ class PrefillRuntime:
         any malformed input; nothing is allocated or written in that case.
         ``packed``: plan packed steps (eager only) when the config allows
         them (``None``: whenever it does; ``False``: padded waves, which a
-        traced call needs).
+        traced call needs). ``group_page_tables``: a hybrid model's table
+        per KV group (``page_table`` is group 0's, as vLLM numbers them);
+        ``null_block`` the caller's never-written block, which no column a
+        step reads or writes may name (``prefill_core.prepare_grouped``).
+        Hybrid calls plan padded waves.
         """
         self._check_open()
         config = self.config
@@ -184,7 +198,9 @@ class PrefillRuntime:
         batch = build_batch(matrix, table, prompt_lengths, cached_lengths, slots, sampling, config.layout)
         check_token_ids(matrix, batch, config.model.spec.vocab_size)
         max_position = config.model.spec.max_position
-        if plans_packed(config.packed_steps, packed):
+        if group_page_tables is not None or getattr(config.model, "attention", None) is not None:
+            requests, steps = grouped_call(config, matrix, batch, group_page_tables, null_block)
+        elif plans_packed(config.packed_steps, packed):
             requests = prepare_packed(
                 batch, config.policy, config.layout, max_position=max_position, whole_call_lane=slots is None
             )

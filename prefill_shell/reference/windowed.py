@@ -83,6 +83,10 @@ class GroupedKVCache:
         self._where = {
             layer: (g, i) for g, group in enumerate(attention.groups) for i, layer in enumerate(group.layers)
         }
+        # What the runtime's config checks a pool against (engine/config.py).
+        self.block_size = max(g.block_size for g in attention.groups)  # the planning block: chunk starts align to it
+        self.num_layers, self.num_kv_heads, self.head_dim = attention.num_layers, num_kv_heads, head_dim
+        self.dtype = dtype
 
     def of_layer(self, layer: int) -> tuple[PagedKVCache, int, KVGroup, int]:
         """``(pool, layer within it, group, group index)`` of model layer ``layer``."""

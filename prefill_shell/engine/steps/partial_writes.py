@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from prefill_core import PackedStep
-from prefill_shell.device.contract import FILL_TABLE, PACKED_WRITE_SLOTS
+from prefill_shell.device.contract import FILL_TABLE, GROUP_FILL_TABLES, PACKED_WRITE_SLOTS
 from prefill_shell.device.notes import add_note
 from prefill_shell.engine.steps.inputs import HostStep
 
@@ -53,8 +53,11 @@ class StepLog(list):
                     slots = step[PACKED_WRITE_SLOTS][segment.offset : segment.offset + segment.length]
                     blocks.setdefault(segment.row, set()).update((slots[slots >= 0] // self.block_size).tolist())
                 continue
-            for row, entries in zip(source_rows, step[FILL_TABLE][: len(source_rows)].tolist()):
-                blocks[row].update(b for b in entries if b >= 0)
+            # A hybrid step writes through every KV group's table (one block-id space: their union).
+            tables = step[GROUP_FILL_TABLES].unbind(0) if GROUP_FILL_TABLES in step else (step[FILL_TABLE],)
+            for table in tables:
+                for row, entries in zip(source_rows, table[: len(source_rows)].tolist()):
+                    blocks[row].update(b for b in entries if b >= 0)
         return {row: tuple(sorted(ids)) for row, ids in blocks.items()}
 
 

@@ -1,0 +1,98 @@
+"""Shared parts of the windowed-model tests: random weights beside transformers' Mistral / Ministral, and
+vLLM's way of freeing the blocks that left a window (``remove_skipped_blocks``) with the stale ids left behind.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from prefill_core import AttentionLayout
+from prefill_core.intmath import ceil_div
+from prefill_shell.reference import random_llama
+from tests.core.vllm_sliding import first_kept_after
+
+NULL = 0
+"""vLLM's null block: never written; the tests fill it with NaN."""
+LAYER_TYPES = {
+    "mistral": ("sliding_attention",) * 2,  # MistralConfig.sliding_window: every layer slides
+    "ministral": ("sliding_attention", "full_attention", "sliding_attention"),  # layer_types mixing both
+}
+
+
+@functools.cache
+def model_and_oracle(kind: str, window: int):
+    """``(reference model, transformers model, layer types)`` on the same random weights (float32, plain RoPE)."""
+    import transformers
+
+    types = LAYER_TYPES[kind]
+    model = random_llama(5, "tiny", rope_scaling=None, num_layers=len(types))
+    cfg = model.config.to_hf_dict()
+    keys = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+    common = {key: cfg[key] for key in keys}
+    common.update(
+        num_key_value_heads=cfg["num_key_value_heads"],
+        head_dim=cfg["head_dim"],
+        rms_norm_eps=cfg["rms_norm_eps"],
+        max_position_embeddings=cfg["max_position_embeddings"],
+        rope_parameters={"rope_type": "default", "rope_theta": cfg["rope_theta"]},
+        sliding_window=window,
+        tie_word_embeddings=False,
+    )
+    if kind == "mistral":
+        hf = transformers.MistralForCausalLM(transformers.MistralConfig(**common))
+    else:
+        hf = transformers.MinistralForCausalLM(transformers.MinistralConfig(layer_types=list(types), **common))
+    hf.load_state_dict(model.state_dict(), strict=True)
+    return model, hf.eval().float(), types
+
+
+def attention_of(types, window: int, sliding_block_size: int, block_size: int = 16) -> AttentionLayout:
+    return AttentionLayout.from_layer_types(
+        types, sliding_window=window, block_size=block_size, sliding_block_size=sliding_block_size
+    )
+
+
+def fresh_tables(attention: AttentionLayout, lengths, first_id: int = 1):
+    """``tables[g][row]``: disjoint consecutive blocks per group and row (one block-id space) from ``first_id``."""
+    tables, next_id = [], first_id
+    for group in attention.groups:
+        rows = []
+        for n in lengths:
+            need = ceil_div(n, group.block_size)
+            rows.append(tuple(range(next_id, next_id + need)))
+            next_id += need
+        tables.append(tuple(rows))
+    return tuple(tables)
+
+
+def nan_fill(kv, blocks_per_group) -> None:
+    """Fills ``blocks_per_group[g]`` with NaN in every layer of group g's pool."""
+    for pool, blocks in zip(kv.pools, blocks_per_group):
+        for tensor in pool.keys + pool.values:
+            for block in blocks:
+                tensor[block] = float("nan")
+
+
+def free_left_window(kv, attention, rows, others, cached: int, outside: str):
+    """vLLM after ``cached`` positions: a sliding group's blocks before its floor are freed (NaN here), and
+    their table entries point at the null block (``outside="null"``) or at ``others``' blocks (stale ids of
+    blocks another live request now holds). Returns each group's new row."""
+    new, freed = [], []
+    for group, row, other in zip(attention.groups, rows, others):
+        row = list(row)
+        stop = first_kept_after(cached, group.window, group.block_size) if group.is_sliding else 0
+        freed.append([row[c] for c in range(stop)])
+        for column in range(stop):
+            row[column] = NULL if outside == "null" else other[column % len(other)]
+        new.append(tuple(row))
+    nan_fill(kv, freed)
+    return tuple(new)
+
+
+def hf_logits_and_kv(hf, tokens: torch.Tensor):
+    """transformers' last-token logits and per-layer ``(keys, values)`` ``[H_kv, kept, D]`` of the cache it keeps."""
+    with torch.no_grad():
+        out = hf(tokens[None], use_cache=True)
+    return out.logits[0, -1], [(layer.keys[0], layer.values[0]) for layer in out.past_key_values.layers]
