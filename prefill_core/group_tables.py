@@ -48,12 +48,12 @@ from .plan import CHUNKED_FILLER, plan_geometry
 from .policy import PrefillPolicy
 from .prepared import PreparedPrefill, prepare_request
 from .request import PrefillRequest
-from .signatures import GroupWidths
+from .signatures import GroupWidths, PrefillTraceSignature
 from .tables import SKIP
 from .validate import checked_scope
 from .windows import kept_columns, read_columns, reused_span
 
-__all__ = ["OUTSIDE", "GroupStepTables", "GroupedRequest", "prepare_grouped"]
+__all__ = ["OUTSIDE", "GroupStepTables", "GroupedRequest", "body_groups", "prepare_grouped"]
 
 OUTSIDE = -1
 """What a planned group row holds at a column none of its steps reads or writes."""
@@ -151,14 +151,20 @@ def _masked(blocks: tuple[int, ...], span: GroupRowSpan, need: int) -> tuple[int
     return (OUTSIDE,) * span.kept.start + blocks[span.kept.start : need]
 
 
-def _widths(group: KVGroup, request: PrefillRequest, policy: PrefillPolicy, layout: PageTableLayout) -> GroupWidths:
-    bs = group.block_size
-    if request.read_table is None:
-        fill, read = regular_table_width(policy, bs, request.padded_length), 0
-    else:
-        chunk = request.chunk_length
-        fill, read = chunked_fill_width(policy, bs, chunk), chunked_read_width(policy, layout, chunk, bs)
-    return GroupWidths(group.kind.value, group.window, bs, fill, read)
+def body_groups(
+    body: PrefillTraceSignature, attention: AttentionLayout, policy: PrefillPolicy, layout: PageTableLayout
+) -> tuple[GroupWidths, ...]:
+    """Each group's ``GroupWidths`` for a body of this geometry (rule 5): chunk length and layout only."""
+    chunk, chunked = body.chunk_length, body.read_table_width > 0
+    widths = []
+    for group in attention.groups:
+        bs = group.block_size
+        if chunked:
+            fill, read = chunked_fill_width(policy, bs, chunk), chunked_read_width(policy, layout, chunk, bs)
+        else:
+            fill, read = regular_table_width(policy, bs, chunk), 0  # a regular step's chunk is its padded length
+        widths.append(GroupWidths(group.kind.value, group.window, bs, fill, read))
+    return tuple(widths)
 
 
 def _dependencies(requests, attention: AttentionLayout, masked, spans) -> list[set[int]]:
@@ -215,7 +221,7 @@ def prepare_grouped(
     planned = []
     for request in requests:
         prepared = prepare_request(request, policy)
-        groups = tuple(_widths(g, request, policy, layout) for g in attention.groups)
+        groups = body_groups(prepared.program_signature.body, attention, policy, layout)
         trace = None if prepared.trace_signature is None else attrs.evolve(prepared.trace_signature, groups=groups)
         program = attrs.evolve(prepared.program_signature, groups=groups)
         prepared = attrs.evolve(prepared, program_signature=program, trace_signature=trace)

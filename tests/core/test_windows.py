@@ -16,6 +16,7 @@ from prefill_core import (
     RepeatedBlockError,
     WindowTableError,
     from_json,
+    manifest_for,
     to_json,
 )
 from prefill_core.attention_layout import AttentionKind, AttentionLayout, KVGroup
@@ -342,3 +343,11 @@ def test_every_hit_vllms_rule_returns_plans_and_reads_no_null_block(cached_flags
         chunk = grouped.request.chunk(index)
         read = range(window_floor(chunk.start, window) // bs, ceil_div(min(chunk.end, length), bs))
         assert step.read is None or all(step.read[0][j] != NULL for j in read)
+
+
+@given(hybrid_cases())
+def test_the_hybrid_manifest_covers_every_grouped_request(case):
+    """``manifest_for(attention=)`` lists every program and trace ``prepare_grouped`` plans (warm-up is complete)."""
+    manifest = manifest_for(case.policy, case.layout, attention=case.attention)
+    for grouped in case.prepare():
+        assert manifest.covers(grouped.prepared), grouped.prepared.program_signature
