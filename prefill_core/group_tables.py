@@ -103,12 +103,13 @@ class GroupedRequest:
             for group, rows, w in zip(self.attention.groups, self.group_rows, widths)
         )
 
-    def written_blocks(self, index: int) -> tuple[dict[int, tuple[int, ...]], ...]:
-        """Per group, per active caller row: the blocks step ``index`` writes, in column order."""
-        return tuple(
-            {row: tuple(b for b in fill if b >= 0) for row, fill in zip(self.request.source_rows, tables.fill)}
-            for tables in self.step_tables(index)
-        )
+    def written_blocks(self, index: int) -> dict[int, tuple[int, ...]]:
+        """Per active caller row, the blocks step ``index`` writes in every group (one block-id space), by group."""
+        written: dict[int, tuple[int, ...]] = dict.fromkeys(self.request.source_rows, ())
+        for tables in self.step_tables(index):
+            for row, fill in zip(self.request.source_rows, tables.fill):
+                written[row] += tuple(b for b in fill if b >= 0)
+        return written
 
 
 def _step_tables(

@@ -124,9 +124,9 @@ def run_demo(args: argparse.Namespace) -> None:
     with stage(f"prefill the shared prefix ({len(batch.prefix_tokens)} tokens)"):
         executor.prefill(*batch.prefix_call(), mode="eager", on_progress=show_progress)
     # Eager calls run packed steps where the runtime can (real tokens only); traces replay the padded plan.
-    padded = runtime.prepare(*call, sampling=sampling, packed=False)
+    padded = runtime.prepare(*call, sampling=sampling, mode="traced")
     prepared = padded.requests
-    packed_steps = sum(p.request.num_chunks for p in runtime.prepare(*call, sampling=sampling).requests)
+    packed_steps = sum(p.request.num_chunks for p in runtime.prepare(*call, sampling=sampling, mode="eager").requests)
     print(f"model: {args.model or 'SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized to float32)'}\n")
     print(plan_table(prepared), "\n")
     print(f"eager: {packed_steps} packed steps of real tokens only; traced: the padded plan above\n")
@@ -140,7 +140,7 @@ def run_demo(args: argparse.Namespace) -> None:
         traced, traced_s = _timed(lambda: executor.prefill(*call, sampling=sampling, mode="traced"))
     print_rows(eager, batch, tokenizer, labels)
     _summary(batch, prepared, members)
-    same = runtime.assemble(runtime.invocations(padded), padded.num_rows) == traced
+    same = runtime.assemble(runtime.invocations(padded, mode="eager"), padded.num_rows) == traced
     drift = max(abs(a.logprob - b.logprob) for a, b in zip(eager, traced))
     real = sum(p.request.real_tokens for p in prepared)
     print(f"traced results identical to the same plan run eagerly: {same}")

@@ -15,14 +15,11 @@ import argparse
 import json
 from pathlib import Path
 
-from prefill_core import PrefillPolicy
 from prefill_core.errors import InvalidScoringRequestError
 from prefill_core.explain import count_argument
-from prefill_shell.backends import TorchBackend
-from prefill_shell.engine.config import PrefillRuntimeConfig
-from prefill_shell.engine.runtime import PrefillRuntime
 from prefill_shell.reference.text import load_model, load_tokenizer
-from prefill_shell.scoring.scorer import Scorer, encode_pair, scoring_layout, window_length
+from prefill_shell.scoring.scorer import Scorer, encode_pair, window_length
+from prefill_shell.scoring.setup import scoring_runtime
 
 __all__ = ["add_score_parser", "run_score"]
 
@@ -70,11 +67,10 @@ def read_pairs(path: str | Path) -> list[tuple[str, str]]:
 
 
 def _scorer(args: argparse.Namespace, model, max_length: int) -> Scorer:
-    layout = scoring_layout(max_length, args.block_size)
-    policy = PrefillPolicy.fine_rungs(args.block_size, max_chunk_length=args.max_chunk)
-    kv = model.new_kv_cache(layout.num_blocks, layout.block_size)
-    config = PrefillRuntimeConfig.resolve(model, TorchBackend(args.device), kv, layout=layout, policy=policy)
-    return Scorer(PrefillRuntime(config), max_length=max_length)
+    runtime = scoring_runtime(
+        model, args.device, max_length=max_length, block_size=args.block_size, max_chunk=args.max_chunk
+    )
+    return Scorer(runtime, max_length=max_length)
 
 
 def run_score(args: argparse.Namespace) -> None:

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from prefill_core import SamplingParams, WarmupManifest, route_to_lanes
+from prefill_core import ExecutionMode, SamplingParams, WarmupManifest, execution_mode, route_to_lanes
 from prefill_core.errors import (
     CleanupError,
     EmptyBatchError,
@@ -182,7 +182,7 @@ class LaneGroup:
         cached_lengths=None,
         slots=None,
         sampling=None,
-        mode: str = "auto",
+        mode: ExecutionMode | str = ExecutionMode.AUTO,
         *,
         batched: bool = False,
     ) -> list[PrefillResult] | BatchResult:
@@ -190,8 +190,10 @@ class LaneGroup:
 
         ``batched=True``: as caller-ordered tensors (``BatchResult``); a row
         asking top or prompt log-probs raises ``InvalidSamplingError`` before
-        any lane runs.
+        any lane runs. ``mode`` (``prefill_core.ExecutionMode``) plans and
+        runs every lane's call, as ``PrefillExecutor.prefill`` does.
         """
+        mode = execution_mode(mode)
         if batched:
             if isinstance(sampling, (list, tuple, SamplingParams)):
                 listed = [sampling] if isinstance(sampling, SamplingParams) else sampling
@@ -220,19 +222,20 @@ class LaneGroup:
                     _pick(cached, rows),
                     list(route.slots),
                     _pick(params, rows),
+                    mode=mode,
                 )
             except PrefillInputError as error:
                 raise _in_caller_rows(error, route.lane, rows) from None
             batches.append(batch)
         calls = self._preflight(routes, batches, mode)
         by_lane = (run_on_threads if self.threaded else run_in_turn)(calls)
-        merged: list[PrefillResult | None] = [None] * num_rows
+        merged: dict[int, PrefillResult] = {}
         for call in calls:
             for local, result in enumerate(by_lane[call.lane]):
                 merged[call.source_rows[local]] = result._replace(row=call.source_rows[local])
-        return merged  # type: ignore[return-value]
+        return [merged[row] for row in range(num_rows)]
 
-    def _preflight(self, routes, batches, mode: str) -> list[LaneCall]:
+    def _preflight(self, routes, batches, mode: ExecutionMode) -> list[LaneCall]:
         """Every lane's stream, each preflighted (traced coverage, mode) before any lane runs."""
         calls: list[LaneCall] = []
         try:

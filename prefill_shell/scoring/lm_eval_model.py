@@ -23,20 +23,17 @@ from __future__ import annotations
 
 from typing import Any
 
-import attrs
 import lm_eval.models  # noqa: F401 (lm-eval fills its registry from this import only while the registry is empty)
 import torch
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
-from prefill_core import PrefillPolicy
+from prefill_core import ExecutionMode
 from prefill_core.errors import PrefillConfigError
-from prefill_shell.backends import TorchBackend
-from prefill_shell.engine.config import PrefillRuntimeConfig
-from prefill_shell.engine.runtime import PrefillRuntime
 from prefill_shell.reference.text import load_model, load_tokenizer
-from prefill_shell.scoring.scorer import Scorer, scoring_layout, window_length
+from prefill_shell.scoring.scorer import Scorer, window_length
+from prefill_shell.scoring.setup import scoring_runtime
 
 __all__ = ["PrefillRuntimeLM"]
 
@@ -97,18 +94,17 @@ class PrefillRuntimeLM(TemplateLM):
         spec = self.model.spec
         given = _model_int("max_length", max_length, None)
         self._max_length = window_length(given, spec.max_position, "prefill-runtime model argument max_length")
-        block_size = _model_int("block_size", block_size, 16)
-        layout = scoring_layout(self._max_length, block_size, _model_int("num_blocks", num_blocks, None))
-        # Packed steps where the backend and model run them (eager); a traced scorer still plans padded.
-        policy = attrs.evolve(
-            PrefillPolicy.fine_rungs(block_size, max_chunk_length=_model_int("max_chunk", max_chunk, 2048)),
-            packed_steps=True,
+        runtime = scoring_runtime(
+            self.model,
+            device,
+            max_length=self._max_length,
+            block_size=_model_int("block_size", block_size, 16),
+            max_chunk=_model_int("max_chunk", max_chunk, 2048),
+            num_blocks=_model_int("num_blocks", num_blocks, None),
         )
-        kv = self.model.new_kv_cache(layout.num_blocks, block_size)
-        config = PrefillRuntimeConfig.resolve(self.model, TorchBackend(device), kv, layout=layout, policy=policy)
         rows = int(batch_size) if str(batch_size).isdecimal() else 32
-        traced = _model_flag("traced", traced)
-        self.scorer = Scorer(PrefillRuntime(config), max_length=self._max_length, max_rows=max(rows, 1), traced=traced)
+        mode = ExecutionMode.TRACED if _model_flag("traced", traced) else ExecutionMode.AUTO
+        self.scorer = Scorer(runtime, max_length=self._max_length, max_rows=max(rows, 1), mode=mode)
 
     # -- what TemplateLM asks for ----------------------------------------
     @property

@@ -33,4 +33,4 @@ def test_a_bad_model_argument_is_a_config_error_naming_it(model_class, name, val
 def test_model_arguments_as_lm_eval_passes_them_are_taken(model_class):
     """Digit strings and true/false strings, as lm-eval's --model_args parser may hand them over, are read."""
     lm = model_class(model="random:tiny", max_length="64", block_size="16", max_chunk=64, traced="True")
-    assert lm.max_length == 64 and lm.scorer.block_size == 16 and lm.scorer.traced
+    assert lm.max_length == 64 and lm.scorer.block_size == 16 and lm.scorer.mode == "traced"

@@ -45,7 +45,7 @@ def _pairs(kit):
 def test_scores_equal_transformers_and_contexts_run_once(tiny_model, oracle, kit, block_size, traced):
     """Every pair's log-likelihood within 1e-4 and is_greedy equal; fewer positions than one row per pair."""
     pairs = _pairs(kit)
-    scorer = _scorer(tiny_model, block_size, traced=traced)
+    scorer = _scorer(tiny_model, block_size, mode="traced" if traced else "eager")
     scores = scorer.score(pairs)
     for (context, continuation), score in zip(pairs, scores):
         logprob, greedy = _hf_score(oracle.hf, context, continuation)

@@ -57,14 +57,14 @@ class GroupedSteps(Sequence):
             return [self[i] for i in range(*index.indices(len(self)))]
         step = self.base[index]
         values = {spec: value for spec, value in step.items() if spec not in (FILL_TABLE, READ_TABLE)}
-        tables = self.grouped.step_tables(step.chunk.index)
+        tables = self.grouped.step_tables(step.index)
         geometry = self._geometry
         values[GROUP_FILL_TABLES] = _stacked([t.fill for t in tables], geometry["Wgf"], SKIP)
         if geometry["Wgr"]:
             values[GROUP_READ_TABLES] = _stacked([t.read for t in tables], geometry["Wgr"], CHUNKED_FILLER)
         values[GROUP_READ_FROM] = torch.tensor([t.read_from for t in tables], dtype=torch.int32)
         values[GROUP_REUSED] = torch.tensor([t.reused for t in tables], dtype=torch.int32)
-        return HostStep(step.chunk, values)
+        return HostStep(step.index, values, step.kind)
 
 
 def grouped_call(

@@ -35,7 +35,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from prefill_core import PackedRequest, PackedStep, PrefillBatch, PrefillRequest
+from prefill_core import PackedRequest, PrefillBatch, PrefillRequest, StepSegment
 from prefill_shell.backends.base import Backend
 from prefill_shell.device.contract import (
     PROMPT_HIDDEN,
@@ -93,15 +93,6 @@ class _Span(NamedTuple):
     top: int
 
 
-class _Run(NamedTuple):
-    """Consecutive positions of one caller row in a step: ``[start, start + length)`` at hidden row ``offset``."""
-
-    row: int
-    start: int
-    length: int
-    offset: int
-
-
 def requested_spans(batch: PrefillBatch) -> dict[int, _Span]:
     """Per caller row that asks for prompt log-probs, its requested positions ``[start, length - 1)``."""
     spans = {}
@@ -113,20 +104,8 @@ def requested_spans(batch: PrefillBatch) -> dict[int, _Span]:
     return spans
 
 
-def _runs(request: PrefillRequest | PackedRequest, step: HostStep) -> list[_Run]:
-    """The step's positions per caller row, and where each lies in the step's hidden output.
-
-    A padded step computes ``[chunk.start, chunk.end)`` for every physical row
-    ``b`` at hidden rows ``b*S``...; a packed step computes each segment's
-    positions at its offset in the step's tokens.
-    """
-    chunk = step.chunk
-    if isinstance(chunk, PackedStep):
-        return [_Run(s.row, s.start, s.length, s.offset) for s in chunk.segments]
-    return [_Run(row, chunk.start, chunk.length, b * chunk.length) for b, row in enumerate(request.source_rows)]
-
-
-def _step_pieces(tokens: torch.Tensor, spans: dict[int, _Span], runs: list[_Run]) -> list[PromptPiece]:
+def _step_pieces(tokens: torch.Tensor, spans: dict[int, _Span], runs: tuple[StepSegment, ...]) -> list[PromptPiece]:
+    """The pieces of one step: each requested position its segments compute (``request.segments(i)``)."""
     index, targets, rows, positions, top = [], [], [], [], []
     for run in runs:
         span = spans.get(run.row)
@@ -169,7 +148,7 @@ def prompt_steps(
     scored in a request that does not return it (its last token falls in a
     later request); its entries wait in the batch until that request runs.
     """
-    pieces = tuple(tuple(_step_pieces(tokens, spans, _runs(request, step))) for step in steps)
+    pieces = tuple(tuple(_step_pieces(tokens, spans, request.segments(step.index))) for step in steps)
     return pieces if any(pieces) else None
 
 
