@@ -242,7 +242,7 @@ GROUP_FILL_TABLES = TensorSpec(
     "group_fill_tables",
     Stage.BODY_INPUT,
     torch.int32,
-    ("G", "B", "Wgf"),
+    ("K", "B", "Wgf"),
     "each KV group's fill table, in its block size (-1: none)",
     _GROUPED_BACKENDS,
 )
@@ -250,18 +250,18 @@ GROUP_READ_TABLES = TensorSpec(
     "group_read_tables",
     Stage.BODY_INPUT,
     torch.int32,
-    ("G", "B", "Wgr"),
+    ("K", "B", "Wgr"),
     "each KV group's read table: the blocks its window reads, filler 0 elsewhere",
     _GROUPED_BACKENDS,
 )
 GROUP_READ_FROM = TensorSpec(
-    "group_read_from", Stage.BODY_INPUT, torch.int32, ("G", "B"), "first column a group may read", _GROUPED_BACKENDS
+    "group_read_from", Stage.BODY_INPUT, torch.int32, ("K", "B"), "first column a group may read", _GROUPED_BACKENDS
 )
 GROUP_REUSED = TensorSpec(
     "group_reused",
     Stage.BODY_INPUT,
     torch.int32,
-    ("G", "B", "R"),
+    ("K", "B", "R"),
     "positions [lo, hi) whose K/V a group takes from the pool",
     _GROUPED_BACKENDS,
 )
@@ -298,7 +298,7 @@ def body_geometry(body: PrefillTraceSignature, hidden_size: int) -> dict[str, in
         "Wf": body.page_table_width,
         "Wr": body.read_table_width,
         "H": hidden_size,
-        "G": len(groups),
+        "K": len(groups),  # KV groups (a packed step's "G" counts segments; it has no body geometry)
         "Wgf": max((g.fill_width for g in groups), default=0),
         "Wgr": max((g.read_width for g in groups), default=0),
         "R": 2,

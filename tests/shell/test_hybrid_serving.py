@@ -14,34 +14,26 @@ from __future__ import annotations
 import pytest
 import torch
 
-from prefill_core import PrefillConfigError, PrefillInputError, PrefillPolicy
+from prefill_core import PrefillConfigError, PrefillInputError
 from prefill_shell.backends.torch_backend import TorchBackend
 from prefill_shell.reference.hybrid import HybridLlama
 from prefill_shell.serving.hybrid_facade import HybridServingFacade
-from tests.shell.window_kit import (
-    NULL,
-    attention_of,
-    free_left_window,
-    fresh_tables,
-    hf_logits_and_kv,
-    model_and_oracle,
-)
+from tests.shell import window_kit as kit
 
 pytest.importorskip("transformers")
 
-TOL = 1e-4
+LENGTHS, CACHED = (tuple(n for n, _ in kit.ROWS), tuple(c for _, c in kit.ROWS))
+
 WINDOW = 24
 SEQS = 4
-POLICY = PrefillPolicy(length_ladder=(32, 64), max_chunk_length=64, chunk_quantum=64, waves=(1, 2, 4))
-LENGTHS, CACHED = (150, 101), (70, 37)
 NUM_BLOCKS = 200
 
 
 def _facade():
-    base, hf, types = model_and_oracle("ministral", WINDOW)
-    attention = attention_of(types, WINDOW, 8)
+    base, hf, types = kit.model_and_oracle("ministral", WINDOW)
+    attention = kit.attention_of(types, WINDOW, 8)
     model = HybridLlama(base, attention)
-    facade = HybridServingFacade(model, TorchBackend(), max_seq_len=256, max_batch_size=SEQS, policy=POLICY)
+    facade = HybridServingFacade(model, TorchBackend(), max_seq_len=256, max_batch_size=SEQS, policy=kit.POLICY)
     return facade, model, attention, hf
 
 
@@ -74,21 +66,21 @@ def test_prefill_forward_with_page_tables_per_layer_equals_transformers(enable_t
     kv = facade.allocate_kv_cache_per_layer(_specs(model, attention))
     for pool in kv.pools:
         for tensor in pool.keys + pool.values:
-            tensor[NULL] = float("nan")
+            tensor[kit.NULL] = float("nan")
     facade.warmup_model_prefill(kv_cache=kv, can_sample_on_device=False, enable_trace=enable_trace)
     gen = torch.Generator().manual_seed(11)
     prompts = [torch.randint(0, model.spec.vocab_size, (n,), generator=gen) for n in LENGTHS]
     tokens = torch.zeros(2, max(LENGTHS), dtype=torch.int64)
     for row, prompt in enumerate(prompts):
         tokens[row, : len(prompt)] = prompt
-    tables = fresh_tables(attention, LENGTHS)
+    tables = kit.fresh_tables(attention, LENGTHS)
     steps = [(list(CACHED), [0, 0], tables)]
     rows = [
-        free_left_window(kv, attention, [t[0] for t in tables], [t[1] for t in tables], CACHED[0], "null"),
-        free_left_window(kv, attention, [t[1] for t in tables], [t[0] for t in tables], CACHED[1], "other"),
+        kit.free_left_window(kv, attention, [t[0] for t in tables], [t[1] for t in tables], CACHED[0], "null"),
+        kit.free_left_window(kv, attention, [t[1] for t in tables], [t[0] for t in tables], CACHED[1], "other"),
     ]
     steps.append((list(LENGTHS), list(CACHED), tuple(tuple(r[g] for r in rows) for g in range(len(attention.groups)))))
-    null_bytes = kv.block_bytes(NULL)
+    null_bytes = kv.block_bytes(kit.NULL)
     for ends, starts, step_tables in steps:
         per_layer = _per_layer(attention, step_tables)
         logits = facade.prefill_forward(
@@ -100,10 +92,10 @@ def test_prefill_forward_with_page_tables_per_layer_equals_transformers(enable_t
             kv_cache=kv,
             page_tables_per_layer=per_layer,
         )
-        assert torch.equal(kv.block_bytes(NULL), null_bytes)
+        assert torch.equal(kv.block_bytes(kit.NULL), null_bytes)
     for row, prompt in enumerate(prompts):
-        expected, _ = hf_logits_and_kv(hf, prompt)
-        assert torch.allclose(logits[row, 0], expected, rtol=TOL, atol=TOL), (
+        expected, _ = kit.hf_logits_and_kv(hf, prompt)
+        assert torch.allclose(logits[row, 0], expected, rtol=kit.TOL, atol=kit.TOL), (
             row,
             (logits[row, 0] - expected).abs().max(),
         )
@@ -117,7 +109,7 @@ def test_per_layer_specs_and_tables_are_checked_by_name():
     with pytest.raises(PrefillConfigError, match=r"per_layer_specs\[1\]"):
         facade.allocate_kv_cache_per_layer(_specs(model, attention, wrong))
     kv = facade.allocate_kv_cache_per_layer(_specs(model, attention))
-    tables = fresh_tables(attention, (40,))
+    tables = kit.fresh_tables(attention, (40,))
     per_layer = _per_layer(attention, tables)
     per_layer[2] = per_layer[2].clone()
     per_layer[2][0, 0] = 199  # layer 2 is in layer 0's group: its table must hold the same rows

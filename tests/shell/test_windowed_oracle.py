@@ -20,24 +20,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from prefill_core import PageTableLayout, PrefillBatch, PrefillPolicy, prepare_grouped
+from prefill_core import PageTableLayout, PrefillBatch, prepare_grouped
 from prefill_core.intmath import ceil_div
 from prefill_core.windows import kept_columns
 from prefill_shell.reference.windowed import GroupedKVCache, GroupTensors, forward_grouped
-from tests.shell.window_kit import (
-    NULL,
-    attention_of,
-    free_left_window,
-    fresh_tables,
-    hf_logits_and_kv,
-    model_and_oracle,
-)
+from tests.shell import window_kit as kit
 
 pytest.importorskip("transformers")
 
-TOL = 1e-4
 POOL = 160
-POLICY = PrefillPolicy(length_ladder=(32, 64), max_chunk_length=64, chunk_quantum=64, waves=(1, 2, 4), lane_size=4)
 
 
 def _run_call(model, kv, attention, layout, tokens, lengths, cached, tables):
@@ -45,7 +36,7 @@ def _run_call(model, kv, attention, layout, tokens, lengths, cached, tables):
     n = len(lengths)
     batch = PrefillBatch(tuple(lengths), tuple(cached), tuple(range(n)), tables[0], (None,) * n)
     logits = {}
-    for grouped in prepare_grouped(batch, POLICY, layout, attention, tables, null_block=NULL):
+    for grouped in prepare_grouped(batch, kit.POLICY, layout, attention, tables, null_block=kit.NULL):
         request = grouped.request
         for index in range(request.num_chunks):
             chunk = request.chunk(index)
@@ -88,8 +79,11 @@ def check_in_window_kv(kv, rows, hf_kv, length: int, window: int) -> None:
         first = max(offset, length - (window - 1) if group.is_sliding else 0)
         for p in range(first, length):
             block, slot = rows[g][p // group.block_size], p % group.block_size
-            assert torch.allclose(pool.keys[local][block, :, slot], hf_k[:, p - offset], rtol=TOL, atol=TOL), (layer, p)
-            assert torch.allclose(pool.values[local][block, :, slot], hf_v[:, p - offset], rtol=TOL, atol=TOL)
+            assert torch.allclose(pool.keys[local][block, :, slot], hf_k[:, p - offset], rtol=kit.TOL, atol=kit.TOL), (
+                layer,
+                p,
+            )
+            assert torch.allclose(pool.values[local][block, :, slot], hf_v[:, p - offset], rtol=kit.TOL, atol=kit.TOL)
 
 
 CASES = [
@@ -107,29 +101,29 @@ CASES = [
 @pytest.mark.parametrize(("kind", "window", "sliding_bs", "length", "cached", "outside"), CASES)
 def test_a_prompt_cached_past_its_window_equals_transformers(kind, window, sliding_bs, length, cached, outside):
     """Two calls over NaN-filled freed blocks and foreign entries: logits and in-window KV equal transformers."""
-    model, hf, types = model_and_oracle(kind, window)
-    attention = attention_of(types, window, sliding_bs)
+    model, hf, types = kit.model_and_oracle(kind, window)
+    attention = kit.attention_of(types, window, sliding_bs)
     layout = PageTableLayout(16, 32, POOL)
     kv = GroupedKVCache(attention, POOL, model.spec.num_kv_heads, model.spec.head_dim)
     for pool in kv.pools:  # the null block is NaN: reading it anywhere would show
         for tensor in pool.keys + pool.values:
-            tensor[NULL] = float("nan")
+            tensor[kit.NULL] = float("nan")
     gen = torch.Generator().manual_seed(length)
     prompt = torch.randint(0, model.spec.vocab_size, (length,), generator=gen)
     other = torch.randint(0, model.spec.vocab_size, (120,), generator=gen)
-    tables = fresh_tables(attention, [length, 120])
+    tables = kit.fresh_tables(attention, [length, 120])
     _run_call(model, kv, attention, layout, [other], [120], [0], tuple((t[1],) for t in tables))
-    fixed = {b: kv.block_bytes(b) for t in tables for b in t[1]} | {NULL: kv.block_bytes(NULL)}
+    fixed = {b: kv.block_bytes(b) for t in tables for b in t[1]} | {kit.NULL: kv.block_bytes(kit.NULL)}
     prefix = tuple((t[0][: ceil_div(cached, g.block_size)],) for t, g in zip(tables, attention.groups))
     _run_call(model, kv, attention, layout, [prompt], [cached], [0], prefix)
-    rows = free_left_window(kv, attention, [t[0] for t in tables], [t[1] for t in tables], cached, outside)
+    rows = kit.free_left_window(kv, attention, [t[0] for t in tables], [t[1] for t in tables], cached, outside)
     touched = _record_touches(kv)
     (logits,) = _run_call(model, kv, attention, layout, [prompt], [length], [cached], tuple((r,) for r in rows))
     for g, group in enumerate(attention.groups):
         own = {rows[g][c] for c in kept_columns(length, cached, group.window, group.block_size)}
         assert touched[g] and touched[g] <= own, (g, sorted(touched[g] - own))
-    expected, hf_kv = hf_logits_and_kv(hf, prompt)
-    assert torch.allclose(logits, expected, rtol=TOL, atol=TOL), (logits - expected).abs().max()
+    expected, hf_kv = kit.hf_logits_and_kv(hf, prompt)
+    assert torch.allclose(logits, expected, rtol=kit.TOL, atol=kit.TOL), (logits - expected).abs().max()
     for block, before in fixed.items():
         assert torch.equal(kv.block_bytes(block), before), f"block {block} (null or the other request's) changed"
     check_in_window_kv(kv, rows, hf_kv, length, window)

@@ -16,29 +16,21 @@ from __future__ import annotations
 import pytest
 import torch
 
-from prefill_core import PageTableLayout, PrefillInputError, PrefillPolicy, WarmupManifest, WindowTableError
+from prefill_core import PageTableLayout, PrefillInputError, WarmupManifest, WindowTableError
 from prefill_shell.backends.torch_backend import TorchBackend
 from prefill_shell.engine.config import PrefillRuntimeConfig
 from prefill_shell.engine.executor import PrefillExecutor
 from prefill_shell.engine.runtime import PrefillRuntime
 from prefill_shell.reference.hybrid import HybridLlama
+from tests.shell import window_kit as kit
 from tests.shell.test_windowed_oracle import check_in_window_kv
-from tests.shell.window_kit import (
-    NULL,
-    attention_of,
-    free_left_window,
-    fresh_tables,
-    hf_logits_and_kv,
-    model_and_oracle,
-)
 
 pytest.importorskip("transformers")
 
-TOL = 1e-4
+LENGTHS, CACHED = (tuple(n for n, _ in kit.ROWS), tuple(c for _, c in kit.ROWS))
+
 WINDOW = 24
-POLICY = PrefillPolicy(length_ladder=(32, 64), max_chunk_length=64, chunk_quantum=64, waves=(1, 2, 4), lane_size=4)
 LAYOUT = PageTableLayout(16, 32, 200)
-LENGTHS, CACHED = (150, 101), (70, 37)
 
 
 def _table(rows) -> torch.Tensor:
@@ -47,14 +39,14 @@ def _table(rows) -> torch.Tensor:
 
 
 def _setup():
-    base, hf, types = model_and_oracle("ministral", WINDOW)
-    attention = attention_of(types, WINDOW, 8)
+    base, hf, types = kit.model_and_oracle("ministral", WINDOW)
+    attention = kit.attention_of(types, WINDOW, 8)
     model = HybridLlama(base, attention)
     kv = model.new_kv_cache(LAYOUT.num_blocks)
     for pool in kv.pools:
         for tensor in pool.keys + pool.values:
-            tensor[NULL] = float("nan")
-    runtime = PrefillRuntime(PrefillRuntimeConfig.resolve(model, TorchBackend(), kv, LAYOUT, POLICY))
+            tensor[kit.NULL] = float("nan")
+    runtime = PrefillRuntime(PrefillRuntimeConfig.resolve(model, TorchBackend(), kv, LAYOUT, kit.POLICY))
     gen = torch.Generator().manual_seed(11)
     prompts = [torch.randint(0, base.spec.vocab_size, (n,), generator=gen) for n in LENGTHS]
     tokens = torch.zeros(2, max(LENGTHS), dtype=torch.int64)
@@ -65,11 +57,11 @@ def _setup():
 
 def _calls(kv, attention):
     """The two calls' ``(lengths, cached, group tables)``; the second after freeing what left the windows."""
-    tables = fresh_tables(attention, LENGTHS)
+    tables = kit.fresh_tables(attention, LENGTHS)
     yield list(CACHED), [0, 0], tables
     rows = [
-        free_left_window(kv, attention, [t[0] for t in tables], [t[1] for t in tables], CACHED[0], "null"),
-        free_left_window(kv, attention, [t[1] for t in tables], [t[0] for t in tables], CACHED[1], "other"),
+        kit.free_left_window(kv, attention, [t[0] for t in tables], [t[1] for t in tables], CACHED[0], "null"),
+        kit.free_left_window(kv, attention, [t[1] for t in tables], [t[0] for t in tables], CACHED[1], "other"),
     ]
     yield list(LENGTHS), list(CACHED), tuple(tuple(r[g] for r in rows) for g in range(len(attention.groups)))
 
@@ -79,7 +71,7 @@ def test_a_hybrid_call_through_the_runtime_equals_transformers(mode):
     """Both rows' logits and in-window KV equal transformers; the NaN null block is never changed."""
     runtime, kv, attention, hf, prompts, tokens = _setup()
     executor = PrefillExecutor(runtime)
-    null_bytes = kv.block_bytes(NULL)
+    null_bytes = kv.block_bytes(kit.NULL)
     for lengths, cached, tables in _calls(kv, attention):
         page_tables = [_table(t) for t in tables]
         batch = runtime.prepare(tokens, page_tables[0], lengths, cached, group_page_tables=page_tables, null_block=0)
@@ -87,10 +79,10 @@ def test_a_hybrid_call_through_the_runtime_equals_transformers(mode):
             executor.warm_up(WarmupManifest().observe(batch.requests))
             assert runtime.captured_traces()
         results = runtime.assemble(executor.invocations(batch, mode), batch.num_rows)
-        assert torch.equal(kv.block_bytes(NULL), null_bytes)
+        assert torch.equal(kv.block_bytes(kit.NULL), null_bytes)
     for row, result in enumerate(results):
-        expected, hf_kv = hf_logits_and_kv(hf, prompts[row])
-        assert torch.allclose(result.logits, expected, rtol=TOL, atol=TOL), (
+        expected, hf_kv = kit.hf_logits_and_kv(hf, prompts[row])
+        assert torch.allclose(result.logits, expected, rtol=kit.TOL, atol=kit.TOL), (
             row,
             (result.logits - expected).abs().max(),
         )
@@ -101,9 +93,9 @@ def test_a_hybrid_call_through_the_runtime_equals_transformers(mode):
 def test_a_hybrid_call_names_a_null_block_inside_a_window_and_writes_nothing():
     """A table whose window holds the null block is a ``WindowTableError`` before any step; no table at all too."""
     runtime, kv, attention, _, _, tokens = _setup()
-    tables = fresh_tables(attention, LENGTHS)
+    tables = kit.fresh_tables(attention, LENGTHS)
     broken = [list(map(list, t)) for t in tables]
-    broken[0][0][5] = NULL  # row 0 cached 70: window 24 keeps the sliding group's columns from 5 on (block 8)
+    broken[0][0][5] = kit.NULL  # row 0 cached 70: window 24 keeps the sliding group's columns from 5 on (block 8)
     before = [kv.block_bytes(b) for b in range(LAYOUT.num_blocks)]
     page_tables = [_table(t) for t in broken]
     with pytest.raises(WindowTableError) as raised:
@@ -140,8 +132,8 @@ def test_a_failed_hybrid_step_reports_every_groups_blocks_as_partial_writes():
     """A fault in a chunked row's second step names the blocks both started steps write, in every KV group."""
     runtime, kv, attention, _, _, tokens = _setup()
     model = _FailingSecondStep(runtime.config.model)
-    runtime = PrefillRuntime(PrefillRuntimeConfig.resolve(model, TorchBackend(), kv, LAYOUT, POLICY))
-    tables = fresh_tables(attention, (150,))
+    runtime = PrefillRuntime(PrefillRuntimeConfig.resolve(model, TorchBackend(), kv, LAYOUT, kit.POLICY))
+    tables = kit.fresh_tables(attention, (150,))
     page_tables = [_table(t) for t in tables]
     batch = runtime.prepare(tokens[:1], page_tables[0], [150], [0], group_page_tables=page_tables, null_block=0)
     with pytest.raises(RuntimeError, match="injected") as raised:

@@ -8,13 +8,18 @@ import functools
 
 import torch
 
-from prefill_core import AttentionLayout
+from prefill_core import AttentionLayout, PrefillPolicy
 from prefill_core.intmath import ceil_div
 from prefill_shell.reference import random_llama
 from tests.core.vllm_sliding import first_kept_after
 
 NULL = 0
 """vLLM's null block: never written; the tests fill it with NaN."""
+TOL = 1e-4
+POLICY = PrefillPolicy(length_ladder=(32, 64), max_chunk_length=64, chunk_quantum=64, waves=(1, 2, 4), lane_size=4)
+"""Chunks of at most 64 tokens, so prompts of 100-200 tokens cross several chunk, block and window edges."""
+ROWS = ((150, 70), (101, 37))
+"""Two rows ``(length, cached)`` cached past a 24-token window at offsets inside blocks."""
 LAYER_TYPES = {
     "mistral": ("sliding_attention",) * 2,  # MistralConfig.sliding_window: every layer slides
     "ministral": ("sliding_attention", "full_attention", "sliding_attention"),  # layer_types mixing both
