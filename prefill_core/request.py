@@ -92,6 +92,9 @@ def _check_request(request: PrefillRequest) -> None:
         raise ValueError("PrefillRequest per-row fields must be non-empty and of equal length")
     if not n <= request.padded_batch:
         raise ValueError(f"active rows {n} exceed padded_batch {request.padded_batch}")
+    if any(a >= b for a, b in zip(request.source_rows, request.source_rows[1:])):
+        # The staging cuts a wave's rows from the caller's matrices as a slice when they are consecutive.
+        raise ValueError(f"a request's source_rows {request.source_rows} must be in caller order")
     if request.num_chunks < 1 or request.first_chunk_start % request.block_size:
         raise ValueError("a request needs >= 1 chunk starting on a block boundary")
 

@@ -115,6 +115,17 @@ def supports_packed(model: object) -> bool:
     return getattr(model, PACKED_CAPABILITY, False) is True
 
 
+CHUNKED_WAVES_CAPABILITY = "chunked_waves"
+"""The optional model capability: a model with ``chunked_waves = True`` runs a chunked step
+(``read_table`` given) over several rows, each with its own row of ``start``, the fill and read
+tables (``PrefillPolicy.batch_cached_rows``). TTTv2's chunked ``prefill_forward`` runs one row."""
+
+
+def supports_chunked_waves(model: object) -> bool:
+    """Whether ``model`` declares it runs chunked steps of several rows."""
+    return getattr(model, CHUNKED_WAVES_CAPABILITY, False) is True
+
+
 def model_difference(model: object, other: object) -> str | None:
     """The first spec field (or the dtype) in which ``other`` differs from ``model``, as ``"field a vs b"``;
     None when they agree. Lanes of one group must run one model: their rows are one call's rows."""

@@ -13,7 +13,7 @@ from prefill_core import PageTableLayout, PrefillPolicy, ceil_div
 from prefill_core.errors import PrefillConfigError, PrefillInputError
 from prefill_core.policy import check_policy_fits_layout
 from prefill_shell.backends.base import Backend
-from prefill_shell.device.model import ModelSpec, PrefillModel, supports_packed
+from prefill_shell.device.model import ModelSpec, PrefillModel, supports_chunked_waves, supports_packed
 
 __all__ = ["PrefillRuntimeConfig", "DISABLE_BATCHED_PREFILL", "batching_disabled"]
 
@@ -105,7 +105,9 @@ class PrefillRuntimeConfig:
     ) -> PrefillRuntimeConfig:
         """Checks every collaborator once; raises ``PrefillConfigError`` naming what is wrong.
 
-        ``environ`` (default ``os.environ``) is read here, once: with
+        A policy asking for cached rows in waves on a model that runs no
+        chunked wave (``device.model.supports_chunked_waves``) plans them
+        alone. ``environ`` (default ``os.environ``) is read here, once: with
         ``DISABLE_BATCHED_PREFILL`` set the policy's ``batching_enabled`` is
         False (the core never reads the environment).
         """
@@ -123,6 +125,8 @@ class PrefillRuntimeConfig:
         policy = policy or backend.preferred_policy(kv.block_size)
         _check_policy_fits_model(policy, model.spec)
         policy = _fit_capabilities(policy, backend)
+        if policy.batch_cached_rows and not supports_chunked_waves(model):
+            policy = attrs.evolve(policy, batch_cached_rows=False)  # cached rows run alone: singles, not a refusal
         if batching_disabled(os.environ if environ is None else environ):
             policy = attrs.evolve(policy, batching_enabled=False)
         packed = policy.packed_steps and getattr(backend, "packed_steps", False) is True and supports_packed(model)

@@ -66,7 +66,6 @@ from prefill_shell.engine.steps.prompt_logprobs import (
     PromptLogprobCollector,
     prompt_steps,
     requested_spans,
-    take_entries,
 )
 from prefill_shell.engine.steps.step_loop import EagerSteps, PrefillStepLoop
 from prefill_shell.engine.steps.trace import CapturedTrace, PrefillTraceLifecycle, require_coverage, warmup_step
@@ -275,7 +274,7 @@ class PrefillRuntime:
             raise
         try:  # until the assembler records it, an interrupt here would strand the outputs where cleanup() cannot
             # Rows this request returns take their entries, scored here or in earlier requests' steps (packed).
-            prompt = take_entries(batch.prompt_entries, rows) if batch.prompt_steps else None
+            prompt = batch.prompt_entries.take(rows) if batch.prompt_steps else None
             invocation = InvocationResult(prepared, outputs, owned, seeds, runner.workspace, generation, prompt, log)
             return self._assembler.produced(invocation)
         except BaseException as primary:

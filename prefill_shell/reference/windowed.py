@@ -176,7 +176,7 @@ def forward_grouped(
     eps = config.rms_norm_eps
     for i, layer in enumerate(model._layers):
         normed = _rms_norm(residual, layer.attn_norm, eps).view(batch, seq, -1)
-        q, k, v = (t.transpose(1, 2) for t in _split_qkv(layer.qkv(normed), config, cos, sin))
+        q, k, v = (t.transpose(1, 2) for t in _split_qkv(layer.qkv(normed), config, layer, cos, sin))
         _, _, _, g = kv.of_layer(i)
         out = _windowed_attention(model, i, q, k, v, starts, tables[g], kv)
         attn = out.transpose(1, 2).reshape(batch * seq, spec.num_heads * spec.head_dim)

@@ -3,10 +3,10 @@
 The plugin reaches a TTTv2 model through its generator facade: it reads the
 class-level ``model_capabilities``, calls ``allocate_kv_cache`` with vLLM's
 KV shape, ``warmup_model_prefill``, then ``prefill_forward`` step after
-step. This module is that facade over a ``PrefillExecutor``
-(``serving_lanes.LaneGroupFacade`` is the same facade over a lane group: it
-replaces only the lane-shaped steps, the methods under "what a subclass
-serving several lanes replaces"):
+step. This module is that facade (``PluginFacade``), over one
+``PrefillExecutor`` (``ServingFacade``); ``lane_facade.LaneGroupFacade`` is
+the same facade over a lane group: the two differ only in the lanes object
+each composes (``OneLane``, ``lane_facade.LaneGroupLanes``):
 
 * **Normalisation and refusals** (tt-metal's ``VLLMAdapter.normalize_prefill``):
   ``enable_trace`` must be a bool (``TypeError``); ``enable_trace=True`` when
@@ -62,7 +62,7 @@ from prefill_shell.sampling.penalties import sample_penalised
 from prefill_shell.serving.penalty_state import check_slot_remap, state_rows, token_ids
 from prefill_shell.serving.plugin_sampling import PluginRows, rows_from_plugin
 
-__all__ = ["ServingFacade", "IGNORED_KEYWORDS"]
+__all__ = ["IGNORED_KEYWORDS", "OneLane", "PluginFacade", "ServingFacade"]
 
 IGNORED_KEYWORDS = frozenset(
     {"page_tables_per_layer", "prompt_tokens", "output_tokens", "slot_remap", "rope_deltas_all_users"}
@@ -76,17 +76,15 @@ _NO_POOL_NOTE = (
 )
 
 
-class ServingFacade:
-    """``prefill_forward`` and its set-up calls, as the plugin makes them, over one runtime lane.
+class PluginFacade:
+    """What the plugin calls (``allocate_kv_cache``, ``warmup_model_prefill``, ``can_trace``, ``prefill_forward``,
+    ``cleanup``), over the lanes a facade serves.
 
-    ``kv_factory(num_blocks, block_size)`` builds a KV pool (default: the
-    model's ``new_kv_cache``); the pool is built by ``allocate_kv_cache``,
-    at vLLM's block size, so nothing runs before it. ``max_batch_size`` is
-    vLLM's ``max_num_seqs``: the lane's slots (the runtime's
-    ``policy.lane_size`` is set to it), so an ``empty_slots`` entry at or
-    past it is an ``InvalidSlotError`` at its row. ``kv_dtype`` is None or
-    the model's dtype (the pool is built in it and the model runs on it);
-    any other is a ``PrefillConfigError`` here, before any pool exists.
+    ``ServingFacade`` (one lane) and ``serving.lane_facade.LaneGroupFacade``
+    (one lane per data-parallel rank) are this class over a different
+    ``lanes`` object (``OneLane``, ``lane_facade.LaneGroupLanes``): what is
+    lane-shaped (building and releasing pools, what ``kv_cache`` must be,
+    what runs a call) is the lanes', everything the plugin sees is here, once.
     """
 
     model_capabilities = {
@@ -99,27 +97,26 @@ class ServingFacade:
 
     def __init__(
         self,
-        model: PrefillModel,
-        backend: Backend,
+        lanes: Any,
         *,
         max_seq_len: int,
-        max_batch_size: int = 32,
-        policy: PrefillPolicy | None = None,
-        kv_factory: Callable[[int, int], Any] | None = None,
-        kv_dtype: torch.dtype | None = None,
-        prefill_traces: bool = True,
-        seed: int = 0,
+        max_batch_size: int,
+        policy: PrefillPolicy | None,
+        kv_dtype: torch.dtype | None,
+        prefill_traces: bool,
+        seed: int,
     ):
         for name, value in (("max_seq_len", max_seq_len), ("max_batch_size", max_batch_size)):
             if type(value) is not int or value <= 0:
                 raise PrefillConfigError(f"{type(self).__name__}: {name}={value!r} is invalid: must be an int > 0")
+        model = lanes.model
+        self.lanes = lanes
         self.model = model
-        self.backend = backend
+        self.backend = lanes.backend
         self.max_seq_len = max_seq_len
         self.max_batch_size = max_batch_size
         self.policy = policy
         self.prefill_traces = prefill_traces
-        self._kv_factory = kv_factory or model.new_kv_cache
         if kv_dtype is not None and kv_dtype != getattr(model, "dtype", None):
             rule = (
                 f"must be None or the model's dtype {getattr(model, 'dtype', None)}: the KV pool is built in, and "
@@ -127,56 +124,16 @@ class ServingFacade:
             )
             raise PrefillConfigError(f"{type(self).__name__}: kv_dtype={kv_dtype!r} is invalid: {rule}")
         self._kv_dtype = model.dtype
-        self._seed = seed
         self._rng = random.Random(seed)
         self.kv: Any = None
-        self.executor: PrefillExecutor | None = None
-
-    @property
-    def runtime(self) -> PrefillRuntime:
-        return self._executors()[0].runtime
-
-    # -- what a subclass serving several lanes replaces -------------------
-    def _executors(self) -> list[PrefillExecutor]:
-        """The lanes' executors, in lane order (here: the one lane)."""
-        if self.executor is None:
-            raise PrefillStateError("call allocate_kv_cache before any prefill: no KV pool is allocated yet")
-        return [self.executor]
-
-    def _prefill_target(self) -> PrefillExecutor:
-        """What runs a normalised call: anything with ``PrefillExecutor.prefill``'s signature (``batched`` included)."""
-        return self.executor
-
-    def _pool_rows(self) -> int:
-        """Slots one lane holds (its policy's ``lane_size``); a provisional pool holds a block of tail for each."""
-        return self.max_batch_size
-
-    def _build(self, num_blocks: int, block_size: int) -> Any:
-        """Builds the pool and the runtime over it; returns what the plugin passes back as ``kv_cache``."""
-        kv = self._kv_factory(num_blocks, block_size)
-        self.executor = self._lane_executor(self.model, self.backend, kv, num_blocks, block_size, self._seed)
-        return kv
-
-    def _release(self) -> None:
-        """Closes the lane (its pool's traces and workspaces go with it); the next call needs a new pool."""
-        if self.executor is not None:
-            self.executor.close()
-        self.executor, self.kv = None, None
-
-    def _check_kv(self, kv_cache: Any) -> None:
-        if kv_cache is not None and kv_cache is not self.runtime.config.kv:
-            msg = (
-                f"kv_cache={type(kv_cache).__name__} is invalid: it must be the pool allocate_kv_cache returned "
-                "(the one this runtime was resolved with), or None"
-            )
-            raise KVCacheMismatchError(msg, field="kv_cache")
 
     def _lane_executor(self, model, backend, kv, num_blocks: int, block_size: int, seed: int) -> PrefillExecutor:
+        """One lane's executor over ``kv``: the facade's layout, and its policy with the lane's slots."""
         layout = PageTableLayout(block_size, ceil_div(self.max_seq_len, block_size), num_blocks)
         policy = self.policy or backend.preferred_policy(block_size)
         if isinstance(policy, PrefillPolicy):
             # The plugin numbers a lane's rows 0..max_num_seqs-1: the core's slot rule refuses any slot past them.
-            policy = attrs.evolve(policy, lane_size=self._pool_rows())
+            policy = attrs.evolve(policy, lane_size=self.lanes.pool_rows)
         config = PrefillRuntimeConfig.resolve(model, backend, kv, layout=layout, policy=policy)
         return PrefillExecutor(PrefillRuntime(config, seed=seed))
 
@@ -199,10 +156,10 @@ class ServingFacade:
             num_blocks, block_size = self._checked_shape(kv_cache_shape, dtype, num_layers)
         else:
             block_size = _PROVISIONAL_BLOCK_SIZE
-            num_blocks = ceil_div(self.max_seq_len, block_size) + self._pool_rows()
+            num_blocks = ceil_div(self.max_seq_len, block_size) + self.lanes.pool_rows
         self._release()  # before the build: a device holds one pool, never the old and the new together
         try:
-            self.kv = self._build(num_blocks, block_size)
+            self.kv = self.lanes.build(num_blocks, block_size, self._lane_executor)
         except BaseException as error:
             add_note(error, _NO_POOL_NOTE)
             raise
@@ -240,7 +197,7 @@ class ServingFacade:
         paths = [SamplingPath.LOGITS, SamplingPath.HOST]
         if can_sample_on_device:
             paths += [SamplingPath.ARGMAX, SamplingPath.TOPK]
-        for executor in self._executors():
+        for executor in self.lanes.executors():
             config = executor.runtime.config
             manifest = manifest_for(
                 config.policy, config.layout, paths, attention=getattr(self.model, "attention", None)
@@ -265,7 +222,7 @@ class ServingFacade:
         traces are off or no pool is allocated yet. Otherwise the core's
         ``prefill_core.can_trace``: every row's step length is a trace length.
         """
-        if not self.prefill_traces or self.executor is None:
+        if not self.prefill_traces or not self.lanes.built:
             return False
         tokens = _cast(tokens, torch.int64)
         if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.dtype is not torch.int64:
@@ -275,8 +232,8 @@ class ServingFacade:
         cached = _int_list(_cast(start_pos, torch.int64), [0] * num_rows)
         if lengths is None or cached is None or any(n > width for n in lengths):
             return False
-        config = self.runtime.config
-        return can_trace(lengths, cached, config.policy, config.layout)
+        configs = [executor.runtime.config for executor in self.lanes.executors()]  # a lane group: every lane's
+        return all(can_trace(lengths, cached, config.policy, config.layout) for config in configs)
 
     def prefill_forward(
         self,
@@ -302,7 +259,7 @@ class ServingFacade:
         if prompt_lens is None:
             prompt_lens = [len(row) for row in tokens]
         mode = "traced" if enable_trace else "eager"
-        target = self._prefill_target()
+        target = self.lanes.target()
         plan = self._plan_keywords(compatibility_kwargs, num_rows)
         if sampling_params is None:
             out = target.prefill(
@@ -359,12 +316,108 @@ class ServingFacade:
             raise TypeError("enable_trace must be bool")
         if enable_trace and not self.prefill_traces:
             raise PrefillConfigError("enable_trace=True for prefill disagrees with this facade: prefill traces are off")
-        self._executors()  # nothing runs before allocate_kv_cache
-        self._check_kv(kv_cache)
+        self.lanes.executors()  # nothing runs before allocate_kv_cache
+        self.lanes.check_kv(kv_cache)
 
     def cleanup(self) -> None:
         """Releases traces, workspaces and orphans; a later call needs ``allocate_kv_cache`` again."""
         self._release()
+
+    def _release(self) -> None:
+        """Closes every lane (their pools' traces and workspaces go with them); the next call needs new pools."""
+        self.lanes.release()
+        self.kv = None
+
+
+class OneLane:
+    """The lane of a ``ServingFacade``: one executor over one pool, built by ``kv_factory``."""
+
+    def __init__(self, model: PrefillModel, backend: Backend, kv_factory, max_batch_size: int, seed: int):
+        self.model = model
+        self.backend = backend
+        self.pool_rows = max_batch_size  # slots the lane holds; a provisional pool holds a block of tail for each
+        self._kv_factory = kv_factory or model.new_kv_cache
+        self._seed = seed
+        self.executor: PrefillExecutor | None = None
+
+    @property
+    def built(self) -> bool:
+        return self.executor is not None
+
+    def executors(self) -> list[PrefillExecutor]:
+        if self.executor is None:
+            raise PrefillStateError("call allocate_kv_cache before any prefill: no KV pool is allocated yet")
+        return [self.executor]
+
+    def target(self) -> PrefillExecutor:
+        """What runs a normalised call (``PrefillExecutor.prefill``'s signature, ``batched`` included)."""
+        return self.executors()[0]
+
+    def build(self, num_blocks: int, block_size: int, lane_executor) -> Any:
+        """Builds the pool and the executor over it; returns the pool (what the plugin passes back as ``kv_cache``)."""
+        kv = self._kv_factory(num_blocks, block_size)
+        self.executor = lane_executor(self.model, self.backend, kv, num_blocks, block_size, self._seed)
+        return kv
+
+    def release(self) -> None:
+        if self.executor is not None:
+            self.executor.close()
+        self.executor = None
+
+    def check_kv(self, kv_cache: Any) -> None:
+        if kv_cache is not None and kv_cache is not self.target().runtime.config.kv:
+            msg = (
+                f"kv_cache={type(kv_cache).__name__} is invalid: it must be the pool allocate_kv_cache returned "
+                "(the one this runtime was resolved with), or None"
+            )
+            raise KVCacheMismatchError(msg, field="kv_cache")
+
+
+class ServingFacade(PluginFacade):
+    """``prefill_forward`` and its set-up calls, as the plugin makes them, over one runtime lane.
+
+    ``kv_factory(num_blocks, block_size)`` builds a KV pool (default: the
+    model's ``new_kv_cache``); the pool is built by ``allocate_kv_cache``,
+    at vLLM's block size, so nothing runs before it. ``max_batch_size`` is
+    vLLM's ``max_num_seqs``: the lane's slots (the runtime's
+    ``policy.lane_size`` is set to it), so an ``empty_slots`` entry at or
+    past it is an ``InvalidSlotError`` at its row. ``kv_dtype`` is None or
+    the model's dtype (the pool is built in it and the model runs on it);
+    any other is a ``PrefillConfigError`` here, before any pool exists.
+    """
+
+    def __init__(
+        self,
+        model: PrefillModel,
+        backend: Backend,
+        *,
+        max_seq_len: int,
+        max_batch_size: int = 32,
+        policy: PrefillPolicy | None = None,
+        kv_factory: Callable[[int, int], Any] | None = None,
+        kv_dtype: torch.dtype | None = None,
+        prefill_traces: bool = True,
+        seed: int = 0,
+    ):
+        lane = OneLane(model, backend, kv_factory, max_batch_size, seed)
+        super().__init__(
+            lane,
+            max_seq_len=max_seq_len,
+            max_batch_size=max_batch_size,
+            policy=policy,
+            kv_dtype=kv_dtype,
+            prefill_traces=prefill_traces,
+            seed=seed,
+        )
+
+    @property
+    def executor(self) -> PrefillExecutor | None:
+        """The lane's executor (None before ``allocate_kv_cache`` and after ``cleanup``)."""
+        return self.lanes.executor
+
+    @property
+    def runtime(self) -> PrefillRuntime:
+        return self.lanes.target().runtime
 
 
 def _from_numpy(value):

@@ -63,7 +63,7 @@ class HybridServingFacade(ServingFacade):
         num_blocks = self._checked_specs(per_layer_specs)
         self._release()
         try:
-            self.kv = self._build(num_blocks, self.model.attention.groups[0].block_size)
+            self.kv = self.lanes.build(num_blocks, self.model.attention.groups[0].block_size, self._lane_executor)
         except BaseException as error:
             add_note(error, "allocate_kv_cache_per_layer released the previous pool: none is allocated now")
             raise
@@ -108,11 +108,9 @@ class HybridServingFacade(ServingFacade):
             num_blocks = shape[0]
         return num_blocks
 
-    def _build(self, num_blocks: int, block_size: int) -> Any:
+    def _lane_executor(self, model, backend, kv, num_blocks: int, block_size: int, seed: int):
         # The layout's block size is the pool's planning block (the largest group's), whatever vLLM's first.
-        kv = self._kv_factory(num_blocks, block_size)
-        self.executor = self._lane_executor(self.model, self.backend, kv, num_blocks, kv.block_size, self._seed)
-        return kv
+        return super()._lane_executor(model, backend, kv, num_blocks, kv.block_size, seed)
 
     # -- the call -------------------------------------------------------
     def _plan_keywords(self, kwargs: dict, num_rows: int) -> dict:

@@ -14,7 +14,7 @@ import attrs
 import pytest
 import torch
 
-from prefill_core import PageTableLayout, PrefillPolicy, RequestKind
+from prefill_core import PageTableLayout, PrefillPolicy, RequestKind, WarmupManifest
 from prefill_shell.engine.executor import PrefillExecutor
 from tests.helpers import build_runtime, make_tokens, max_abs_diff, page_table, row_kv
 
@@ -42,17 +42,23 @@ def _chat():
     return tokens, blocks, [len(r) for r in rows], [0 if n is None else SYSTEM for n in TURNS]
 
 
-def _run(model, policy):
-    """Prefills the system prompt alone, then every turn with the prompt cached: (executor, kv before, plan, logits)."""
+def _run(model, policy, mode="eager"):
+    """Prefills the system prompt alone, then every turn with the prompt cached: (executor, kv before, plan, logits).
+
+    ``mode="traced"``: the turns' call replays traces warmed from its own plan (the system prompt runs eagerly).
+    """
     tokens, blocks, lengths, cached = _chat()
     runtime = build_runtime(model, layout=LAYOUT, policy=policy)
     executor = PrefillExecutor(runtime)
-    executor.prefill(tokens[:1, :SYSTEM], page_table([blocks[0][:4]]), [SYSTEM])
+    executor.prefill(tokens[:1, :SYSTEM], page_table([blocks[0][:4]]), [SYSTEM], mode="eager")
     kv = runtime.config.kv
     before = [(k.clone(), v.clone()) for k, v in zip(kv.keys, kv.values)]
     call = (tokens, page_table(blocks), lengths, cached)
-    plan = [p.request for p in runtime.prepare(*call).requests]
-    results = executor.prefill(*call)
+    prepared = runtime.prepare(*call).requests
+    plan = [p.request for p in prepared]
+    if mode == "traced":
+        executor.warm_up(WarmupManifest().observe(prepared))
+    results = executor.prefill(*call, mode=mode)
     return executor, before, plan, [r.logits for r in results]
 
 
@@ -92,3 +98,17 @@ def test_a_wave_of_cached_rows_equals_the_unbatched_plan(runs):
         for row, length in zip(blocks, lengths):
             for a, b in zip(row_kv(kv_a, layer, row, length), row_kv(kv_b, layer, row, length)):
                 assert max_abs_diff(a, b) < 1e-5
+
+
+def test_a_traced_wave_of_cached_rows_equals_the_eager_one(tiny_model, runs):
+    """The wave's trace (a chunked body of 4 rows) replays to the eager wave's logits, prefix blocks untouched."""
+    (_, _, _, eager), _ = runs
+    executor, before, plan, traced = _run(tiny_model, BATCHED, mode="traced")
+    try:
+        assert plan[0].padded_batch == 4
+        for ours, theirs in zip(traced, eager):
+            assert max_abs_diff(ours, theirs) < 1e-5
+        kv = executor.runtime.config.kv
+        assert all(torch.equal(k0[:4], k1[:4]) for (k0, _), k1 in zip(before, kv.keys))
+    finally:
+        executor.close()

@@ -8,6 +8,7 @@ import torch
 from prefill_core import PageTableLayout, PrefillPolicy, can_trace
 from prefill_shell.backends import TorchBackend
 from prefill_shell.serving.facade import ServingFacade
+from prefill_shell.serving.lane_facade import LaneGroupFacade
 
 BLOCK = 16
 POLICY = PrefillPolicy(length_ladder=(128, 256), max_chunk_length=256, chunk_quantum=128, trace_lengths=(128,))
@@ -72,3 +73,14 @@ def test_the_core_question_needs_no_tensors():
     layout = PageTableLayout(BLOCK, 32, 64)
     assert can_trace([128, 64], [128, 0], POLICY, layout)
     assert not can_trace([], [], POLICY, layout) and not can_trace([10], [True], POLICY, layout)
+
+
+def test_a_lane_group_answers_for_its_lanes(tiny_model):
+    """LaneGroupFacade asks every lane's policy and layout: False before its pools, then the same answer."""
+    group = LaneGroupFacade(
+        [(tiny_model, TorchBackend()), (tiny_model, TorchBackend())], max_seq_len=512, policy=POLICY
+    )
+    assert not group.can_trace(tokens=_tokens(1, 100))
+    group.allocate_kv_cache()
+    assert group.can_trace(tokens=_tokens(2, 100)) and not group.can_trace(tokens=_tokens(2, 200))
+    group.cleanup()

@@ -15,7 +15,7 @@ from prefill_core import PageTableLayout, PrefillPolicy
 from prefill_core.errors import PrefillConfigError, PrefillStateError
 from prefill_shell.backends import TorchBackend
 from prefill_shell.engine.config import PrefillRuntimeConfig
-from prefill_shell.reference import PagedKVCache
+from prefill_shell.reference import PagedKVCache, PagedLlama
 from tests.helpers import build_runtime, make_tokens
 
 BLOCKS, BS = 16, 16
@@ -154,3 +154,21 @@ def test_a_backend_with_narrow_sampled_output_gets_smaller_sampled_waves_not_a_r
     config = PrefillRuntimeConfig.resolve(tiny_model, NarrowSamplingBackend(), _pool(tiny_model), policy=policy)
     assert config.policy.max_sampled_wave == 4
     assert config.policy.max_wave_for(128, sampled=True) == 4 and config.policy.max_wave_for(128) == 32
+
+
+class OneRowChunkedLlama(PagedLlama):
+    """The reference Llama declaring, as TTTv2's chunked body does, that a chunked step runs one row."""
+
+    chunked_waves = False
+
+
+def test_cached_rows_run_alone_on_a_model_without_chunked_waves(tiny_model):
+    """batch_cached_rows on a model whose chunked step takes one row resolves to False (singles, not a refusal)."""
+    policy = PrefillPolicy(batch_cached_rows=True)
+    one_row = OneRowChunkedLlama(tiny_model.config, tiny_model.weights)
+    assert not PrefillRuntimeConfig.resolve(
+        one_row, TorchBackend(), _pool(one_row), policy=policy
+    ).policy.batch_cached_rows
+    assert PrefillRuntimeConfig.resolve(
+        tiny_model, TorchBackend(), _pool(tiny_model), policy=policy
+    ).policy.batch_cached_rows

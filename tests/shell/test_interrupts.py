@@ -14,8 +14,8 @@ import torch
 from prefill_core import PageTableLayout, PrefillPolicy, SamplingParams
 from prefill_core.errors import PrefillStateError
 from prefill_shell.backends import TorchBackend
-from prefill_shell.engine import runtime
 from prefill_shell.engine.executor import PrefillExecutor
+from prefill_shell.engine.steps.prompt_logprobs import PromptEntries
 from prefill_shell.lanes import dispatch as lane_dispatch
 from prefill_shell.lanes.group import LaneGroup
 from prefill_shell.scoring.scorer import Scorer
@@ -345,7 +345,7 @@ def test_ctrl_c_while_an_invocation_takes_its_prompt_logprobs_strands_no_output(
     def interrupted(*args):
         raise KeyboardInterrupt("Ctrl-C while entries are taken")
 
-    monkeypatch.setattr(runtime, "take_entries", interrupted)
+    monkeypatch.setattr(PromptEntries, "take", interrupted)
     with pytest.raises(KeyboardInterrupt):
         rt.invoke(batch, 0)
     monkeypatch.undo()

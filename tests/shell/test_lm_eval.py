@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import shlex
@@ -37,6 +38,34 @@ def lm_eval_modules():
     return evaluator, TaskManager(include_path=str(REPO / "evals"))
 
 
+@contextlib.contextmanager
+def at_repo_root_one_thread():
+    """The task files name their data relative to the repository root; one torch thread, since on a shared
+    2-core machine intra-op threads spin-wait and run several times slower."""
+    previous, threads = Path.cwd(), torch.get_num_threads()
+    os.chdir(REPO)
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        os.chdir(previous)
+        torch.set_num_threads(threads)
+
+
+def assert_log_likelihoods_equal(mine: list[list], theirs: list[list], choices: int | None = None) -> None:
+    """Request by request: log-likelihoods within 1e-4 and is_greedy flags equal (``choices`` per document)."""
+    assert len(mine) == len(theirs)
+    for doc, (a, b) in enumerate(zip(mine, theirs)):
+        assert len(a) == len(b) and (choices is None or len(a) == choices), doc
+        for x, y in zip(a, b):
+            (ll_a, greedy_a), (ll_b, greedy_b) = (
+                (x[0] if isinstance(x[0], tuple) else x),
+                (y[0] if isinstance(y[0], tuple) else y),
+            )
+            assert abs(ll_a - ll_b) <= 1e-4, (doc, ll_a, ll_b)
+            assert greedy_a == greedy_b, doc
+
+
 @pytest.fixture(scope="module")
 def both_runs(lm_eval_modules, smollm2_file, smollm2_hf, smollm2_tokenizer):
     """(prefill-runtime results, hf results) of one simple_evaluate each: same tasks, max_length, batch size.
@@ -54,10 +83,7 @@ def both_runs(lm_eval_modules, smollm2_file, smollm2_hf, smollm2_tokenizer):
         task_manager=task_manager,
         log_samples=True,
     )
-    previous, threads = Path.cwd(), torch.get_num_threads()
-    os.chdir(REPO)  # the task files name their data relative to the repository root
-    torch.set_num_threads(1)  # on a shared 2-core machine, intra-op threads spin-wait and run several times slower
-    try:
+    with at_repo_root_one_thread():
         ours = evaluator.simple_evaluate(
             model="prefill-runtime",
             model_args=f"model={gguf},max_length={MAX_LENGTH},max_chunk={MAX_CHUNK},block_size=16",
@@ -65,9 +91,6 @@ def both_runs(lm_eval_modules, smollm2_file, smollm2_hf, smollm2_tokenizer):
         )
         hf = HFLM(pretrained=smollm2_hf, tokenizer=smollm2_tokenizer, max_length=MAX_LENGTH, batch_size=BATCH_SIZE)
         theirs = evaluator.simple_evaluate(model=hf, **common)
-    finally:
-        os.chdir(previous)
-        torch.set_num_threads(threads)
     return ours, theirs
 
 
@@ -80,14 +103,8 @@ def test_multiple_choice_log_likelihoods_greedy_flags_and_accuracy_equal_hf(both
     """Every request's log-likelihood within 1e-4, every is_greedy equal, the same accuracy, below 100%."""
     ours, theirs = both_runs
     mine, hf = _responses(ours, "prefill_mc"), _responses(theirs, "prefill_mc")
-    assert len(mine) == len(hf) >= 20
-    for doc, (a, b) in enumerate(zip(mine, hf)):
-        assert len(a) == len(b) == 4
-        for (ll_a, greedy_a), (ll_b, greedy_b) in (
-            (x[0] if isinstance(x[0], tuple) else x, y[0] if isinstance(y[0], tuple) else y) for x, y in zip(a, b)
-        ):
-            assert abs(ll_a - ll_b) <= 1e-4, (doc, ll_a, ll_b)
-            assert greedy_a == greedy_b, doc
+    assert len(mine) >= 20
+    assert_log_likelihoods_equal(mine, hf, choices=4)
     acc = ours["results"]["prefill_mc"]["acc,none"]
     assert acc == theirs["results"]["prefill_mc"]["acc,none"] and acc < 1.0
 
@@ -199,23 +216,55 @@ def test_an_mmlu_shaped_task_on_a_pool_smaller_than_a_round_equals_hf(lm_eval_mo
     rounds, prefill = [], ours_lm.scorer._prefill
     ours_lm.scorer._prefill = lambda tokens, *rest: rounds.append(tokens.shape[0]) or prefill(tokens, *rest)
     hf_lm = HFLM(pretrained=hf_model, tokenizer=ours_lm.tokenizer, max_length=512, batch_size=BATCH_SIZE)
-    previous, threads = Path.cwd(), torch.get_num_threads()
-    os.chdir(REPO)
-    torch.set_num_threads(1)
-    try:
+    with at_repo_root_one_thread():
         ours = evaluator.simple_evaluate(model=ours_lm, **common)
         theirs = evaluator.simple_evaluate(model=hf_lm, **common)
-    finally:
-        os.chdir(previous)
-        torch.set_num_threads(threads)
     mine, hf = _responses(ours, "prefill_mmlu"), _responses(theirs, "prefill_mmlu")
-    assert len(mine) == len(hf) == 100
+    assert len(mine) == 100
     context = ours["samples"]["prefill_mmlu"][0]["arguments"][0][0]
     assert len(ours_lm.tok_encode(context)) >= 300  # the shared preamble plus one question
-    for doc, (a, b) in enumerate(zip(mine, hf)):
-        for (ll_a, greedy_a), (ll_b, greedy_b) in zip((x[0] for x in a), (y[0] for y in b)):
-            assert abs(ll_a - ll_b) <= 1e-4, (doc, ll_a, ll_b)
-            assert greedy_a == greedy_b, doc
+    assert_log_likelihoods_equal(mine, hf)
     assert ours["results"]["prefill_mmlu"]["acc,none"] == theirs["results"]["prefill_mmlu"]["acc,none"]
     assert len(rounds) > 400 // BATCH_SIZE and max(rounds) <= BATCH_SIZE + 1  # the pool, not max_rows, cut them
     assert ours_lm.scorer.pool.available == POOL_BLOCKS
+
+
+# -- a Qwen3 random folder: the loader's families through lm-eval, against lm-eval's hf model -----------
+
+
+@pytest.fixture(scope="module")
+def qwen3_folder(tmp_path_factory, smollm2_tokenizer):
+    """A random Qwen3 checkpoint (tiny, tied head, odd vocabulary covering SmolLM2's ids) with SmolLM2's
+    tokenizer saved into it, so that both models load the folder offline."""
+    from tests.shell.family_kit import family_checkpoint
+
+    folder = family_checkpoint("qwen3", tmp_path_factory.mktemp("qwen3_lm_eval"), vocab_size=49157)
+    smollm2_tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_qwen3_folder_log_likelihoods_equal_hf_request_by_request(lm_eval_modules, qwen3_folder):
+    """prefill-runtime on a Qwen3 folder: each multiple-choice log-likelihood within 1e-4 of lm-eval's hf model on
+    the same folder, each is_greedy equal; chunked (max_chunk 64 < max_length) like the SmolLM2 run."""
+    from lm_eval.models.huggingface import HFLM
+
+    from tests.shell.family_kit import hf_model
+
+    evaluator, task_manager = lm_eval_modules
+    common = dict(tasks=["prefill_mc"], batch_size=BATCH_SIZE, task_manager=task_manager, log_samples=True, limit=10)
+    with at_repo_root_one_thread():
+        ours = evaluator.simple_evaluate(
+            model="prefill-runtime",
+            model_args=f"model={qwen3_folder},max_length={MAX_LENGTH},max_chunk={MAX_CHUNK},block_size=16",
+            **common,
+        )
+        hf = HFLM(
+            pretrained=hf_model(qwen3_folder, torch.float32),
+            tokenizer=str(qwen3_folder),
+            max_length=MAX_LENGTH,
+            batch_size=BATCH_SIZE,
+        )
+        theirs = evaluator.simple_evaluate(model=hf, **common)
+    mine = _responses(ours, "prefill_mc")
+    assert len(mine) == 10
+    assert_log_likelihoods_equal(mine, _responses(theirs, "prefill_mc"), choices=4)
