@@ -95,6 +95,8 @@ CASES = [
     ("ministral", 16, 16, 97, 80, "other"),
     ("mistral", 32, 16, 140, 63, "other"),  # vLLM frees column 1, which a recompute from 48 would read
     ("ministral", 2, 8, 90, 50, "null"),  # position 48 left the window: its block is rewritten with its bytes
+    ("qwen3", 20, 16, 160, 77, "other"),  # group 0 full, Q/K norms
+    ("qwen3", 40, 8, 120, 64, "null"),
 ]
 
 

@@ -1,4 +1,4 @@
-"""Shared parts of the windowed-model tests: random weights beside transformers' Mistral / Ministral, and
+"""Shared parts of the windowed-model tests: random weights beside transformers' Mistral / Ministral / Qwen3, and
 vLLM's way of freeing the blocks that left a window (``remove_skipped_blocks``) with the stale ids left behind.
 """
 
@@ -11,6 +11,7 @@ import torch
 from prefill_core import AttentionLayout, PrefillPolicy
 from prefill_core.intmath import ceil_div
 from prefill_shell.reference import random_llama
+from prefill_shell.reference.config import LayerAttention
 from tests.core.vllm_sliding import first_kept_after
 
 NULL = 0
@@ -23,16 +24,21 @@ ROWS = ((150, 70), (101, 37))
 LAYER_TYPES = {
     "mistral": ("sliding_attention",) * 2,  # MistralConfig.sliding_window: every layer slides
     "ministral": ("sliding_attention", "full_attention", "sliding_attention"),  # layer_types mixing both
+    "qwen3": ("full_attention", "sliding_attention", "sliding_attention"),  # Qwen3 layer_types, q/k norms
 }
 
 
 @functools.cache
 def model_and_oracle(kind: str, window: int):
-    """``(reference model, transformers model, layer types)`` on the same random weights (float32, plain RoPE)."""
+    """``(reference model, transformers model, layer types)`` on the same random weights (float32, plain RoPE).
+
+    ``qwen3``: the reference model with Qwen3's per-head Q/K RMSNorms (``LayerAttention(qk_norm=True)``).
+    """
     import transformers
 
     types = LAYER_TYPES[kind]
-    model = random_llama(5, "tiny", rope_scaling=None, num_layers=len(types))
+    extra = {"family": "qwen3", "attention": LayerAttention(qk_norm=True)} if kind == "qwen3" else {}
+    model = random_llama(5, "tiny", rope_scaling=None, num_layers=len(types), **extra)
     cfg = model.config.to_hf_dict()
     keys = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
     common = {key: cfg[key] for key in keys}
@@ -47,6 +53,9 @@ def model_and_oracle(kind: str, window: int):
     )
     if kind == "mistral":
         hf = transformers.MistralForCausalLM(transformers.MistralConfig(**common))
+    elif kind == "qwen3":
+        config = transformers.Qwen3Config(layer_types=list(types), use_sliding_window=True, **common)
+        hf = transformers.Qwen3ForCausalLM(config)
     else:
         hf = transformers.MinistralForCausalLM(transformers.MinistralConfig(layer_types=list(types), **common))
     hf.load_state_dict(model.state_dict(), strict=True)
