@@ -12,7 +12,7 @@ ENV = PYTHONPATH=$(CURDIR) PYTHONDONTWRITEBYTECODE=1 PREFILL_SMOLLM2=$(MODEL)
 RUN = $(ENV) $(VENV)/bin/python
 PYTEST = -m pytest -q -p no:cacheprovider --durations=15
 
-.PHONY: venv venvs model demo test lint lint-imports test-py312 test-py310 test-tt fuzz bench explain
+.PHONY: venv venvs model demo test test-core fuzz-core lint lint-imports test-py312 test-py310 test-tt fuzz bench explain
 
 # Prints the interpreter to use (the 3.12 venv's python).
 venv:
@@ -51,6 +51,32 @@ test-py312:
 
 test-py310:
 	HYPOTHESIS_PROFILE=ci $(if $(OMP_NUM_THREADS),OMP_NUM_THREADS=$(OMP_NUM_THREADS)) $(ENV) $(VENV310)/bin/python $(PYTEST)
+
+# The laptop path: tests/core on any CPython >= 3.10 (PYTHON=/path/to/python3.x
+# picks it; python3 by default) in a light venv of the core's dependencies and
+# the test-core extra (scripts/ensure-venv.sh core: ~40 MB, no torch, no model).
+test-core:
+	venv="$$(PYTHON='$(PYTHON)' scripts/ensure-venv.sh core)"; \
+	echo "tests/core on $$("$$venv/bin/python" -VV) ($$venv)"; \
+	PYTHONPATH=$(CURDIR) PYTHONDONTWRITEBYTECODE=1 HYPOTHESIS_PROFILE=ci "$$venv/bin/python" $(PYTEST) tests/core
+
+# The fuzz stage (.ci/run runs it after `make test`): every hypothesis property of
+# tests/core, randomized from a fresh seed (printed first; FUZZ_SEED=N repeats a
+# run), in two processes (one core each) of FUZZ_SECONDS each, each property in
+# rounds of 25 examples for its share of the time (tests/fuzz_plugin.py). A
+# failure prints its example and the one command that reproduces it. The `ci`
+# profile of `make test` stays the regression suite. Runs in the core's light venv.
+FUZZ_SECONDS ?= 165
+fuzz-core:
+	@venv="$$(PYTHON='$(PYTHON)' scripts/ensure-venv.sh core)"; \
+	seed="$${FUZZ_SEED:-$$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')}"; \
+	echo "fuzz-core: seed $$seed (FUZZ_SEED=N make fuzz-core reuses a seed), 2 shards of $(FUZZ_SECONDS) s, $$("$$venv/bin/python" -V)"; \
+	$(MAKE) --no-print-directory -j2 --output-sync=target FUZZ_VENV="$$venv" FUZZ_SEED="$$seed" fuzz-core-shard-0 fuzz-core-shard-1
+
+fuzz-core-shard-%:
+	PYTHONPATH=$(CURDIR) PYTHONDONTWRITEBYTECODE=1 HYPOTHESIS_PROFILE=fuzz-core "$(FUZZ_VENV)/bin/python" \
+	    -m pytest -q -p no:cacheprovider -p tests.fuzz_plugin --tb=short \
+	    --fuzz-seed=$(FUZZ_SEED) --fuzz-seconds=$(FUZZ_SECONDS) --fuzz-shard=$*/2 tests/core
 
 # Tests that need a Tenstorrent device; they skip with a reason without one.
 test-tt:

@@ -31,6 +31,7 @@ __all__ = [
     "InvalidJSONError",
     "TraceBudgetError",
     "PrefillConfigError",
+    "InvalidDtypeError",
     "TraceCoverageError",
     "PrefillStateError",
     "CleanupError",
@@ -165,6 +166,10 @@ class TraceBudgetError(PrefillInputError):
 
 class PrefillConfigError(PrefillError, ValueError):
     """The runtime's static configuration (model, backend, layout) is inconsistent."""
+
+
+class InvalidDtypeError(PrefillConfigError):
+    """A dtype request is none of ``prefill_core.dtype.DTYPE_REQUESTS`` (the message lists them)."""
 
 
 class TraceCoverageError(PrefillError, LookupError):

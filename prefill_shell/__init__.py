@@ -18,7 +18,18 @@ Re-exported here: ``PrefillRuntimeConfig``, ``PrefillRuntime``,
 ``PreparedBatch``, ``PrefillExecutor``, ``LaneGroup``, ``TorchBackend`` and the
 ``PrefillResult`` value. ``TtnnBackend`` is in ``prefill_shell.tt.backend`` and
 imported only on request.
+
+Everything here needs the ``shell`` extra (torch, numpy, safetensors); a
+missing one is named with its ``pip install`` line before anything else loads
+(``prefill_shell.extras``).
 """
+
+from prefill_shell.extras import requires_extra
+
+with requires_extra("shell", "prefill_shell"):
+    import numpy  # noqa: F401
+    import safetensors  # noqa: F401
+    import torch  # noqa: F401
 
 from prefill_shell.backends import TorchBackend
 from prefill_shell.engine.config import PrefillRuntimeConfig

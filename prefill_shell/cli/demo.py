@@ -23,8 +23,9 @@ import time
 from prefill_core import WarmupManifest
 from prefill_core.explain import plan_table
 from prefill_shell.cli.main import make_runtime, print_rows, row_sampling, show_progress, stage
+from prefill_shell.cli.model_dtype import load_cli_model
 from prefill_shell.engine.executor import PrefillExecutor
-from prefill_shell.reference.text import Prompt, encode, load_model, load_tokenizer
+from prefill_shell.reference.text import Prompt, encode, load_tokenizer
 from prefill_shell.scoring.prefix_sharing import SharedPrefixBatch, share_prefix
 
 __all__ = ["run_demo", "demo_prompts"]
@@ -114,7 +115,7 @@ def _timed(fn):
 def run_demo(args: argparse.Namespace) -> None:
     """Runs the demo batch on ``args.model`` (default: SmolLM2) and prints what it did."""
     with stage("load model and tokenizer"):
-        model, tokenizer = load_model(args.model, device=args.device), load_tokenizer(args.model)
+        (model, dtype), tokenizer = load_cli_model(args), load_tokenizer(args.model)
     ids, labels, members = demo_prompts(tokenizer, model.spec.vocab_size, args.seed)
     batch = share_prefix(ids, args.block_size, members)
     runtime = make_runtime(model, batch, args.block_size, args.device)
@@ -127,7 +128,7 @@ def run_demo(args: argparse.Namespace) -> None:
     padded = runtime.prepare(*call, sampling=sampling, mode="traced")
     prepared = padded.requests
     packed_steps = sum(p.request.num_chunks for p in runtime.prepare(*call, sampling=sampling, mode="eager").requests)
-    print(f"model: {args.model or 'SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized to float32)'}\n")
+    print(f"model: {args.model or 'SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized)'}, dtype {dtype.describe()}\n")
     print(plan_table(prepared), "\n")
     print(f"eager: {packed_steps} packed steps of real tokens only; traced: the padded plan above\n")
     with stage(f"eager prefill ({sum(batch.lengths) - sum(batch.cached)} uncached tokens)"):

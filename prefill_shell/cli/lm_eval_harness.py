@@ -7,12 +7,15 @@ Example: ``prefill-lm-eval --model prefill-runtime --model_args model=smollm2,ma
 
 from __future__ import annotations
 
+from prefill_shell.extras import LM_EVAL_PYTHONS, requires_extra
+
 __all__ = ["main"]
 
 
 def main() -> None:
     """Register ``prefill-runtime`` with lm-eval, then run lm-eval's command line on ``sys.argv``."""
-    from lm_eval.__main__ import cli_evaluate
+    with requires_extra("lm-eval", "prefill-lm-eval", pythons=LM_EVAL_PYTHONS):
+        from lm_eval.__main__ import cli_evaluate
 
     import prefill_shell.scoring.lm_eval_model  # noqa: F401 (importing it registers "prefill-runtime")
 

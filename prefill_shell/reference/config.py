@@ -19,6 +19,7 @@ from typing import Any
 
 import attrs
 
+from prefill_core.dtype import DTYPES
 from prefill_core.errors import PrefillConfigError
 from prefill_shell.device.model import ModelSpec
 from prefill_shell.reference.rope import (
@@ -42,8 +43,6 @@ __all__ = [
     "check_computed",
     "read_config_json",
 ]
-
-_SUPPORTED_DTYPES = ("float32", "bfloat16", "float16")
 
 
 def _positive(_instance: object, attribute: attrs.Attribute, value: Any) -> None:
@@ -251,8 +250,8 @@ class LlamaSpec:
             )
         if self.head_dim % 2:
             raise PrefillConfigError(f"head_dim={self.head_dim!r} is invalid: RoPE needs an even head_dim")
-        if self.dtype not in _SUPPORTED_DTYPES:
-            raise PrefillConfigError(f"dtype={self.dtype!r} is invalid: expected one of {_SUPPORTED_DTYPES}")
+        if self.dtype not in DTYPES:
+            raise PrefillConfigError(f"dtype={self.dtype!r} is invalid: expected one of {DTYPES}")
         if self.family not in FAMILIES:
             raise PrefillConfigError(f"family={self.family!r} is invalid: expected one of {sorted(FAMILIES)}")
 

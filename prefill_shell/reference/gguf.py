@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from prefill_core.errors import PrefillConfigError
+from prefill_shell.extras import requires_extra
 from prefill_shell.reference.config import FAMILIES, LlamaSpec
 from prefill_shell.reference.llama import PagedLlama
 
@@ -70,12 +71,8 @@ _GLOBAL_NAMES = {
 
 
 def _gguf():
-    try:
+    with requires_extra("text", "reading a GGUF file"):
         import gguf
-    except ImportError:  # the optional "text" extra
-        raise PrefillConfigError(
-            "reading a GGUF file needs the 'gguf' package (pip install 'prefill-runtime[text]')"
-        ) from None
     return gguf
 
 

@@ -54,6 +54,21 @@ PRESETS: dict[str, LlamaSpec] = {
         rope_scaling=Llama3RopeScaling(8.0, 1.0, 4.0, 2048),
         max_position_embeddings=16384,
     ),
+    # SmolLM2-135M's shape (its GGUF file's spec) with random weights: for machines the file cannot reach.
+    "smollm2_shape": LlamaSpec(
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_layers=30,
+        num_heads=9,
+        num_kv_heads=3,
+        head_dim=64,
+        rms_norm_eps=1e-5,
+        rope_theta=100000.0,
+        rope_scaling=None,
+        max_position_embeddings=8192,
+        tie_word_embeddings=True,
+    ),
     # Sized so a 5000-token prefill takes about a second on two CPU cores.
     "demo": LlamaSpec(
         vocab_size=32000,

@@ -24,9 +24,6 @@ Use it on your own model or backend by subclassing and overriding
 from __future__ import annotations
 
 import torch
-from hypothesis import note, settings
-from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
 from prefill_core import PageTableLayout, SamplingParams, WarmupManifest, ceil_div
 from prefill_core.errors import PrefillConfigError
@@ -34,10 +31,16 @@ from prefill_shell.device.ledger import Ownership
 from prefill_shell.engine.config import PrefillRuntimeConfig
 from prefill_shell.engine.executor import PrefillExecutor
 from prefill_shell.engine.runtime import PrefillRuntime
+from prefill_shell.extras import requires_extra
 
 from ..backends import TorchBackend
 from .faults import FaultInjectingBackend, FaultInjectingModel, FaultPlan, InjectedFault
 from .small import SMALL_BLOCK, SMALL_POLICY
+
+with requires_extra("testing", __name__):
+    from hypothesis import note, settings
+    from hypothesis import strategies as st
+    from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
 __all__ = ["PrefillLifecycleMachine", "run_lifecycle_machine"]
 

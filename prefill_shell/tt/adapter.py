@@ -61,6 +61,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from prefill_shell.device.model import ModelSpec
+from prefill_shell.tt import staging as ttnn_staging
 
 __all__ = ["TILE_ROWS", "TtKVCache", "TtModel", "TtModelAdapter"]
 
@@ -117,7 +118,7 @@ class TtModelAdapter:
 
     def __init__(self, tt_model: TtModel, spec: ModelSpec, *, mesh_device: Any, ttnn_module: Any = None):
         if ttnn_module is None:
-            import ttnn as ttnn_module
+            ttnn_module = ttnn_staging.import_ttnn()
         if not isinstance(tt_model, TtModel):
             raise TypeError(
                 f"{type(tt_model).__name__} does not implement TtModel (embed_prefill, "

@@ -94,7 +94,7 @@ class TtnnBackend:
 
     def __init__(self, mesh_device: Any, *, replica: int = 0, logits_composer: Any = None, ttnn_module: Any = None):
         if ttnn_module is None:
-            import ttnn as ttnn_module
+            ttnn_module = ttnn_staging.import_ttnn()
         self.tt = ttnn_module
         self.device = mesh_device
         self.ledger = ResourceLedger()

@@ -85,8 +85,10 @@ from prefill_shell.device.contract import (
     TOP_P,
     TensorSpec,
 )
+from prefill_shell.extras import TTNN_PYTHONS, requires_extra
 
 __all__ = [
+    "import_ttnn",
     "MAX_DEVICE_TOP_K",
     "TensorContract",
     "stage_tokens",
@@ -108,8 +110,10 @@ _BF16 = torch.finfo(torch.bfloat16)
 _INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
 
 
-def _ttnn():
-    import ttnn
+def import_ttnn() -> Any:
+    """The ``ttnn`` module; on a Python without its wheel, an error naming the extra and the Pythons it has."""
+    with requires_extra("shell", "the ttnn backend", pythons=TTNN_PYTHONS):
+        import ttnn
 
     return ttnn
 
@@ -124,7 +128,7 @@ class TensorContract:
         self.layout = layout
 
     def resolve(self) -> tuple[Any, Any]:
-        ttnn = _ttnn()
+        ttnn = import_ttnn()
         return getattr(ttnn, self.dtype), getattr(ttnn, f"{self.layout}_LAYOUT")
 
     def __repr__(self) -> str:
@@ -145,12 +149,12 @@ def _host(value: torch.Tensor, dtype: str, layout: str, mesh_mapper) -> Any:
     if layout == "ROW_MAJOR":
         source = value.float() if value.dtype == torch.bfloat16 else value
         return _row_major(source.numpy(), dtype, mesh_mapper)
-    ttnn = _ttnn()
+    ttnn = import_ttnn()
     return ttnn.from_torch(value, dtype=getattr(ttnn, dtype), layout=ttnn.TILE_LAYOUT, mesh_mapper=mesh_mapper)
 
 
 def _row_major(array: np.ndarray, dtype: str, mesh_mapper) -> Any:
-    ttnn = _ttnn()
+    ttnn = import_ttnn()
     array = np.ascontiguousarray(array, dtype=_NUMPY[dtype])
     return ttnn.Tensor(array, getattr(ttnn, dtype), None, ttnn.ROW_MAJOR_LAYOUT, mesh_mapper=mesh_mapper)
 

@@ -124,7 +124,7 @@ def check_case(case: Case, checkpoints, seed: int = 0) -> None:
         manifest = WarmupManifest()
         for sampling in (None, asked):
             manifest = manifest.observe(
-                runtime.prepare(tokens, table, lengths, cached, sampling=sampling, packed=False).requests
+                runtime.prepare(tokens, table, lengths, cached, sampling=sampling, mode="traced").requests
             )
         executor.warm_up(manifest)
     results = executor.prefill(tokens, table, lengths, cached, mode=mode)

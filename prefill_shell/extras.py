@@ -1,0 +1,65 @@
+"""Optional packages: an import that needs an extra says which one installs it.
+
+``prefill_core`` needs only attrs and cattrs; everything else comes from an
+extra of ``pyproject.toml`` (``shell``: torch, numpy, safetensors and, on the
+Pythons ttnn has wheels for, ttnn; ``text``: transformers, gguf; ``testing``:
+hypothesis; ``lm-eval``: lm-eval). Each import of one sits in a
+``requires_extra`` block, so a user missing it reads the ``pip install`` line
+that fixes it, or, on a Python the extra skips the package on, which Pythons
+it has. The wheel test (``tests/test_wheel.py``) imports every module with
+each extra's packages refused in turn and checks exactly this.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator
+
+from prefill_core.errors import PrefillConfigError
+
+__all__ = ["LM_EVAL_PYTHONS", "TTNN_PYTHONS", "MissingExtraError", "requires_extra"]
+
+TTNN_PYTHONS = ("3.10", "3.12")
+"""The CPythons ttnn 0.81.1 ships wheels for (the ``shell`` extra's ttnn marker)."""
+
+LM_EVAL_PYTHONS = ("3.12",)
+"""The CPython the ``lm-eval`` extra installs lm-eval on (its tests run there only)."""
+
+
+class MissingExtraError(PrefillConfigError, ModuleNotFoundError):
+    """An optional package is missing: names what needs it, the package, the extra and, when limited, its Pythons.
+
+    A ``PrefillConfigError`` (the command lines report it in one line) and a
+    ``ModuleNotFoundError`` (``except ImportError`` still catches it; ``name`` is the module).
+    """
+
+    def __init__(self, needed_by: str, module: str | None, extra: str, pythons: tuple[str, ...] = ()):
+        running = f"{sys.version_info[0]}.{sys.version_info[1]}"
+        install = f"pip install 'prefill-runtime[{extra}]'"
+        msg = f"{needed_by} needs {module}, which the '{extra}' extra installs"
+        if pythons and running not in pythons:
+            msg += f" on CPython {' and '.join(pythons)} only; this is CPython {running}: {install} on one of those"
+        elif pythons:
+            msg += f" (on CPython {' and '.join(pythons)}): {install}"
+        else:
+            msg += f": {install}"
+        super().__init__(msg)
+        self.name = module  # ImportError's field; ValueError's __init__ (first in the MRO) takes no keywords
+        self.extra = extra
+        self.pythons = pythons
+
+
+@contextlib.contextmanager
+def requires_extra(extra: str, needed_by: str, *, pythons: tuple[str, ...] = ()) -> Iterator[None]:
+    """Imports inside come from ``extra``: a missing one raises ``MissingExtraError`` naming it.
+
+    ``needed_by`` is what asked (a module name, "the ttnn backend"); ``pythons``
+    the CPythons the extra installs the package on, when it does not on all.
+    """
+    try:
+        yield
+    except ModuleNotFoundError as exc:
+        if isinstance(exc, MissingExtraError):
+            raise
+        raise MissingExtraError(needed_by, exc.name, extra, pythons) from exc
