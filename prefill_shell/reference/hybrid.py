@@ -13,14 +13,19 @@ CUDA graph capture that is a sync, so a capture is refused by name.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import torch
 
 from prefill_core import AttentionLayout
 from prefill_core.errors import PrefillConfigError
+from prefill_shell.reference.config import FAMILIES, LlamaSpec, _int, _windowed_layers, check_computed
 from prefill_shell.reference.llama import PagedLlama
+from prefill_shell.reference.weights import load_weights
 from prefill_shell.reference.windowed import GroupedKVCache, GroupTensors, forward_grouped
 
-__all__ = ["HybridLlama"]
+__all__ = ["HybridLlama", "load_hybrid_folder"]
 
 
 class HybridLlama:
@@ -66,3 +71,39 @@ class HybridLlama:
 
     def lm_head(self, hidden_rows: torch.Tensor) -> torch.Tensor:
         return self.model.lm_head(hidden_rows)
+
+
+def load_hybrid_folder(
+    folder: str | Path,
+    *,
+    block_size: int,
+    sliding_block_size: int | None = None,
+    device: torch.device | str = "cpu",
+    dtype: str | None = None,
+) -> HybridLlama:
+    """A Hugging Face folder whose config slides layers, as transformers reads it, as a ``HybridLlama``.
+
+    The window and the sliding layers are transformers' (``config._windowed_layers``:
+    Mistral's ``sliding_window`` on every layer, Qwen2/Qwen3's with
+    ``use_sliding_window`` on the layers ``layer_types`` or
+    ``max_window_layers`` mark); the rest of the config is read as
+    ``load_hf_folder`` reads it. A config that slides no layer is a
+    ``PrefillConfigError`` (load it with ``load_hf_folder``).
+    """
+    folder = Path(folder)
+    cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    family = FAMILIES[check_computed(cfg)]
+    layers = _int(cfg, "num_hidden_layers")
+    window, windowed = _windowed_layers(
+        cfg, family, layers, _int(cfg, "max_position_embeddings", family.default_max_position)
+    )
+    if not windowed:
+        raise PrefillConfigError(f"{folder}/config.json slides no layer: load it with load_hf_folder")
+    plain = {key: value for key, value in cfg.items() if key not in ("layer_types", "use_sliding_window")}
+    plain["sliding_window"] = None  # read as full attention; the window lives in the attention layout
+    model = load_weights(folder, LlamaSpec.from_hf_dict(plain), device, dtype)
+    types = ["sliding_attention" if i in windowed else "full_attention" for i in range(layers)]
+    attention = AttentionLayout.from_layer_types(
+        types, sliding_window=window, block_size=block_size, sliding_block_size=sliding_block_size
+    )
+    return HybridLlama(model, attention)

@@ -23,6 +23,8 @@ import torch
 from prefill_core import PageTableLayout, PrefillBatch, prepare_grouped
 from prefill_core.intmath import ceil_div
 from prefill_core.windows import kept_columns
+from prefill_shell.reference import save_hf_folder
+from prefill_shell.reference.hybrid import load_hybrid_folder
 from prefill_shell.reference.windowed import GroupedKVCache, GroupTensors, forward_grouped
 from tests.shell import window_kit as kit
 
@@ -129,3 +131,32 @@ def test_a_prompt_cached_past_its_window_equals_transformers(kind, window, slidi
     for block, before in fixed.items():
         assert torch.equal(kv.block_bytes(block), before), f"block {block} (null or the other request's) changed"
     check_in_window_kv(kv, rows, hf_kv, length, window)
+
+
+@pytest.mark.parametrize("kind", ["mistral", "qwen3"])
+def test_a_windowed_hf_folder_loads_as_its_hybrid_model(kind, tmp_path):
+    """``load_hybrid_folder`` reads the window and sliding layers as transformers does; logits equal its model's."""
+    import json
+
+    import transformers
+
+    base, _, types = kit.model_and_oracle(kind, 24)
+    folder = save_hf_folder(base, tmp_path)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["sliding_window"] = 24
+    if kind == "qwen3":
+        cfg.update(use_sliding_window=True, layer_types=list(types))
+    else:  # the kit's Mistral is the Llama architecture: name it Mistral, whose window slides every layer
+        cfg.update(model_type="mistral", architectures=["MistralForCausalLM"])
+    (folder / "config.json").write_text(json.dumps(cfg))
+    model = load_hybrid_folder(folder, block_size=16, sliding_block_size=8)
+    by_layer = {layer: g.kind.value for g in model.attention.groups for layer in g.layers}
+    assert [by_layer[i] for i in range(len(types))] == list(types)
+    assert all(g.window == (24 if g.is_sliding else None) for g in model.attention.groups)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    prompt = torch.randint(0, base.spec.vocab_size, (100,), generator=torch.Generator().manual_seed(1))
+    kv = model.new_kv_cache(POOL)
+    tables = kit.fresh_tables(model.attention, [100])
+    (logits,) = _run_call(model.model, kv, model.attention, PageTableLayout(16, 32, POOL), [prompt], [100], [0], tables)
+    expected, _ = kit.hf_logits_and_kv(hf, prompt)
+    assert torch.allclose(logits, expected, rtol=kit.TOL, atol=kit.TOL), (logits - expected).abs().max()
