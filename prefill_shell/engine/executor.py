@@ -152,20 +152,26 @@ class PrefillExecutor:
         on_progress: ProgressCallback | None = None,
         *,
         batched: bool = False,
+        group_page_tables=None,
+        null_block: int | None = None,
     ) -> list[PrefillResult] | BatchResult:
         """prepare + (traced or eager) invoke + streaming assemble, in caller row order.
 
         ``batched=True``: the outputs as caller-ordered tensors
         (``BatchResult``, ``PrefillRuntime.assemble_batch``), no per-row
         result built; a row asking top or prompt log-probs then raises
-        ``InvalidSamplingError`` before anything runs.
+        ``InvalidSamplingError`` before anything runs. ``group_page_tables``
+        and ``null_block``: a hybrid model's tables (``PrefillRuntime.prepare``).
         """
         call = (tokens, page_table, prompt_lengths, cached_lengths, slots, sampling)
-        return self._prefill(call, mode, on_progress, batched=batched)
+        groups = {} if group_page_tables is None else {"group_page_tables": group_page_tables, "null_block": null_block}
+        return self._prefill(call, mode, on_progress, batched=batched, groups=groups)
 
-    def _prefill(self, call: tuple, mode: ExecutionMode | str, on_progress, *, batched: bool):
+    def _prefill(
+        self, call: tuple, mode: ExecutionMode | str, on_progress, *, batched: bool, groups: dict | None = None
+    ):
         with self.runtime.hold():
-            batch = self.runtime.prepare(*call, mode=mode)
+            batch = self.runtime.prepare(*call, mode=mode, **(groups or {}))
             if not batched:
                 return self.runtime.assemble(self.invocations(batch, mode, on_progress), batch.num_rows)
             for prepared in batch.requests:

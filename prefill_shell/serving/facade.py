@@ -216,7 +216,9 @@ class PluginFacade:
             paths += [SamplingPath.ARGMAX, SamplingPath.TOPK]
         for lane, executor in enumerate(self.lanes.executors()):
             config = executor.runtime.config
-            manifest = manifest_for(config.policy, config.layout, paths)
+            manifest = manifest_for(
+                config.policy, config.layout, paths, attention=getattr(self.model, "attention", None)
+            )
             if self.warmup_lengths is not None:
                 manifest = limited_to(manifest, self.warmup_lengths)
             cost = executor.cost(manifest, capture=enable_trace)
@@ -278,15 +280,22 @@ class PluginFacade:
             prompt_lens = [len(row) for row in tokens]
         mode = "traced" if enable_trace else "eager"
         target = self.lanes.target()
+        plan = self._plan_keywords(compatibility_kwargs, num_rows)
         if sampling_params is None:
-            out = target.prefill(tokens, page_table, prompt_lens, start_pos, empty_slots, None, mode=mode, batched=True)
+            out = target.prefill(
+                tokens, page_table, prompt_lens, start_pos, empty_slots, None, mode=mode, batched=True, **plan
+            )
             return out.logits.unsqueeze(1)  # [B, 1, V]
         plugin = rows_from_plugin(sampling_params, num_rows, self.model.spec.vocab_size)
         prompts, outputs = self._penalty_state(compatibility_kwargs, tokens, prompt_lens, empty_slots, plugin)
         out = target.prefill(
-            tokens, page_table, prompt_lens, start_pos, empty_slots, plugin.core, mode=mode, batched=True
+            tokens, page_table, prompt_lens, start_pos, empty_slots, plugin.core, mode=mode, batched=True, **plan
         )
         return self._sampled(out, plugin, prompts, outputs)
+
+    def _plan_keywords(self, kwargs: dict, num_rows: int) -> dict:
+        """Planning keywords a call adds to the prefill (none here; a hybrid model's tables: ``hybrid_facade``)."""
+        return {}
 
     def _penalty_state(self, kwargs: dict, tokens, prompt_lens, empty_slots, plugin: PluginRows):
         """Each penalised row's prompt and output ids (``penalty_state``), checked before anything runs."""
