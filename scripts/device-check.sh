@@ -43,8 +43,9 @@ import torch
 print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())
 if torch.cuda.is_available():
     print("device", torch.cuda.get_device_name(0), "bf16", torch.cuda.is_bf16_supported())
-import attrs, cattrs, transformers  # noqa: E401 (what the project needs beyond torch)
-print("attrs", attrs.__version__, "cattrs", cattrs.__version__, "transformers", transformers.__version__)
+from importlib.metadata import version
+import attrs, cattrs, safetensors, transformers  # what the project needs beyond torch: a missing one stops here
+print(*(f"{name} {version(name)}" for name in ("attrs", "cattrs", "safetensors", "transformers", "numpy")))
 EOF
 
 if "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
@@ -55,7 +56,7 @@ fi
 
 say "CUDA-marked tests (tests/shell; tests/tt is not collected: no ttnn)"
 set +e
-timeout 150 "$PY" -m pytest -q -p no:cacheprovider -m cuda tests/shell --junitxml="$OUT_DIR/cuda_tests.xml" 2>&1 \
+timeout 180 "$PY" -m pytest -q -p no:cacheprovider -m cuda tests/shell --junitxml="$OUT_DIR/cuda_tests.xml" 2>&1 \
     | tail -n 30 | tee -a "$LOG"
 TESTS=${PIPESTATUS[0]}
 set -e
