@@ -32,10 +32,10 @@ class CountingLlama(PagedLlama):
         self.padding += int((tokens == 0).all(dim=1).sum()) * tokens.shape[1]
         return super().forward_hidden(tokens, start, fill_table, read_table, kv, **kwargs)
 
-    def _mlp_hidden(self, layer, x):
+    def _mlp(self, layer, x, residual):
         if layer is self._layers[0]:
             self.computed += x.view(-1, x.shape[-1]).shape[0]
-        return PagedLlama._mlp_hidden(layer, x)
+        return PagedLlama._mlp(layer, x, residual)
 
     def _sdpa(self, q, k, v, **kwargs):
         return torch.zeros_like(q)

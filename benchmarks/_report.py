@@ -1,6 +1,7 @@
 """Shared benchmark output: a printed table and ``benchmarks/results/<name>.json``.
 
-The JSON is ``{"benchmark": name, "metrics": {key: value}, "units": {key: unit}}``.
+The JSON is ``{"benchmark": name, "metrics": {key: value}, "units": {key: unit}}``, plus ``"machine"``
+(the CPU's capability and bfloat16 facts, ``DeviceNumerics.as_dict``) where the benchmark names it.
 """
 
 from __future__ import annotations
@@ -55,19 +56,29 @@ def table(metrics: Sequence[Metric]) -> str:
     return "\n".join(out)
 
 
-def write_json(name: str, metrics: dict[str, float], units: dict[str, str], *, results_dir: Path = RESULTS) -> Path:
+def write_json(
+    name: str,
+    metrics: dict[str, float],
+    units: dict[str, str],
+    *,
+    results_dir: Path = RESULTS,
+    machine: dict[str, object] | None = None,
+) -> Path:
     """Writes ``<results_dir>/<name>.json`` in the shared shape; returns the path written."""
     results_dir.mkdir(parents=True, exist_ok=True)
     path = results_dir / f"{name}.json"
-    payload = {"benchmark": name, "metrics": metrics, "units": units}
+    payload: dict[str, object] = {"benchmark": name, "metrics": metrics, "units": units}
+    if machine is not None:
+        payload["machine"] = machine
     path.write_text(json.dumps(payload, indent=1, sort_keys=True) + "\n")
     print(f"wrote {path}")
     return path
 
 
-def report(name: str, metrics: Sequence[Metric], *, results_dir: Path = RESULTS) -> Path:
+def report(
+    name: str, metrics: Sequence[Metric], *, results_dir: Path = RESULTS, machine: dict[str, object] | None = None
+) -> Path:
     """Prints the table and writes ``<results_dir>/<name>.json``; returns the path written."""
     print(table(metrics))
-    return write_json(
-        name, {m.key: m.value for m in metrics}, {m.key: m.unit for m in metrics}, results_dir=results_dir
-    )
+    values, units = {m.key: m.value for m in metrics}, {m.key: m.unit for m in metrics}
+    return write_json(name, values, units, results_dir=results_dir, machine=machine)

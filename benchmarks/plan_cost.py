@@ -14,6 +14,17 @@ Counts do not drift with the machine, so they are the targets: the chat
 workload must not compute more than tt-metal's rule. The JSON goes to
 benchmarks/results/plan_cost.json.
 
+Under tt-transformers' Galaxy brief (``PrefillPolicy.from_tt_transformers``:
+32-row waves, >= 16 active rows, waves up to 2048 positions), per workload
+and for a cached-chat workload (32 turns of 20-120 new tokens behind one
+cached 512-token system prompt): positions per real token and model-body
+steps of our padded plan, of it with cached rows batched
+(``batch_cached_rows``), of our packed plan, and of tt-transformers' rule
+(``tests/tt_transformers_rule.py``, written from its documented semantics).
+Targets: ours at most tt-transformers' plus one final-block re-run per
+fully cached row; batched cached chat in fewer steps than its singles and
+at most 2x its positions.
+
 Positions are also counted where they are computed: every workload runs
 through the runtime on an instrumented reference Llama (``CountingLlama``:
 the tiny preset, one layer, attention's arithmetic skipped) that counts the
@@ -32,12 +43,28 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import attrs
+
 from benchmarks._counting_llama import body_positions
 from benchmarks._report import Metric, report
-from prefill_core import PageTableLayout, PrefillBatch, PrefillPolicy, PrefillRow, ceil_div, plan_prefill
+from prefill_core import (
+    PageTableLayout,
+    PrefillBatch,
+    PrefillPolicy,
+    PrefillRow,
+    ceil_div,
+    plan_packed,
+    plan_prefill,
+)
+from tests.tt_transformers_rule import GALAXY, tt_transformers_cost
 
 BLOCK = 32
 POLICY = PrefillPolicy()
+GALAXY_POLICY = PrefillPolicy.from_tt_transformers(
+    physical_batch_sizes=GALAXY.physical_batch_sizes,
+    minimum_active_rows=GALAXY.minimum_active_rows,
+    maximum_sequence_length=GALAXY.maximum_sequence_length,
+)
 
 
 def layout_for(longest: int) -> PageTableLayout:
@@ -100,8 +127,81 @@ def counts(batches: list[list[tuple[int, int]]]) -> dict[str, float]:
     }
 
 
-def main() -> int:
+def cached_chat() -> list[list[tuple[int, int]]]:
+    """32 turns of 20-120 new tokens behind one cached 512-token system prompt (seeded)."""
+    rng = random.Random(35)
+    return [[(512 + rng.randint(20, 120), 512) for _ in range(32)]]
+
+
+def galaxy_counts(batches: list[list[tuple[int, int]]]) -> dict[str, float]:
+    """Positions per real token and steps: ours (padded, cached rows batched, packed) and tt-transformers' rule."""
+    cached_waves = attrs.evolve(GALAXY_POLICY, batch_cached_rows=True, isolate_cached_buckets=False)
+    totals = dict.fromkeys(("real", "ours", "ours_steps", "cached", "cached_steps", "packed", "packed_steps"), 0)
+    totals |= dict(tt=0, tt_steps=0, allowance=0)
+    for shapes in batches:
+        batch, layout = batch_of(shapes), layout_for(max(n for n, _ in shapes))
+        totals["real"] += sum(max(n - c, 1) for n, c in shapes)
+        for key, policy in (("ours", GALAXY_POLICY), ("cached", cached_waves)):
+            plan = plan_prefill(batch, policy, layout)
+            totals[key] += sum(r.computed_tokens for r in plan)
+            totals[key + "_steps"] += sum(r.num_chunks for r in plan)
+        packed = plan_packed(batch, GALAXY_POLICY, layout)
+        totals["packed"] += sum(r.computed_tokens for r in packed)
+        totals["packed_steps"] += sum(r.num_chunks for r in packed)
+        positions, steps = tt_transformers_cost([n for n, _ in shapes], [c for _, c in shapes], GALAXY)
+        totals["tt"], totals["tt_steps"] = totals["tt"] + positions, totals["tt_steps"] + steps
+        totals["allowance"] += sum(n == c for n, c in shapes) * GALAXY_POLICY.fully_cached_step(BLOCK)
+    real = totals.pop("real")
+    return {key: value if key.endswith("steps") else value / real for key, value in totals.items()}
+
+
+def galaxy_metrics() -> list[Metric]:
     metrics = []
+    for name, batches in {**workloads(), "cached_chat_32x512": cached_chat()}.items():
+        g = galaxy_counts(batches)
+        bound = g["tt"] + g["allowance"]
+        metrics += [
+            Metric(f"galaxy_{name}_ours_per_real", g["ours"], "ratio", bound, f"{g['ours_steps']} steps"),
+            Metric(f"galaxy_{name}_tt_transformers_per_real", g["tt"], "ratio", None, f"{g['tt_steps']} steps"),
+            Metric(f"galaxy_{name}_packed_per_real", g["packed"], "ratio", None, f"{g['packed_steps']} steps"),
+        ]
+        if name.startswith("cached_chat"):
+            note = f"{g['cached_steps']} steps (target: fewer than {g['tt_steps']})"
+            metrics.append(Metric(f"galaxy_{name}_cached_waves_per_real", g["cached"], "ratio", 2 * g["tt"], note))
+            metrics.append(Metric(f"galaxy_{name}_cached_waves_steps", g["cached_steps"], "count", g["tt_steps"] - 1))
+    return metrics
+
+
+README = Path(__file__).resolve().parent / "README.md"
+BEGIN, END = "<!-- plan_cost galaxy: generated by python benchmarks/plan_cost.py -->", "<!-- end plan_cost galaxy -->"
+
+
+def write_galaxy_section(metrics: list[Metric], path: Path = README) -> None:
+    """Replaces the generated Galaxy table in benchmarks/README.md (between its markers) with ``metrics``."""
+    rows = [
+        "| workload | ours (padded) | tt-transformers' rule | ours, packed | target |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    by_key = {m.key: m for m in metrics}
+    for name in [*workloads(), "cached_chat_32x512"]:
+        ours, tt, packed = (by_key[f"galaxy_{name}_{k}_per_real"] for k in ("ours", "tt_transformers", "packed"))
+        cells = [f"{m.value:.3g} ({m.note})" for m in (ours, tt, packed)]
+        rows.append(f"| {name} | {' | '.join(cells)} | ours <= {ours.target:.3g}: {ours.verdict} |")
+    waves = by_key["galaxy_cached_chat_32x512_cached_waves_per_real"]
+    steps = by_key["galaxy_cached_chat_32x512_cached_waves_steps"]
+    rows.append(
+        f"| cached_chat_32x512, cached rows batched | {waves.value:.3g} ({waves.note}) | | | "
+        f"<= {waves.target:.3g} positions: {waves.verdict}; < {steps.target + 1:.0f} steps: {steps.verdict} |"
+    )
+    text = path.read_text() if path.exists() else f"# Benchmarks\n\n{BEGIN}\n{END}\n"
+    head, rest = text.split(BEGIN, 1)
+    tail = rest.split(END, 1)[1]
+    path.write_text(head + BEGIN + "\n" + "\n".join(rows) + "\n" + END + tail)
+
+
+def main() -> int:
+    metrics = galaxy_metrics()
+    write_galaxy_section(metrics)
     for name, batches in workloads().items():
         c = counts(batches)
         real = sum(max(n - k, 1) for shapes in batches for n, k in shapes)

@@ -1,7 +1,12 @@
 """Prefill tokens/s: this runtime vs transformers on the same weights and prompts.
 
 Model: the reference "bench" Llama (4 layers, 512 wide, GQA 8/4, vocab
-32000), float32, random seeded weights, on the CPU. Cases: 1 x 128, 32 x 128,
+32000), random seeded weights, on the CPU, at each dtype of ``--dtype``
+(default: float32, and bfloat16 where the CPU computes it natively,
+``prefill_shell.backends.numerics``), both systems at the same dtype. The
+JSON names the CPU (capability, AMX / AVX-512 BF16 flags, probe rates);
+float32 keys are bare (``32x128.ratio``), other dtypes' are prefixed
+(``bfloat16.32x128.ratio``). Cases: 1 x 128, 32 x 128,
 1 x 4096, 32 prompts of 64-1024 tokens, and 32 prompts of 20-2000 tokens with
 random cached prefixes (``_cached_case.py``). Ours runs packed steps (the
 torch backend's eager default on the CPU: real tokens only). Measurements alternate between
@@ -21,8 +26,8 @@ its GGUF file, ours vs transformers loading the same file: 1 x 512, and 16
 chat prompts sharing a system prompt whose block-aligned part is cached
 (transformers gets a clone of a DynamicCache holding it).
 
-    python benchmarks/prefill_throughput.py [--quick] [--repeats N] [--smollm2-only | --no-smollm2]
-    python benchmarks/prefill_throughput.py --profile [CASE]   # one run of ours split by op group
+    python benchmarks/prefill_throughput.py [--quick] [--repeats N] [--smollm2-only | --no-smollm2] [--dtype D,...]
+    python benchmarks/prefill_throughput.py --profile [CASE] [--dtype D]   # one run of ours split by op group
 """
 
 from __future__ import annotations
@@ -43,7 +48,9 @@ from benchmarks._cached_case import CACHED_CASE, HFCachedRows, cached_prompts
 from benchmarks._profile import profile_call
 from benchmarks._report import RESULTS, write_json
 from prefill_core import PageTableLayout, PrefillPolicy, ceil_div
+from prefill_core.dtype import canonical_dtype
 from prefill_shell.backends import TorchBackend
+from prefill_shell.backends.numerics import choose_dtype, probe_numerics
 from prefill_shell.engine.config import PrefillRuntimeConfig
 from prefill_shell.engine.runtime import PrefillRuntime
 from prefill_shell.reference import random_llama, save_hf_folder
@@ -94,7 +101,7 @@ def workload_flops(spec, lengths: list[int]) -> float:
 
 
 class MatmulProbe:
-    """torch.mm at the model's MLP shape (1024 tokens): the machine's matmul ceiling.
+    """torch.mm at the model's MLP shape (1024 tokens) and the model's dtype: the machine's matmul ceiling.
 
     One call is one probe sample (the median of ten timed matmuls). Samples
     are taken inside each case's interleaved rounds, beside the systems they
@@ -104,9 +111,9 @@ class MatmulProbe:
 
     CALLS = 10
 
-    def __init__(self, spec):
-        self.a = torch.randn(1024, spec.hidden_size)
-        self.b = torch.randn(spec.hidden_size, spec.intermediate_size)
+    def __init__(self, spec, dtype: torch.dtype = torch.float32):
+        self.a = torch.randn(1024, spec.hidden_size).to(dtype)
+        self.b = torch.randn(spec.hidden_size, spec.intermediate_size).to(dtype)
         self.flops = 2.0 * 1024 * spec.hidden_size * spec.intermediate_size
         torch.mm(self.a, self.b)
 
@@ -149,10 +156,10 @@ class Ours:
 
 
 class Transformers:
-    def __init__(self, folder: Path, lengths: list[int]):
+    def __init__(self, folder: Path, lengths: list[int], dtype: torch.dtype = torch.float32):
         from transformers import LlamaForCausalLM
 
-        self.model = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+        self.model = LlamaForCausalLM.from_pretrained(folder, dtype=dtype).eval()
         self.lengths = lengths
 
     def one_at_a_time(self, tokens: torch.Tensor) -> list:
@@ -175,7 +182,23 @@ class Transformers:
 
 
 TARGETS = {"1x128": 1.17, "32x128": 1.13, "1x4096": 1.06, "mixed32_64-1024": 1.04, CACHED_CASE: 1.5}
-"""Ratios each case must keep: the ratios measured before packed steps, and 1.5x for the cached case."""
+"""Ratios each float32 case must keep: the ratios measured before packed steps, and 1.5x for the cached case."""
+OTHER_DTYPE_TARGET = 1.0
+"""At bfloat16 (or float16) no case may fall behind transformers at that dtype."""
+
+
+def key_prefix(dtype: str) -> str:
+    """``""`` for float32 (the keys every earlier JSON used), else ``"<dtype>."``."""
+    return "" if dtype == "float32" else f"{dtype}."
+
+
+def bench_dtypes(text: str) -> list[str]:
+    """``--dtype``: ``all`` is float32 plus bfloat16 where the CPU computes it natively; else a comma list."""
+    if text == "all":
+        return list(dict.fromkeys(("float32", choose_dtype("native", None).dtype)))
+    names = [canonical_dtype(part, "--dtype") for part in text.split(",")]
+    return [choose_dtype(name, None).dtype for name in names]
+
 
 SECONDS_PER_SYSTEM = {False: 12.0, True: 2.0}  # by --quick
 # After this many rounds a transformers mode already 1.25x slower than the
@@ -213,18 +236,18 @@ def _hf_modes(hf: Transformers, tokens: torch.Tensor, lengths: list[int], cached
     return modes
 
 
-def run(quick: bool, repeats: int) -> dict:
+def run(quick: bool, repeats: int, dtype: str = "float32") -> dict:
     torch.set_num_threads(2)
-    model = random_llama(0, "bench")
-    spec = model.config
+    model = random_llama(0, "bench", dtype=dtype)
+    spec, prefix = model.config, key_prefix(dtype)
     metrics, units, rows = {}, {}, []
     with tempfile.TemporaryDirectory() as tmp:
         save_hf_folder(model, tmp)
-        probe = MatmulProbe(spec)
+        probe = MatmulProbe(spec, model.dtype)
         probe_samples: list[float] = []
         for name, (lengths, cached) in cases(quick).items():
             tokens = _tokens(spec, lengths)
-            ours, hf = Ours(model, lengths, cached), Transformers(Path(tmp), lengths)
+            ours, hf = Ours(model, lengths, cached), Transformers(Path(tmp), lengths, model.dtype)
             ours.prime(tokens)
             hf_modes = _hf_modes(hf, tokens, lengths, cached)
             samples = {"ours": [], **{m: [] for m in hf_modes}}
@@ -253,35 +276,36 @@ def run(quick: bool, repeats: int) -> dict:
             rows.append(
                 (name, ours_tps, hf_tps, hf_best, ours_tps / hf_tps, eff, case_rate, share, hf_share, case_repeats)
             )
+            key = prefix + name
             metrics.update(
                 {
-                    f"{name}.ours_tok_s": ours_tps,
-                    f"{name}.hf_tok_s": hf_tps,
-                    f"{name}.ratio": ours_tps / hf_tps,
-                    f"{name}.padding_efficiency": eff,
-                    f"{name}.probe_share": share,
-                    f"{name}.hf_probe_share": hf_share,
-                    f"{name}.repeats": case_repeats,
-                    f"{name}.probe_gflops": case_rate / 1e9,
+                    f"{key}.ours_tok_s": ours_tps,
+                    f"{key}.hf_tok_s": hf_tps,
+                    f"{key}.ratio": ours_tps / hf_tps,
+                    f"{key}.padding_efficiency": eff,
+                    f"{key}.probe_share": share,
+                    f"{key}.hf_probe_share": hf_share,
+                    f"{key}.repeats": case_repeats,
+                    f"{key}.probe_gflops": case_rate / 1e9,
                 }
             )
             units.update(
                 {
-                    f"{name}.ours_tok_s": "tokens/s",
-                    f"{name}.hf_tok_s": "tokens/s",
-                    f"{name}.ratio": "x",
-                    f"{name}.padding_efficiency": "real/computed",
-                    f"{name}.probe_share": "fraction",
-                    f"{name}.hf_probe_share": "fraction",
-                    f"{name}.repeats": "count",
-                    f"{name}.probe_gflops": "GFLOP/s",
+                    f"{key}.ours_tok_s": "tokens/s",
+                    f"{key}.hf_tok_s": "tokens/s",
+                    f"{key}.ratio": "x",
+                    f"{key}.padding_efficiency": "real/computed",
+                    f"{key}.probe_share": "fraction",
+                    f"{key}.hf_probe_share": "fraction",
+                    f"{key}.repeats": "count",
+                    f"{key}.probe_gflops": "GFLOP/s",
                 }
             )
-    metrics["matmul_probe_gflops"] = statistics.median(probe_samples) / 1e9
-    units["matmul_probe_gflops"] = "GFLOP/s"
+    metrics[f"{prefix}matmul_probe_gflops"] = statistics.median(probe_samples) / 1e9
+    units[f"{prefix}matmul_probe_gflops"] = "GFLOP/s"
     print(
-        f"matmul probe (torch.mm 1024x{spec.hidden_size}x{spec.intermediate_size}, 2 threads, one sample per round): "
-        f"median {metrics['matmul_probe_gflops']:.1f} GFLOP/s, "
+        f"\n{dtype}: matmul probe (torch.mm 1024x{spec.hidden_size}x{spec.intermediate_size}, 2 threads, one sample "
+        f"per round): median {metrics[f'{prefix}matmul_probe_gflops']:.1f} GFLOP/s, "
         f"{min(probe_samples) / 1e9:.1f}-{max(probe_samples) / 1e9:.1f} over the run"
     )
     print(
@@ -289,7 +313,8 @@ def run(quick: bool, repeats: int) -> dict:
         f"{'probe GF/s':>10} {'probe share':>11} {'HF share':>9} {'repeats':>7}  target"
     )
     for name, o, h, mode, ratio, eff, rate, share, hf_share, n in rows:
-        target = f">={TARGETS.get(name, 1.0):.2f}x (stretch 1.2x)"
+        goal = TARGETS.get(name, 1.0) if dtype == "float32" else OTHER_DTYPE_TARGET
+        target = f">={goal:.2f}x (stretch 1.2x)"
         print(
             f"{name:<18} {o:>11,.0f} {h:>10,.0f} {mode:>14} {ratio:>5.2f}x {eff:>8.1%} "
             f"{rate / 1e9:>10.1f} {share:>11.1%} {hf_share:>9.1%} {n:>7}  {target}"
@@ -297,17 +322,17 @@ def run(quick: bool, repeats: int) -> dict:
     return {"benchmark": "prefill_throughput", "metrics": metrics, "units": units}
 
 
-def profile_case(name: str) -> None:
+def profile_case(name: str, dtype: str = "float32") -> None:
     """Prints where one run of ours on case ``name`` spends its time, by op group (``_profile.py``)."""
     torch.set_num_threads(2)
-    model = random_llama(0, "bench")
+    model = random_llama(0, "bench", dtype=dtype)
     lengths, cached = cases(False)[name]
     tokens = _tokens(model.config, lengths)
     ours = Ours(model, lengths, cached)
     ours.prime(tokens)
     groups = profile_call(lambda: ours(tokens), model.config.vocab_size)
     wall = groups.pop("wall")
-    print(f"{name}, one profiled run of ours ({wall:.3f} s wall, profiler overhead included):")
+    print(f"{name} at {dtype}, one profiled run of ours ({wall:.3f} s wall, profiler overhead included):")
     for group, seconds in groups.items():
         print(f"  {group:<13} {seconds:7.3f} s {seconds / wall:6.1%}")
 
@@ -327,9 +352,17 @@ def main() -> None:
         "--smollm2-only", action="store_true", help="only the SmolLM2 cases (other metrics kept from the last JSON)"
     )
     parser.add_argument("--no-smollm2", action="store_true", help="skip the SmolLM2 cases")
+    parser.add_argument(
+        "--dtype",
+        default="all",
+        help="comma list of dtypes (native: bfloat16 where the CPU computes it natively, else float32); "
+        "all (default): float32, and bfloat16 where native",
+    )
     args = parser.parse_args()
+    dtypes = bench_dtypes(args.dtype)
     if args.profile:
-        profile_case(args.profile)
+        for dtype in dtypes:
+            profile_case(args.profile, dtype)
         return
     repeats = args.repeats or (3 if args.quick else 11)
     metrics, units = {}, {}
@@ -337,15 +370,18 @@ def main() -> None:
         previous = json.loads((RESULTS / "prefill_throughput.json").read_text())
         metrics, units = previous["metrics"], previous["units"]
     else:
-        result = run(args.quick, repeats)
-        metrics, units = result["metrics"], result["units"]
+        for dtype in dtypes:
+            result = run(args.quick, repeats, dtype)
+            metrics.update(result["metrics"])
+            units.update(result["units"])
     if not args.no_smollm2:
         from benchmarks._smollm2_throughput import run_smollm2
 
-        extra = run_smollm2(args.quick, repeats)
-        metrics.update(extra["metrics"])
-        units.update(extra["units"])
-    write_json("prefill_throughput", metrics, units)
+        for dtype in dtypes:
+            extra = run_smollm2(args.quick, repeats, dtype)
+            metrics.update(extra["metrics"])
+            units.update(extra["units"])
+    write_json("prefill_throughput", metrics, units, machine=probe_numerics("cpu").as_dict())
 
 
 if __name__ == "__main__":

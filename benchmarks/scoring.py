@@ -2,8 +2,11 @@
 
 1. The local multiple-choice task (``evals/prefill_mc.yaml``) through
    lm-eval's ``simple_evaluate`` with ``prefill-runtime`` and with ``hf`` on
-   the same SmolLM2 GGUF, same ``max_length`` and ``batch_size``, one after
-   the other in this process (models loaded first, not timed). Positions
+   the same SmolLM2 GGUF, same ``max_length``, ``batch_size`` and dtype, one
+   after the other in this process (models loaded first, not timed), at each
+   dtype of ``--dtype`` (default: float32, and bfloat16 where the CPU computes
+   it natively; float32 keys bare, others prefixed ``bfloat16.``; the JSON
+   names the CPU and each dtype's matmul probe). Positions
    computed are counted in each model body: the runtime's ``forward_hidden``
    (padding included) and ``forward_packed`` (real tokens end to end), and the
    HF model's forward (its padded input ids); so are the rows each LM head
@@ -14,7 +17,7 @@
    rolling windows (one window: max_length 4096) vs a 4096-token last-token
    prefill on the same runtime set-up. Goal: under 1.5x.
 
-    python benchmarks/scoring.py [--threads N] [--batch-size N] [--max-length N]
+    python benchmarks/scoring.py [--threads N] [--batch-size N] [--max-length N] [--dtype D,...] [--no-rss]
 
 Needs Python 3.12 (lm-eval) and the pinned model (``make model``).
 """
@@ -35,6 +38,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks._report import Metric, report  # noqa: E402
+from benchmarks.prefill_throughput import bench_dtypes, key_prefix  # noqa: E402
+from prefill_shell.backends.numerics import matmul_gflops, probe_numerics  # noqa: E402
 from prefill_shell.reference.smollm2 import smollm2_path  # noqa: E402
 
 DOCUMENT_TOKENS = 4096
@@ -89,7 +94,7 @@ def _count_hf_positions(lm) -> list[int]:
     return counter
 
 
-def compare_with_hf(args: argparse.Namespace) -> list[Metric]:
+def compare_with_hf(args: argparse.Namespace, dtype: str = "float32") -> list[Metric]:
     os.environ.update({"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"})
     from lm_eval import evaluator
     from lm_eval.models.huggingface import HFLM
@@ -98,12 +103,12 @@ def compare_with_hf(args: argparse.Namespace) -> list[Metric]:
     from prefill_shell.scoring.lm_eval_model import PrefillRuntimeLM
 
     gguf = smollm2_path()
-    ours = PrefillRuntimeLM(model=str(gguf), max_length=args.max_length, batch_size=args.batch_size)
+    ours = PrefillRuntimeLM(model=str(gguf), max_length=args.max_length, batch_size=args.batch_size, dtype=dtype)
     theirs = HFLM(
         pretrained=str(gguf.parent),
         gguf_file=gguf.name,
         device="cpu",
-        dtype="float32",
+        dtype=dtype,
         max_length=args.max_length,
         batch_size=args.batch_size,
     )
@@ -123,15 +128,20 @@ def compare_with_hf(args: argparse.Namespace) -> list[Metric]:
     speedup = seconds["hf"] / seconds["prefill-runtime"]
     positions = {name: counter[0] for name, counter in counters.items()}
     note = f"acc {accuracy['prefill-runtime']:.3f} vs {accuracy['hf']:.3f}"
+    p = key_prefix(dtype)
+    probe = matmul_gflops(ours.model.dtype)
     return [
-        Metric("mc_seconds_prefill_runtime", seconds["prefill-runtime"], "s", note=note),
-        Metric("mc_seconds_hf", seconds["hf"], "s"),
-        Metric("mc_hf_over_runtime", speedup, "x", note="goal >= 2"),
-        Metric("mc_positions_prefill_runtime", positions["prefill-runtime"], "positions"),
-        Metric("mc_positions_hf", positions["hf"], "positions"),
-        Metric("mc_positions_hf_over_runtime", positions["hf"] / positions["prefill-runtime"], "x"),
-        Metric("mc_lm_head_rows_prefill_runtime", heads["prefill-runtime"][0], "rows"),
-        Metric("mc_lm_head_rows_hf", heads["hf"][0], "rows"),
+        Metric(f"{p}mc_seconds_prefill_runtime", seconds["prefill-runtime"], "s", note=note),
+        Metric(f"{p}mc_seconds_hf", seconds["hf"], "s"),
+        Metric(f"{p}mc_hf_over_runtime", speedup, "x", note="goal >= 2"),
+        Metric(f"{p}mc_acc_prefill_runtime", accuracy["prefill-runtime"], "fraction"),
+        Metric(f"{p}mc_acc_hf", accuracy["hf"], "fraction"),
+        Metric(f"{p}mc_positions_prefill_runtime", positions["prefill-runtime"], "positions"),
+        Metric(f"{p}mc_positions_hf", positions["hf"], "positions"),
+        Metric(f"{p}mc_positions_hf_over_runtime", positions["hf"] / positions["prefill-runtime"], "x"),
+        Metric(f"{p}mc_lm_head_rows_prefill_runtime", heads["prefill-runtime"][0], "rows"),
+        Metric(f"{p}mc_lm_head_rows_hf", heads["hf"][0], "rows"),
+        Metric(f"{p}matmul_probe_gflops", probe, "GFLOP/s", note=f"torch.mm {dtype}, {args.threads} thread(s)"),
     ]
 
 
@@ -176,20 +186,23 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--max-length", type=int, default=256)
     parser.add_argument("--rss-child", choices=("rolling", "last"), help=argparse.SUPPRESS)
+    parser.add_argument("--dtype", default="all", help="comma list of dtypes; all: float32, and bfloat16 where native")
+    parser.add_argument("--no-rss", action="store_true", help="skip the rolling-document memory comparison")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.rss_child:
         rss_child(args.rss_child)
         return
     os.chdir(REPO)  # the task files name their data relative to the repository root
-    metrics = compare_with_hf(args)
-    rolling, last = _child_rss("rolling", args.threads), _child_rss("last", args.threads)
-    metrics += [
-        Metric("rss_rolling_4096_mib", rolling, "MiB"),
-        Metric("rss_last_token_4096_mib", last, "MiB"),
-        Metric("rss_rolling_over_last_token", rolling / last, "x", target=1.5),
-    ]
-    report("scoring", metrics)
+    metrics = [m for dtype in bench_dtypes(args.dtype) for m in compare_with_hf(args, dtype)]
+    if not args.no_rss:
+        rolling, last = _child_rss("rolling", args.threads), _child_rss("last", args.threads)
+        metrics += [
+            Metric("rss_rolling_4096_mib", rolling, "MiB"),
+            Metric("rss_last_token_4096_mib", last, "MiB"),
+            Metric("rss_rolling_over_last_token", rolling / last, "x", target=1.5),
+        ]
+    report("scoring", metrics, machine=probe_numerics("cpu").as_dict())
 
 
 if __name__ == "__main__":

@@ -24,7 +24,13 @@ from .errors import BlockDependencyCycleError
 from .intmath import ceil_div
 from .request import PrefillRequest
 
-__all__ = ["order_writers_first", "request_dependencies", "row_dependencies", "rows_writers_first"]
+__all__ = [
+    "order_by_dependencies",
+    "order_writers_first",
+    "request_dependencies",
+    "row_dependencies",
+    "rows_writers_first",
+]
 
 
 def _row_reads_and_writes(length: int, cached: int, blocks: tuple[int, ...], block_size: int):
@@ -79,7 +85,14 @@ def order_writers_first(requests: tuple[PrefillRequest, ...], block_size: int) -
     """
     if len(requests) < 2:  # nothing to order
         return requests
-    needs = request_dependencies(requests, block_size)
+    return order_by_dependencies(requests, request_dependencies(requests, block_size))
+
+
+def order_by_dependencies(requests: tuple[PrefillRequest, ...], needs: list[set[int]]) -> tuple[PrefillRequest, ...]:
+    """``requests`` with request i after every request in ``needs[i]``; otherwise in order (stable).
+
+    Raises ``BlockDependencyCycleError`` when no order serves every request.
+    """
     if not any(needs):
         return requests
     ordered = _first_ready_order(needs)

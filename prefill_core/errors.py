@@ -16,6 +16,7 @@ __all__ = [
     "InvalidCachedLengthError",
     "InvalidSlotError",
     "InvalidPageTableError",
+    "WindowTableError",
     "BlockConflictError",
     "RepeatedBlockError",
     "SharedBlockColumnError",
@@ -30,6 +31,7 @@ __all__ = [
     "InvalidJSONError",
     "TraceBudgetError",
     "PrefillConfigError",
+    "InvalidDtypeError",
     "TraceCoverageError",
     "PrefillStateError",
     "CleanupError",
@@ -83,6 +85,14 @@ class InvalidSlotError(PrefillInputError):
 
 class InvalidPageTableError(PrefillInputError):
     """A row's mapped page-table prefix is too short or names an invalid block."""
+
+
+class WindowTableError(InvalidPageTableError):
+    """A KV group's table does not map a block its window reads (vLLM's hit keeps those blocks).
+
+    Entries before a sliding window may hold anything (the null block, stale
+    ids of freed blocks); the ones inside it must be real blocks.
+    """
 
 
 class BlockConflictError(PrefillInputError):
@@ -156,6 +166,10 @@ class TraceBudgetError(PrefillInputError):
 
 class PrefillConfigError(PrefillError, ValueError):
     """The runtime's static configuration (model, backend, layout) is inconsistent."""
+
+
+class InvalidDtypeError(PrefillConfigError):
+    """A dtype request is none of ``prefill_core.dtype.DTYPE_REQUESTS`` (the message lists them)."""
 
 
 class TraceCoverageError(PrefillError, LookupError):

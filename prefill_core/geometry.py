@@ -18,7 +18,9 @@ def regular_table_width(policy: PrefillPolicy, block_size: int, padded_length: i
     return policy.table_width(padded_length // block_size)
 
 
-def chunked_read_width(policy: PrefillPolicy, layout: PageTableLayout, chunk_length: int) -> int:
+def chunked_read_width(
+    policy: PrefillPolicy, layout: PageTableLayout, chunk_length: int, block_size: int | None = None
+) -> int:
     """Width of a chunked request's full-request (read) table: the layout's, for every row.
 
     It depends on the chunk length only, never on the row's length or cached
@@ -26,9 +28,11 @@ def chunked_read_width(policy: PrefillPolicy, layout: PageTableLayout, chunk_len
     tt-metal, which stages its layout's canonical prefill width). A chunk
     starts before the layout's capacity, so it can overhang it by up to
     ``chunk_length - 1`` positions: tt-metal's ``capacity + max_chunk - 1``
-    with the step's own chunk length in place of the max chunk.
+    with the step's own chunk length in place of the max chunk. ``block_size``
+    (default the layout's) is a KV group's own, for a model with several.
     """
-    return policy.table_width(ceil_div(layout.capacity + chunk_length - 1, layout.block_size))
+    bs = layout.block_size if block_size is None else block_size
+    return policy.table_width(ceil_div(layout.capacity + chunk_length - 1, bs))
 
 
 def chunked_fill_width(policy: PrefillPolicy, block_size: int, chunk_length: int) -> int:

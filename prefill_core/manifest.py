@@ -3,7 +3,8 @@
 ``manifest_for`` walks the length buckets of a layout's capacity and, per
 bucket, the variants the planner can pick (regular single and each batched
 wave when the bucket's rung fits the max chunk; one chunked body per chunk
-length a row of the bucket can reach), crossed with sampling paths and
+length a row of the bucket can reach, and, with ``batch_cached_rows``, each
+chunked wave of a one-step chunk length), crossed with sampling paths and
 log-prob settings. A chunked row's chunk comes from the rung of its
 work (from the start of the block holding its cached offset), so a bucket
 reaches the chunk of every rung of ``1 .. longest - block_size`` tokens
@@ -103,13 +104,25 @@ def _bodies(policy: PrefillPolicy, layout: PageTableLayout) -> Iterator[tuple[Pr
         if padded <= policy.max_chunk_length:
             width = regular_table_width(policy, bs, padded)
             yield PrefillTraceSignature(RequestKind.REGULAR_SINGLE, 1, padded, width, 0), shortest, longest
-            max_wave = policy.max_wave_for(padded) if policy.batching_enabled else 0
-            for wave in sorted({policy.wave_for(k) for k in range(2, max_wave + 1)}):
+            for wave in _wave_sizes(policy, padded):
                 yield PrefillTraceSignature(RequestKind.REGULAR_BATCHED, wave, padded, width, 0), shortest, longest
         for chunk in sorted(reachable_chunks(policy, bs, padded, shortest, longest)):
             read = chunked_read_width(policy, layout, chunk)
             fill = chunked_fill_width(policy, bs, chunk)
             yield PrefillTraceSignature(RequestKind.CHUNKED, 1, chunk, fill, read), shortest, longest
+            for wave in _wave_sizes(policy, chunk) if policy.batch_cached_rows else ():
+                yield PrefillTraceSignature(RequestKind.CHUNKED, wave, chunk, fill, read), shortest, longest
+
+
+def _wave_sizes(policy: PrefillPolicy, step_length: int) -> list[int]:
+    """Padded batches a wave of ``step_length``-position steps can have (none when batching is off)."""
+    max_wave = policy.max_wave_for(step_length) if policy.batching_enabled else 0
+    return sorted({policy.wave_for(k) for k in range(max(2, policy.min_active_rows), max_wave + 1)})
+
+
+def _samples_in(policy: PrefillPolicy, body: PrefillTraceSignature) -> bool:
+    """Whether sampled rows can run in a wave of ``body``'s padded batch."""
+    return policy.max_sampled_wave is None or body.padded_batch <= policy.max_sampled_wave
 
 
 def _tiles(policy: PrefillPolicy, body: PrefillTraceSignature, shortest: int, longest: int) -> tuple[int | None, ...]:
@@ -142,6 +155,8 @@ def manifest_for(
         if policy.is_trace_eligible(body.chunk_length):
             traces.append(body)
         for path in paths:
+            if body.padded_batch > 1 and path is not SamplingPath.LOGITS and not _samples_in(policy, body):
+                continue  # a sampled wave this wide is never planned (max_sampled_wave)
             device_samples = path in (SamplingPath.ARGMAX, SamplingPath.TOPK)
             for logprobs in (False, True) if device_samples and policy.max_logprobs else (False,):
                 for tile in _tiles(policy, body, shortest, longest):

@@ -45,62 +45,37 @@ from .errors import BlockDependencyCycleError
 from .intmath import ceil_div
 from .layout import PageTableLayout
 from .policy import PrefillPolicy
-from .prepared import PreparedPrefill
-from .request import RequestKind
-from .sampling import SamplingParams, SamplingPath, classify_sampling, distinct_params
+from .request import RequestKind, StepSegment
+from .sampling import SamplingParams, SamplingPath, distinct_params
 from .signatures import PrefillProgramSignature
 from .validate import check_inputs
 
 __all__ = [
     "PackedRequest",
-    "PackedSegment",
     "PackedStep",
     "owed_positions",
     "packed_signature",
     "plan_packed",
-    "plans_packed",
-    "prepare_packed",
 ]
-
-
-@attrs.frozen
-class PackedSegment:
-    """Positions ``[start, start + length)`` of caller row ``row``, at ``offset`` in its step's tokens."""
-
-    row: int
-    offset: int
-    start: int
-    length: int
-    writes: bool
-
-    @property
-    def end(self) -> int:
-        return self.start + self.length
-
-    def written_blocks(self, blocks: tuple[int, ...], block_size: int) -> tuple[int, ...]:
-        """The row's blocks this segment writes (none for a fully cached row's re-run)."""
-        if not self.writes:
-            return ()
-        return blocks[self.start // block_size : ceil_div(self.end, block_size)]
 
 
 @attrs.frozen
 class PackedStep:
     """One model-body step: its segments, end to end."""
 
-    segments: tuple[PackedSegment, ...]
+    segments: tuple[StepSegment, ...]
 
     @property
     def tokens(self) -> int:
         return sum(segment.length for segment in self.segments)
 
-    def written_blocks(self, blocks_of: tuple[tuple[int, ...], ...], block_size: int) -> dict[int, tuple[int, ...]]:
-        """Per caller row with a segment here, the blocks this step writes for it."""
+    def written_blocks(self, blocks_of: dict[int, tuple[int, ...]], block_size: int) -> dict[int, tuple[int, ...]]:
+        """Per caller row with a segment here, the blocks this step writes for it (``blocks_of``: rows' blocks)."""
         written: dict[int, tuple[int, ...]] = {}
-        for segment in self.segments:
-            written[segment.row] = written.get(segment.row, ()) + segment.written_blocks(
-                blocks_of[segment.row], block_size
-            )
+        for s in self.segments:
+            # A packed segment computes only owed positions, so it writes every block they touch (rule 1).
+            blocks = blocks_of[s.row][s.start // block_size : ceil_div(s.end, block_size)] if s.writes else ()
+            written[s.row] = written.get(s.row, ()) + blocks
         return written
 
 
@@ -111,7 +86,11 @@ class PackedRequest:
     Per-row fields (``source_rows``, ``slots``, ``lengths``, ``cached``,
     ``blocks``, ``sampling``, ``last_token_offsets``) describe the rows whose
     outputs this request returns, as a padded request's do; there are no
-    padding rows, so ``padded_batch`` is their count.
+    padding rows, so ``padded_batch`` is their count (the request protocol:
+    ``request.py``'s module doc). Its steps also compute segments of rows that
+    end in a later request (a long row spans requests); ``segment_blocks``
+    holds ``(row, blocks)`` for every row with a segment in its steps, so
+    ``written_blocks`` names their blocks too.
     """
 
     source_rows: tuple[int, ...]
@@ -124,6 +103,7 @@ class PackedRequest:
     last_token_offsets: tuple[int, ...]
     block_size: int
     token_budget: int
+    segment_blocks: tuple[tuple[int, tuple[int, ...]], ...] = attrs.field(repr=False)
 
     kind = RequestKind.PACKED
     read_table = None
@@ -148,6 +128,14 @@ class PackedRequest:
     def last_token_positions(self) -> tuple[int, ...]:
         return tuple(length - 1 for length in self.lengths)
 
+    def segments(self, index: int) -> tuple[StepSegment, ...]:
+        """Step ``index``'s segments, end to end."""
+        return self.steps[index].segments
+
+    def written_blocks(self, index: int) -> dict[int, tuple[int, ...]]:
+        """Per caller row with a segment in step ``index``, the blocks that step writes for it."""
+        return self.steps[index].written_blocks(dict(self.segment_blocks), self.block_size)
+
     @property
     def real_tokens(self) -> int:
         """Positions this request's steps compute: every one is a real token."""
@@ -158,19 +146,6 @@ class PackedRequest:
         return self.real_tokens
 
 
-def plans_packed(runs_packed: bool, packed: bool | None = None) -> bool:
-    """Whether a call is planned as packed steps rather than padded waves.
-
-    ``runs_packed``: the lane can run them (the policy asks, and the backend
-    and the model declare the capability). ``packed``: the caller's choice;
-    ``None`` packs whenever the lane can, ``False`` asks for padded waves (a
-    call that may replay traces: a trace fixes the shapes packing varies).
-    What the rows ask for does not matter: either step kind returns every
-    output, prompt log-probs included.
-    """
-    return runs_packed and packed is not False
-
-
 def owed_positions(length: int, cached: int) -> tuple[int, int, bool]:
     """``(start, count, writes)`` of the positions a row owes (rule 1)."""
     if cached == length:
@@ -178,9 +153,9 @@ def owed_positions(length: int, cached: int) -> tuple[int, int, bool]:
     return cached, length - cached, True
 
 
-def _pack(batch: PrefillBatch, rows: list[int], budget: int) -> list[tuple[list[PackedSegment], list[int]]]:
+def _pack(batch: PrefillBatch, rows: list[int], budget: int) -> list[tuple[list[StepSegment], list[int]]]:
     """Steps as ``(segments, rows ending in the step)``, rows in the given order (rule 2)."""
-    steps: list[tuple[list[PackedSegment], list[int]]] = [([], [])]
+    steps: list[tuple[list[StepSegment], list[int]]] = [([], [])]
     used = 0
     for row in rows:
         start, left, writes = owed_positions(batch.lengths[row], batch.cached[row])
@@ -189,7 +164,7 @@ def _pack(batch: PrefillBatch, rows: list[int], budget: int) -> list[tuple[list[
                 steps.append(([], []))
                 used = 0
             take = min(left, budget - used)
-            steps[-1][0].append(PackedSegment(row, used, start, take, writes))
+            steps[-1][0].append(StepSegment(row, used, start, take, writes))
             used, start, left = used + take, start + take, left - take
         steps[-1][1].append(row)
     return steps
@@ -197,6 +172,7 @@ def _pack(batch: PrefillBatch, rows: list[int], budget: int) -> list[tuple[list[
 
 def _request(batch: PrefillBatch, steps: list[PackedStep], ending: list[int], budget: int, bs: int) -> PackedRequest:
     final = {s.row: s.offset + s.length - 1 for s in steps[-1].segments if s.row in set(ending)}
+    rows = sorted({s.row for step in steps for s in step.segments})
     return PackedRequest(
         source_rows=tuple(ending),
         slots=tuple(batch.slots[r] for r in ending),
@@ -208,6 +184,7 @@ def _request(batch: PrefillBatch, steps: list[PackedStep], ending: list[int], bu
         last_token_offsets=tuple(final[r] for r in ending),
         block_size=bs,
         token_budget=budget,
+        segment_blocks=tuple((r, batch.blocks[r]) for r in rows),
     )
 
 
@@ -262,27 +239,3 @@ def packed_signature(request: PackedRequest, path: SamplingPath) -> PrefillProgr
         s is not None and s.num_logprobs > 0 for s in distinct_params(request.sampling)
     )
     return PrefillProgramSignature(RequestKind.PACKED, request.padded_batch, request.token_budget, 0, 0, path, logprobs)
-
-
-def prepare_packed(
-    batch: PrefillBatch,
-    policy: PrefillPolicy,
-    layout: PageTableLayout,
-    *,
-    max_position: int | None = None,
-    whole_call_lane: bool = False,
-) -> tuple[PreparedPrefill, ...]:
-    """``plan_packed`` with each request's sampling path and program identity (no trace: eager only).
-
-    ``whole_call_lane``: the caller chose no slots, so a call wider than a
-    lane is still one packed plan (packed steps have no waves to split).
-    """
-    if whole_call_lane and len(batch) > policy.lane_size:
-        policy = attrs.evolve(policy, lane_size=len(batch))
-    prepared = []
-    for request in plan_packed(batch, policy, layout, max_position=max_position):
-        path = classify_sampling(
-            request.sampling, device_top_k_cap=policy.device_top_k_cap, allow_forced_argmax=policy.allow_forced_argmax
-        )
-        prepared.append(PreparedPrefill(request, path, packed_signature(request, path), None))  # type: ignore[arg-type]
-    return tuple(prepared)

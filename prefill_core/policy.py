@@ -19,6 +19,20 @@ A policy is every planning choice that tt-metal hard-codes, made a field:
   choice: fewer invocations) or split into exact smaller waves (no padding
   rows: better where every padded row is real work, as on a CPU).
 * Page-table widths are rounded up to ``table_width_multiple`` (8).
+* Wave admission (tt-transformers' ``BatchedPrefillPolicy``): a wave never
+  holds fewer than ``min_active_rows`` real rows (a bucket, or a split
+  piece, with fewer runs as singles); a wave's padded length is at most
+  ``max_wave_length`` (``None``: the max chunk); a sampled bucket's waves
+  hold at most ``max_sampled_wave`` rows (``None``: no cap; 1: singles, the
+  fallback for a backend without a batched sampled output). With
+  ``split_oversize_buckets`` False a bucket larger than its largest usable
+  wave runs as singles (tt-transformers never splits a bucket); with
+  ``isolate_cached_buckets`` a bucket of the uncached work's rung that holds
+  a cached row runs every row alone (tt-transformers' rule when cached rows
+  may not batch). ``batch_cached_rows``: cached rows that share a computed
+  start and a one-step length run as one chunked wave, each from its own
+  block-aligned start (``plan.py`` rule 3b). ``from_tt_transformers`` maps
+  a tt-transformers policy's fields onto these.
 * ``packed_steps``: plan packed steps (``packed.py``: real tokens only, up to
   ``max_chunk_length`` a step) where the backend and the model declare they
   can run them; otherwise, and always for traced calls, padded waves.
@@ -80,6 +94,11 @@ def _ladder(instance, attribute, value):
         raise _fail(attribute.name, value, "ladder must be strictly increasing")
 
 
+def _optional_positive_int(instance, attribute, value):
+    if value is not None and (type(value) is not int or value <= 0):
+        raise _fail(attribute.name, value, "must be None or a positive int")
+
+
 def _optional_lengths(instance, attribute, value):
     if value is None:
         return
@@ -116,10 +135,82 @@ class PrefillPolicy:
     static_last_token_tile: bool = attrs.field(default=False, validator=_bool)
     trace_lengths: tuple[int, ...] | None = attrs.field(default=None, validator=_optional_lengths)
     packed_steps: bool = attrs.field(default=False, validator=_bool)
+    min_active_rows: int = attrs.field(default=2, validator=_positive_int)
+    max_wave_length: int | None = attrs.field(default=None, validator=_optional_positive_int)
+    max_sampled_wave: int | None = attrs.field(default=None, validator=_optional_positive_int)
+    split_oversize_buckets: bool = attrs.field(default=True, validator=_bool)
+    isolate_cached_buckets: bool = attrs.field(default=False, validator=_bool)
+    batch_cached_rows: bool = attrs.field(default=False, validator=_bool)
 
     def __attrs_post_init__(self):
         if self.max_chunk_length % self.tile_size:
             raise _fail("max_chunk_length", self.max_chunk_length, f"must be a multiple of tile_size={self.tile_size}")
+        if self.max_wave_length is not None and self.max_wave_length > self.max_chunk_length:
+            rule = f"must be <= max_chunk_length={self.max_chunk_length} (a wave is one step)"
+            raise _fail("max_wave_length", self.max_wave_length, rule)
+
+    @classmethod
+    def from_tt_transformers(
+        cls,
+        *,
+        physical_batch_sizes: tuple[int, ...],
+        minimum_active_rows: int,
+        maximum_sequence_length: int,
+        maximum_physical_batch: int | None = None,
+        maximum_total_tokens: int = 128 * 1024,
+        allow_cached_prefix: bool = False,
+        sampling_requires_batched_output: bool = True,
+        batched_output_available: bool = True,
+        **overrides,
+    ) -> PrefillPolicy:
+        """The policy a tt-transformers ``BatchedPrefillPolicy`` with these fields describes.
+
+        Field by field: ``physical_batch_sizes`` -> ``waves``,
+        ``minimum_active_rows`` -> ``min_active_rows``,
+        ``maximum_physical_batch`` (default: the largest physical size) ->
+        ``max_batch_size``, ``maximum_sequence_length`` ->
+        ``max_wave_length``, ``maximum_total_tokens`` ->
+        ``max_batched_tokens`` (strict in both), ``allow_cached_prefix`` ->
+        ``batch_cached_rows`` (and, when False, ``isolate_cached_buckets``:
+        a cached row sends its bucket to singles, as there). Sampling that
+        needs a batched output the runtime lacks
+        (``sampling_requires_batched_output`` and not
+        ``batched_output_available``) gives ``max_sampled_wave=1``: sampled
+        rows run as singles. Buckets are never split there
+        (``split_oversize_buckets=False``). Two deviations stay ours: a
+        fully cached row re-runs its final block for its output (there it
+        has none), and batched cached rows start at their own cached block
+        (there they recompute and rewrite their cached prefix).
+        ``overrides`` are any other fields (``max_chunk_length``, ``lane_size``, ...).
+
+        The Galaxy brief: ``PrefillPolicy.from_tt_transformers(physical_batch_sizes=(32,),
+        minimum_active_rows=16, maximum_sequence_length=2048)``.
+        """
+        sizes = tuple(physical_batch_sizes) if isinstance(physical_batch_sizes, (tuple, list)) else ()
+        if not sizes or any(type(s) is not int or not 1 <= s <= 32 for s in sizes):
+            rule = "must be a non-empty tuple of ints in [1, 32]"
+            raise _fail("physical_batch_sizes", physical_batch_sizes, rule)
+        for name, value in (
+            ("allow_cached_prefix", allow_cached_prefix),
+            ("sampling_requires_batched_output", sampling_requires_batched_output),
+            ("batched_output_available", batched_output_available),
+        ):
+            if type(value) is not bool:
+                raise _fail(name, value, "must be a bool")
+        largest = sizes[-1] if maximum_physical_batch is None else maximum_physical_batch
+        fields = dict(
+            waves=sizes,
+            min_active_rows=minimum_active_rows,
+            max_batch_size=largest,
+            max_wave_length=maximum_sequence_length,
+            max_batched_tokens=maximum_total_tokens,
+            batch_cached_rows=allow_cached_prefix,
+            isolate_cached_buckets=not allow_cached_prefix,
+            split_oversize_buckets=False,
+            max_sampled_wave=1 if sampling_requires_batched_output and not batched_output_available else None,
+        )
+        fields.update(overrides)
+        return cls(**fields)
 
     # -- geometry rules -------------------------------------------------
     @classmethod
@@ -186,17 +277,39 @@ class PrefillPolicy:
         msg = f"no supported wave holds {num_active} rows (largest is {self.waves[-1]})"
         raise AssertionError(msg)
 
-    def max_wave_for(self, padded_length: int) -> int:
-        """Largest wave a bucket of ``padded_length`` may use (0 if none)."""
+    @property
+    def wave_length_limit(self) -> int:
+        """Longest padded step a wave may run: ``max_wave_length``, else the max chunk."""
+        return self.max_chunk_length if self.max_wave_length is None else self.max_wave_length
+
+    def max_wave_for(self, padded_length: int, *, sampled: bool = False) -> int:
+        """Largest wave a bucket of ``padded_length`` may use (0 if none); ``sampled``: its rows sample."""
+        if padded_length > self.wave_length_limit:
+            return 0
+        cap = min(self.max_batch_size, self.lane_size)
+        if sampled and self.max_sampled_wave is not None:
+            cap = min(cap, self.max_sampled_wave)
         best = 0
         for wave in self.waves:
-            if (
-                wave <= self.max_batch_size
-                and wave <= self.lane_size
-                and wave * padded_length < self.max_batched_tokens
-            ):
+            if wave <= cap and wave * padded_length < self.max_batched_tokens:
                 best = wave
         return best
+
+    def wave_groups(self, num_rows: int, max_wave: int) -> list[tuple[int, bool]]:
+        """A bucket of ``num_rows`` rows as consecutive ``(rows, is_wave)`` groups, in order.
+
+        A wave holds at least ``min_active_rows`` rows (and two); the rows
+        of any smaller group run alone. A bucket larger than ``max_wave``
+        splits into waves of ``max_wave`` rows first, unless
+        ``split_oversize_buckets`` is False: then every row runs alone.
+        """
+        least = max(2, self.min_active_rows)
+        if max_wave < 2 or num_rows < least or num_rows > max_wave and not self.split_oversize_buckets:
+            return [(num_rows, False)]
+        groups = []
+        for first in range(0, num_rows, max_wave):
+            groups += [(size, size >= least) for size in self.split_wave(min(max_wave, num_rows - first))]
+        return groups
 
     def split_wave(self, num_rows: int) -> list[int]:
         """Sizes of the waves ``num_rows`` bucket rows (<= the largest usable wave) run as."""

@@ -11,6 +11,7 @@ import attrs
 from .batch import PrefillBatch
 from .block_order import order_writers_first
 from .layout import PageTableLayout
+from .packed import PackedRequest, packed_signature, plan_packed
 from .plan import plan_prefill
 from .policy import PrefillPolicy
 from .request import PrefillRequest
@@ -18,23 +19,33 @@ from .sampling import SamplingPath, classify_sampling
 from .signatures import PrefillProgramSignature, PrefillTraceSignature, program_signature, trace_signature
 from .validate import check_inputs
 
-__all__ = ["PreparedPrefill", "prepare_in_sub_batches", "prepare_prefill", "prepare_request"]
+__all__ = ["PreparedPrefill", "prepare_in_sub_batches", "prepare_packed", "prepare_prefill", "prepare_request"]
 
 
 @attrs.frozen
 class PreparedPrefill:
-    """One planned request with its sampling path and identities."""
+    """One planned request with its sampling path and identities.
 
-    request: PrefillRequest
+    ``request`` is a padded wave (``PrefillRequest``) or packed steps
+    (``PackedRequest``): both implement the request protocol of
+    ``request.py``, and the shell reads them only through it. A packed
+    request has no trace signature: it runs eagerly only.
+    """
+
+    request: PrefillRequest | PackedRequest
     sampling_path: SamplingPath
     program_signature: PrefillProgramSignature
     trace_signature: PrefillTraceSignature | None
 
 
-def prepare_request(request: PrefillRequest, policy: PrefillPolicy) -> PreparedPrefill:
-    path = classify_sampling(
+def _sampling_path(request: PrefillRequest | PackedRequest, policy: PrefillPolicy) -> SamplingPath:
+    return classify_sampling(
         request.sampling, device_top_k_cap=policy.device_top_k_cap, allow_forced_argmax=policy.allow_forced_argmax
     )
+
+
+def prepare_request(request: PrefillRequest, policy: PrefillPolicy) -> PreparedPrefill:
+    path = _sampling_path(request, policy)
     body = trace_signature(request)
     program = program_signature(
         request, path, tile_size=policy.tile_size, static_last_token_tile=policy.static_last_token_tile, body=body
@@ -89,3 +100,23 @@ def prepare_in_sub_batches(
     by_request = {id(p.request): p for p in prepared}
     ordered = order_writers_first(tuple(p.request for p in prepared), layout.block_size)
     return tuple(by_request[id(request)] for request in ordered)
+
+
+def prepare_packed(
+    batch: PrefillBatch,
+    policy: PrefillPolicy,
+    layout: PageTableLayout,
+    *,
+    max_position: int | None = None,
+    whole_call_lane: bool = False,
+) -> tuple[PreparedPrefill, ...]:
+    """``plan_packed`` with each request's sampling path and program identity (no trace: eager only).
+
+    ``whole_call_lane``: the caller chose no slots, so a call wider than a
+    lane is still one packed plan (packed steps have no waves to split).
+    """
+    if whole_call_lane and len(batch) > policy.lane_size:
+        policy = attrs.evolve(policy, lane_size=len(batch))
+    requests = plan_packed(batch, policy, layout, max_position=max_position)
+    paths = [_sampling_path(request, policy) for request in requests]
+    return tuple(PreparedPrefill(r, path, packed_signature(r, path), None) for r, path in zip(requests, paths))

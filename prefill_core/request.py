@@ -1,4 +1,16 @@
-"""Planned invocation sequences: ``PrefillRequest`` and its ordered ``PrefillChunk``s."""
+"""Planned invocation sequences: ``PrefillRequest`` and its ordered ``PrefillChunk``s.
+
+The shell handles every planned request through one protocol, which
+``PrefillRequest`` (padded waves) and ``packed.PackedRequest`` (packed steps)
+both implement with the same meaning: per-row tuples of the rows the request
+returns (``source_rows``, ``slots``, ``lengths``, ``cached``, ``blocks``,
+``sampling``), ``kind``, ``padded_batch`` (physical rows: padding included
+for a wave, exactly the rows for packed steps), ``active_batch_size``,
+``num_chunks`` (model-body steps), ``read_table``, ``real_tokens`` /
+``computed_tokens``, and per step ``segments(i)`` (which positions of which
+caller row step ``i`` computes, and where they lie in its hidden output) and
+``written_blocks(i)`` (the KV blocks step ``i`` writes, per caller row).
+"""
 
 from __future__ import annotations
 
@@ -10,7 +22,7 @@ from .computed_positions import recomputed_positions
 from .sampling import SamplingParams
 from .tables import PageTableView, materialize_table
 
-__all__ = ["RequestKind", "PrefillChunk", "PrefillRequest"]
+__all__ = ["RequestKind", "PrefillChunk", "PrefillRequest", "StepSegment"]
 
 
 class RequestKind(enum.Enum):
@@ -24,6 +36,30 @@ class RequestKind(enum.Enum):
     @property
     def is_chunked(self) -> bool:
         return self is RequestKind.CHUNKED
+
+
+@attrs.frozen
+class StepSegment:
+    """Positions ``[start, start + length)`` of caller row ``row`` that one step computes.
+
+    They lie at ``offset`` in the step's hidden output rows (a padded wave's
+    row ``b`` at ``b * chunk_length``; a packed step's segments end to end).
+    ``writes``: whether the step writes any KV of the row (a fully cached
+    row's re-run writes nothing: its blocks are cached and may be shared).
+    Which blocks a step writes is the request's to say (``written_blocks(i)``):
+    a padded wave recomputes a cached row's prefix positions without writing
+    them.
+    """
+
+    row: int
+    offset: int
+    start: int
+    length: int
+    writes: bool
+
+    @property
+    def end(self) -> int:
+        return self.start + self.length
 
 
 @attrs.frozen
@@ -56,6 +92,9 @@ def _check_request(request: PrefillRequest) -> None:
         raise ValueError("PrefillRequest per-row fields must be non-empty and of equal length")
     if not n <= request.padded_batch:
         raise ValueError(f"active rows {n} exceed padded_batch {request.padded_batch}")
+    if any(a >= b for a, b in zip(request.source_rows, request.source_rows[1:])):
+        # The staging cuts a wave's rows from the caller's matrices as a slice when they are consecutive.
+        raise ValueError(f"a request's source_rows {request.source_rows} must be in caller order")
     if request.num_chunks < 1 or request.first_chunk_start % request.block_size:
         raise ValueError("a request needs >= 1 chunk starting on a block boundary")
 
@@ -130,6 +169,22 @@ class PrefillRequest:
     def read_table_values(self) -> tuple[tuple[int, ...], ...] | None:
         """The exact full-request (read) table of a chunked request, else None."""
         return None if self.read_table is None else materialize_table(self.read_table, self.blocks)
+
+    def segments(self, index: int) -> tuple[StepSegment, ...]:
+        """What chunk ``index`` computes per active row: ``[start, min(end, length))`` at hidden row ``b * length``."""
+        chunk = self.chunk(index)
+        rows = zip(self.source_rows, self.lengths, self.cached)
+        return tuple(
+            StepSegment(
+                row, b * chunk.length, chunk.start, max(0, min(chunk.end, length) - chunk.start), cached < length
+            )
+            for b, (row, length, cached) in enumerate(rows)
+        )
+
+    def written_blocks(self, index: int) -> dict[int, tuple[int, ...]]:
+        """Per active caller row, the blocks chunk ``index`` writes: its fill table's entries, in column order."""
+        fills = self.fill_table_of(self.chunk(index))
+        return {row: tuple(b for b in fill if b >= 0) for row, fill in zip(self.source_rows, fills)}
 
     @property
     def real_tokens(self) -> int:

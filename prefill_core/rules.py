@@ -41,7 +41,7 @@ from .errors import (
 )
 from .rule_finds import Hit, Limits, Scope
 
-__all__ = ["Rule", "RULES", "Hit", "Limits", "Scope", "check"]
+__all__ = ["Rule", "RULES", "BLOCK_RULES", "Hit", "Limits", "Scope", "check"]
 
 
 @attrs.frozen
@@ -209,9 +209,15 @@ RULES: tuple[Rule, ...] = (
 _BY_STAGE = {stage: tuple(rule for rule in RULES if rule.stage == stage) for stage in ("batch", "plan")}
 
 
-def check(stage: str, scope: Scope) -> None:
-    """Raises the first rule of ``stage`` (in table order) that ``scope``'s batch breaks."""
+BLOCK_RULES = frozenset(rule.name for rule in RULES if rule.stage == "plan" and rule.field.startswith("blocks"))
+"""The plan rules over ``batch.blocks`` (ids in the pool, repeats, writers, sharing)."""
+
+
+def check(stage: str, scope: Scope, *, skip: frozenset[str] | tuple[str, ...] = ()) -> None:
+    """Raises the first rule of ``stage`` (in table order, ``skip``'s names aside) that ``scope``'s batch breaks."""
     for rule in _BY_STAGE[stage]:
+        if rule.name in skip:
+            continue
         hit = rule.find(scope)
         if hit is not None:
             raise rule.error_for(hit, scope.limits) from None

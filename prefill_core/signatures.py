@@ -25,6 +25,7 @@ from .sampling import SamplingPath, distinct_params
 from .serialize import converter, digest
 
 __all__ = [
+    "GroupWidths",
     "PrefillProgramSignature",
     "PrefillTraceSignature",
     "program_signature",
@@ -33,14 +34,30 @@ __all__ = [
 
 
 @attrs.frozen
+class GroupWidths:
+    """What a body depends on per KV group of a hybrid model: the group's attention and its table widths.
+
+    The window is material (a windowed kernel call bakes it in) and so are
+    the widths (staged shapes); cached offsets and table contents are data.
+    """
+
+    kind: str
+    window: int | None
+    block_size: int
+    fill_width: int
+    read_width: int
+
+
+@attrs.frozen
 class PrefillTraceSignature:
-    """Identity of one captured hidden-body trace."""
+    """Identity of one captured hidden-body trace (``groups``: one entry per KV group, hybrid models only)."""
 
     variant: RequestKind
     padded_batch: int
     chunk_length: int
     page_table_width: int
     read_table_width: int
+    groups: tuple[GroupWidths, ...] = ()
 
     @property
     def key(self) -> str:
@@ -62,6 +79,7 @@ class PrefillProgramSignature:
     # Last, and left out of the canonical JSON when False (``serialize``), so
     # every key of a program without prompt log-probs stays what it was.
     prompt_logprobs: bool = False
+    groups: tuple[GroupWidths, ...] = ()  # hybrid models only; omitted from the JSON when empty
 
     @property
     def key(self) -> str:
@@ -71,13 +89,22 @@ class PrefillProgramSignature:
     def body(self) -> PrefillTraceSignature:
         """The sampling-free body this program runs (what a trace would capture)."""
         return PrefillTraceSignature(
-            self.variant, self.padded_batch, self.invocation_length, self.page_table_width, self.read_table_width
+            self.variant,
+            self.padded_batch,
+            self.invocation_length,
+            self.page_table_width,
+            self.read_table_width,
+            self.groups,
         )
 
 
+_OMITTED = override(omit_if_default=True)
 converter.register_unstructure_hook(
     PrefillProgramSignature,
-    make_dict_unstructure_fn(PrefillProgramSignature, converter, prompt_logprobs=override(omit_if_default=True)),
+    make_dict_unstructure_fn(PrefillProgramSignature, converter, prompt_logprobs=_OMITTED, groups=_OMITTED),
+)
+converter.register_unstructure_hook(
+    PrefillTraceSignature, make_dict_unstructure_fn(PrefillTraceSignature, converter, groups=_OMITTED)
 )
 
 
@@ -120,4 +147,5 @@ def program_signature(
         logprobs,
         tile,
         prompt_logprobs,
+        body.groups,
     )

@@ -14,7 +14,7 @@ from .batch import PrefillBatch
 from .errors import PrefillInputError
 from .layout import PageTableLayout
 from .policy import PrefillPolicy, check_policy_fits_layout
-from .rules import Limits, Scope, check
+from .rules import BLOCK_RULES, Limits, Scope, check
 
 __all__ = ["check_inputs", "checked_scope"]
 
@@ -60,14 +60,21 @@ def check_inputs(
 
 
 def checked_scope(
-    batch: PrefillBatch, policy: PrefillPolicy, layout: PageTableLayout, *, max_position: int | None = None
+    batch: PrefillBatch,
+    policy: PrefillPolicy,
+    layout: PageTableLayout,
+    *,
+    max_position: int | None = None,
+    block_rules: bool = True,
 ) -> Scope:
     """``check_inputs``, returning the judged batch with the columns its rules derived.
 
     The planner reads the mapped block counts (``Scope.needs``) from it
-    rather than dividing every length a second time.
+    rather than dividing every length a second time. ``block_rules=False``
+    skips the rules over ``batch.blocks`` (a call with one table per KV
+    group judges each group's table by its window: ``group_rules``).
     """
     _check_arguments(batch, policy, layout, max_position)
     scope = Scope(batch, _limits(policy, layout, max_position))
-    check("plan", scope)
+    check("plan", scope, skip=() if block_rules else BLOCK_RULES)
     return scope

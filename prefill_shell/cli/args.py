@@ -15,6 +15,7 @@ from typing import NoReturn
 
 from prefill_core.errors import PrefillError
 from prefill_shell.backends import TorchBackend
+from prefill_shell.cli.model_dtype import add_dtype_argument
 from prefill_shell.cli.score import add_score_parser
 from prefill_shell.reference.text import PromptError
 
@@ -92,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--chat", action="store_true", help="apply the model's chat template to plain prompts")
     run.add_argument("--device", default="cpu", type=_device, help="torch device (cpu or cuda)")
+    add_dtype_argument(run)
     run.add_argument("--block-size", type=_block_size, default=32, help="KV block size (a power of two)")
     run.add_argument("--seed", type=_seed, default=0, help="sampling seed (row i samples with seed + i)")
     run.add_argument("--debug", action="store_true", help="show the traceback of a failure")

@@ -23,8 +23,9 @@ import time
 from prefill_core import WarmupManifest
 from prefill_core.explain import plan_table
 from prefill_shell.cli.main import make_runtime, print_rows, row_sampling, show_progress, stage
+from prefill_shell.cli.model_dtype import load_cli_model
 from prefill_shell.engine.executor import PrefillExecutor
-from prefill_shell.reference.text import Prompt, encode, load_model, load_tokenizer
+from prefill_shell.reference.text import Prompt, encode, load_tokenizer
 from prefill_shell.scoring.prefix_sharing import SharedPrefixBatch, share_prefix
 
 __all__ = ["run_demo", "demo_prompts"]
@@ -114,7 +115,7 @@ def _timed(fn):
 def run_demo(args: argparse.Namespace) -> None:
     """Runs the demo batch on ``args.model`` (default: SmolLM2) and prints what it did."""
     with stage("load model and tokenizer"):
-        model, tokenizer = load_model(args.model, device=args.device), load_tokenizer(args.model)
+        (model, dtype), tokenizer = load_cli_model(args), load_tokenizer(args.model)
     ids, labels, members = demo_prompts(tokenizer, model.spec.vocab_size, args.seed)
     batch = share_prefix(ids, args.block_size, members)
     runtime = make_runtime(model, batch, args.block_size, args.device)
@@ -124,10 +125,10 @@ def run_demo(args: argparse.Namespace) -> None:
     with stage(f"prefill the shared prefix ({len(batch.prefix_tokens)} tokens)"):
         executor.prefill(*batch.prefix_call(), mode="eager", on_progress=show_progress)
     # Eager calls run packed steps where the runtime can (real tokens only); traces replay the padded plan.
-    padded = runtime.prepare(*call, sampling=sampling, packed=False)
+    padded = runtime.prepare(*call, sampling=sampling, mode="traced")
     prepared = padded.requests
-    packed_steps = sum(p.request.num_chunks for p in runtime.prepare(*call, sampling=sampling).requests)
-    print(f"model: {args.model or 'SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized to float32)'}\n")
+    packed_steps = sum(p.request.num_chunks for p in runtime.prepare(*call, sampling=sampling, mode="eager").requests)
+    print(f"model: {args.model or 'SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized)'}, dtype {dtype.describe()}\n")
     print(plan_table(prepared), "\n")
     print(f"eager: {packed_steps} packed steps of real tokens only; traced: the padded plan above\n")
     with stage(f"eager prefill ({sum(batch.lengths) - sum(batch.cached)} uncached tokens)"):
@@ -140,7 +141,7 @@ def run_demo(args: argparse.Namespace) -> None:
         traced, traced_s = _timed(lambda: executor.prefill(*call, sampling=sampling, mode="traced"))
     print_rows(eager, batch, tokenizer, labels)
     _summary(batch, prepared, members)
-    same = runtime.assemble(runtime.invocations(padded), padded.num_rows) == traced
+    same = runtime.assemble(runtime.invocations(padded, mode="eager"), padded.num_rows) == traced
     drift = max(abs(a.logprob - b.logprob) for a, b in zip(eager, traced))
     real = sum(p.request.real_tokens for p in prepared)
     print(f"traced results identical to the same plan run eagerly: {same}")

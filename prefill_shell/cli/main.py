@@ -23,6 +23,7 @@ import torch
 from prefill_core import PageTableLayout, SamplingParams
 from prefill_shell.backends import TorchBackend
 from prefill_shell.cli.args import build_parser, failure_message
+from prefill_shell.cli.model_dtype import load_cli_model
 from prefill_shell.cli.score import run_score
 from prefill_shell.engine.config import PrefillRuntimeConfig
 from prefill_shell.engine.progress import Progress
@@ -32,7 +33,6 @@ from prefill_shell.reference.text import (
     Prompt,
     PromptError,
     encode,
-    load_model,
     load_tokenizer,
     read_prompt_file,
     read_token_id_lines,
@@ -123,7 +123,7 @@ def run_prompts(args: argparse.Namespace) -> None:
         tokenizer = load_tokenizer(args.model)
     prompts = _prompts(args, tokenizer)
     with stage("load model"):
-        model = load_model(args.model, device=args.device)
+        model, _ = load_cli_model(args)
     check_prompts(prompts, model.spec)
     ids = [p for _, p in prompts]
     batch = share_prefixes(ids, args.block_size, sharing_groups(ids, args.block_size))

@@ -15,14 +15,12 @@ import argparse
 import json
 from pathlib import Path
 
-from prefill_core import PrefillPolicy
 from prefill_core.errors import InvalidScoringRequestError
 from prefill_core.explain import count_argument
-from prefill_shell.backends import TorchBackend
-from prefill_shell.engine.config import PrefillRuntimeConfig
-from prefill_shell.engine.runtime import PrefillRuntime
-from prefill_shell.reference.text import load_model, load_tokenizer
-from prefill_shell.scoring.scorer import Scorer, encode_pair, scoring_layout, window_length
+from prefill_shell.cli.model_dtype import add_dtype_argument, load_cli_model
+from prefill_shell.reference.text import load_tokenizer
+from prefill_shell.scoring.scorer import Scorer, encode_pair, window_length
+from prefill_shell.scoring.setup import scoring_runtime
 
 __all__ = ["add_score_parser", "run_score"]
 
@@ -39,6 +37,7 @@ def add_score_parser(sub) -> None:
     score.add_argument("--block-size", type=count_argument, default=16)
     score.add_argument("--max-chunk", type=count_argument, default=2048, help="the runtime's longest step")
     score.add_argument("--device", default="cpu", help="torch device (cpu or cuda)")
+    add_dtype_argument(score)
     score.add_argument("--debug", action="store_true", help="show the traceback of a failure")
 
 
@@ -70,17 +69,16 @@ def read_pairs(path: str | Path) -> list[tuple[str, str]]:
 
 
 def _scorer(args: argparse.Namespace, model, max_length: int) -> Scorer:
-    layout = scoring_layout(max_length, args.block_size)
-    policy = PrefillPolicy.fine_rungs(args.block_size, max_chunk_length=args.max_chunk)
-    kv = model.new_kv_cache(layout.num_blocks, layout.block_size)
-    config = PrefillRuntimeConfig.resolve(model, TorchBackend(args.device), kv, layout=layout, policy=policy)
-    return Scorer(PrefillRuntime(config), max_length=max_length)
+    runtime = scoring_runtime(
+        model, args.device, max_length=max_length, block_size=args.block_size, max_chunk=args.max_chunk
+    )
+    return Scorer(runtime, max_length=max_length)
 
 
 def run_score(args: argparse.Namespace) -> None:
     text_pairs = read_pairs(args.pairs) if args.pairs else None  # bad input fails before the model loads
     document = _read_text(args.document) if args.document else None
-    model, tokenizer = load_model(args.model, device=args.device), load_tokenizer(args.model)
+    (model, _), tokenizer = load_cli_model(args), load_tokenizer(args.model)
     max_length = window_length(args.max_length, model.spec.max_position, "--max-length")
     if tokenizer is None:
         raise InvalidScoringRequestError(f"--model {args.model!r} has no tokenizer: score needs text", field="model")

@@ -14,7 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 import attrs
 import torch
 
-__all__ = ["PACKED_CAPABILITY", "ModelSpec", "PrefillModel", "supports_packed"]
+__all__ = ["PACKED_CAPABILITY", "ModelSpec", "PrefillModel", "model_difference", "supports_packed"]
 
 
 def _positive_int(_instance: object, attribute: attrs.Attribute, value: int) -> None:
@@ -113,3 +113,28 @@ reads it.
 def supports_packed(model: object) -> bool:
     """Whether ``model`` declares it runs packed steps."""
     return getattr(model, PACKED_CAPABILITY, False) is True
+
+
+CHUNKED_WAVES_CAPABILITY = "chunked_waves"
+"""The optional model capability: a model with ``chunked_waves = True`` runs a chunked step
+(``read_table`` given) over several rows, each with its own row of ``start``, the fill and read
+tables (``PrefillPolicy.batch_cached_rows``). TTTv2's chunked ``prefill_forward`` runs one row."""
+
+
+def supports_chunked_waves(model: object) -> bool:
+    """Whether ``model`` declares it runs chunked steps of several rows."""
+    return getattr(model, CHUNKED_WAVES_CAPABILITY, False) is True
+
+
+def model_difference(model: object, other: object) -> str | None:
+    """The first spec field (or the dtype) in which ``other`` differs from ``model``, as ``"field a vs b"``;
+    None when they agree. Lanes of one group must run one model: their rows are one call's rows."""
+    spec, other_spec = getattr(model, "spec", None), getattr(other, "spec", None)
+    if not isinstance(spec, ModelSpec) or not isinstance(other_spec, ModelSpec):
+        return f"spec {type(spec).__name__} vs {type(other_spec).__name__}"
+    for field in attrs.fields(ModelSpec):
+        mine, theirs = getattr(spec, field.name), getattr(other_spec, field.name)
+        if mine != theirs:
+            return f"spec.{field.name} {mine} vs {theirs}"
+    mine, theirs = getattr(model, "dtype", None), getattr(other, "dtype", None)
+    return None if mine == theirs else f"dtype {mine} vs {theirs}"

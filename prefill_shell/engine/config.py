@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
@@ -11,29 +13,38 @@ from prefill_core import PageTableLayout, PrefillPolicy, ceil_div
 from prefill_core.errors import PrefillConfigError, PrefillInputError
 from prefill_core.policy import check_policy_fits_layout
 from prefill_shell.backends.base import Backend
-from prefill_shell.device.model import ModelSpec, PrefillModel, supports_packed
+from prefill_shell.device.model import ModelSpec, PrefillModel, supports_chunked_waves, supports_packed
 
-__all__ = ["PrefillRuntimeConfig"]
+__all__ = ["PrefillRuntimeConfig", "DISABLE_BATCHED_PREFILL", "batching_disabled"]
+
+DISABLE_BATCHED_PREFILL = "DISABLE_BATCHED_PREFILL"
+"""tt-transformers' switch: any non-empty value turns batched prefill off (its runtime reads it the same way)."""
+
+
+def batching_disabled(environ: Mapping[str, str]) -> bool:
+    """Whether ``environ`` turns batched prefill off: ``DISABLE_BATCHED_PREFILL`` set to anything but ""."""
+    return bool(environ.get(DISABLE_BATCHED_PREFILL))
 
 
 def _config_error(field: str, value: object, rule: str) -> PrefillConfigError:
     return PrefillConfigError(f"PrefillRuntimeConfig.{field}={value!r} is invalid: {rule}")
 
 
-def _check_capabilities(policy: PrefillPolicy, backend: Backend) -> None:
-    """Refuses a policy that would ask the backend for more than it declares it can do."""
+def _fit_capabilities(policy: PrefillPolicy, backend: Backend) -> PrefillPolicy:
+    """``policy`` within what the backend declares: a device top-k cap above the backend's is refused;
+    sampled waves wider than one device-sampling call serves are capped (``max_sampled_wave``), so
+    sampled rows run in smaller waves or alone: tt-transformers' fallback to singles, not a refusal."""
     device_cap = backend.max_device_top_k
     if device_cap is not None and policy.device_top_k_cap > device_cap:
         rule = f"must be <= the backend's max_device_top_k={device_cap}; larger top_k rows sample on the host"
         raise _config_error("policy.device_top_k_cap", policy.device_top_k_cap, rule)
     wave_cap = backend.max_sampled_wave
-    largest_wave = max((w for w in policy.waves if w <= min(policy.max_batch_size, policy.lane_size)), default=1)
-    if wave_cap is not None and largest_wave > wave_cap:
-        rule = (
-            f"its largest wave ({largest_wave} rows) exceeds the backend's max_sampled_wave={wave_cap}; "
-            f"lower max_batch_size or lane_size to {wave_cap}"
-        )
-        raise _config_error("policy.waves", policy.waves, rule)
+    largest = max((w for w in policy.waves if w <= min(policy.max_batch_size, policy.lane_size)), default=1)
+    if policy.max_sampled_wave is not None:
+        largest = min(largest, policy.max_sampled_wave)
+    if wave_cap is not None and largest > wave_cap:
+        policy = attrs.evolve(policy, max_sampled_wave=wave_cap)
+    return policy
 
 
 _POOL_GEOMETRY = ("num_layers", "num_kv_heads", "head_dim")
@@ -89,8 +100,17 @@ class PrefillRuntimeConfig:
         kv: Any,
         layout: PageTableLayout | None = None,
         policy: PrefillPolicy | None = None,
+        *,
+        environ: Mapping[str, str] | None = None,
     ) -> PrefillRuntimeConfig:
-        """Checks every collaborator once; raises ``PrefillConfigError`` naming what is wrong."""
+        """Checks every collaborator once; raises ``PrefillConfigError`` naming what is wrong.
+
+        A policy asking for cached rows in waves on a model that runs no
+        chunked wave (``device.model.supports_chunked_waves``) plans them
+        alone. ``environ`` (default ``os.environ``) is read here, once: with
+        ``DISABLE_BATCHED_PREFILL`` set the policy's ``batching_enabled`` is
+        False (the core never reads the environment).
+        """
         if not isinstance(model, PrefillModel):
             raise _config_error(
                 "model", type(model).__name__, "must implement PrefillModel (spec, dtype, forward_hidden, lm_head)"
@@ -104,7 +124,11 @@ class PrefillRuntimeConfig:
         ceiling = PageTableLayout(kv.block_size, ceil_div(model.spec.max_position, kv.block_size), kv.num_blocks)
         policy = policy or backend.preferred_policy(kv.block_size)
         _check_policy_fits_model(policy, model.spec)
-        _check_capabilities(policy, backend)
+        policy = _fit_capabilities(policy, backend)
+        if policy.batch_cached_rows and not supports_chunked_waves(model):
+            policy = attrs.evolve(policy, batch_cached_rows=False)  # cached rows run alone: singles, not a refusal
+        if batching_disabled(os.environ if environ is None else environ):
+            policy = attrs.evolve(policy, batching_enabled=False)
         packed = policy.packed_steps and getattr(backend, "packed_steps", False) is True and supports_packed(model)
         config = cls(model, backend, kv, layout or ceiling, policy, ceiling, packed)
         config.check_layout(config.layout)

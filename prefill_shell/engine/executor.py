@@ -13,8 +13,10 @@ library is usable on its own. Rules:
 * Threads: the executor is its runtime's one caller at a time; warm-up and
   every stream hold the runtime (``PrefillRuntime.hold``), so an entry from
   another thread meanwhile raises ``PrefillStateError`` at once.
-* ``mode``: ``"traced"``, ``"eager"``, or ``"auto"`` (traced when every
-  request is covered, else eager). An eager run of a program signature the
+* ``mode``: ``prefill_core.ExecutionMode`` (``"traced"``, ``"eager"``, or
+  ``"auto"``: traced when every request is covered, else eager), the same
+  spelling as the runtime's; it also plans the call
+  (``PrefillRuntime.prepare``). An eager run of a program signature the
   registry has not seen counts as a compile (``compile_count``).
 """
 
@@ -22,17 +24,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prefill_core import PrefillProgramSignature, WarmupManifest
-from prefill_core.errors import PrefillInputError, PrefillStateError
+from prefill_core import ExecutionMode, PrefillProgramSignature, WarmupManifest, execution_mode, replays
+from prefill_core.errors import PrefillStateError
 from prefill_shell.engine.call_guard import HeldStream
 from prefill_shell.engine.progress import ProgressCallback, ProgressCounter
 from prefill_shell.engine.result import BatchResult, InvocationResult, PrefillResult, refuse_per_row_extras
 from prefill_shell.engine.runtime import PrefillRuntime, PreparedBatch
 from prefill_shell.engine.steps.trace import require_coverage
 
-__all__ = ["PrefillExecutor", "MODES"]
-
-MODES = ("auto", "eager", "traced")
+__all__ = ["PrefillExecutor"]
 
 
 class PrefillExecutor:
@@ -77,19 +77,21 @@ class PrefillExecutor:
 
     # -- dispatch -------------------------------------------------------
     def invocations(
-        self, batch: PreparedBatch, mode: str = "auto", on_progress: ProgressCallback | None = None
+        self,
+        batch: PreparedBatch,
+        mode: ExecutionMode | str = ExecutionMode.AUTO,
+        on_progress: ProgressCallback | None = None,
     ) -> Iterator[InvocationResult]:
         """Invocations in plan order; a traced call is preflighted before anything runs.
 
         ``on_progress`` gets stage ``"prefill"``: done 0..``batch.num_steps`` body steps.
         """
         self._check_open()
-        if mode not in MODES:
-            raise PrefillInputError(f"mode={mode!r} is invalid: must be one of {MODES}", field="mode")
-        gaps = self.runtime.trace_gaps(batch)
-        if mode == "traced":
+        gaps = self.runtime.trace_gaps(batch)  # refuses anything but this runtime's PreparedBatch first
+        mode = execution_mode(mode)
+        if mode is ExecutionMode.TRACED:
             require_coverage(gaps)
-        steps = self._run(batch, mode == "traced" or (mode == "auto" and not gaps), on_progress)
+        steps = self._run(batch, replays(mode, not gaps), on_progress)
         # Held until the stream ends (a replay's outputs stay unread between steps), advanced by its holder only.
         return HeldStream(self.runtime.hold, steps, "PrefillExecutor.invocations")
 
@@ -100,7 +102,8 @@ class PrefillExecutor:
             if not traced and prepared.program_signature not in self.compiled:
                 self.compiled.add(prepared.program_signature)
                 self.compile_count += 1  # a program first seen while serving: a late compile
-            yield self.runtime.invoke(batch, index, traced=traced, progress=progress)
+            run = ExecutionMode.TRACED if traced else ExecutionMode.EAGER
+            yield self.runtime.invoke(batch, index, mode=run, progress=progress)
 
     def prefill(
         self,
@@ -110,7 +113,7 @@ class PrefillExecutor:
         cached_lengths=None,
         slots=None,
         sampling=None,
-        mode: str = "auto",
+        mode: ExecutionMode | str = ExecutionMode.AUTO,
         on_progress: ProgressCallback | None = None,
         *,
         batched: bool = False,
@@ -125,11 +128,9 @@ class PrefillExecutor:
         call = (tokens, page_table, prompt_lengths, cached_lengths, slots, sampling)
         return self._prefill(call, mode, on_progress, batched=batched)
 
-    def _prefill(self, call: tuple, mode: str, on_progress, *, batched: bool):
+    def _prefill(self, call: tuple, mode: ExecutionMode | str, on_progress, *, batched: bool):
         with self.runtime.hold():
-            # Traces replay padded waves: a call that may replay is planned padded, an eager one may be packed.
-            padded = mode == "traced" or (mode == "auto" and bool(self.runtime.captured_traces()))
-            batch = self.runtime.prepare(*call, packed=False if padded else None)
+            batch = self.runtime.prepare(*call, mode=mode)
             if not batched:
                 return self.runtime.assemble(self.invocations(batch, mode, on_progress), batch.num_rows)
             for prepared in batch.requests:
@@ -137,15 +138,16 @@ class PrefillExecutor:
             return self.runtime.assemble_batch(self.invocations(batch, mode, on_progress), batch.num_rows)
 
     def close(self) -> None:
-        """Releases every trace and workspace, then the runtime's orphans; refuses further calls.
+        """Closes its runtime (traces, workspaces, orphans: ``PrefillRuntime.close``); refuses further calls.
 
-        Holds the runtime throughout: a close from another thread while a call
-        runs is refused before it marks anything closed.
+        An executor owns the runtime it drives, so closing one closes both,
+        as ``LaneGroup.close`` closes every lane. Holds the runtime
+        throughout: a close from another thread while a call runs is refused
+        before it marks anything closed.
         """
         with self.runtime.hold():
             self._closed = True
-            self.runtime.release_traces()
-            self.runtime.cleanup()
+            self.runtime.close()
 
     def _check_open(self) -> None:
         if self._closed:

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from prefill_core import (
+    ExecutionMode,
     PageTableLayout,
     PrefillProgramSignature,
     PrefillTraceSignature,
@@ -30,10 +31,12 @@ from prefill_core import (
     RequestKind,
     SamplingParams,
     SamplingPath,
+    execution_mode,
     plans_packed,
     prepare_in_sub_batches,
     prepare_packed,
     prepare_prefill,
+    replays,
 )
 from prefill_core.errors import CleanupError, PrefillStateError
 from prefill_shell.device.contract import (
@@ -41,7 +44,6 @@ from prefill_shell.device.contract import (
     FILL_TABLE,
     INPUT_TOKENS,
     PACKED_INPUTS,
-    PACKED_TOKENS,
     READ_TABLE,
 )
 from prefill_shell.device.ledger import DeviceTensor
@@ -61,7 +63,6 @@ from prefill_shell.engine.steps.prompt_logprobs import (
     PromptLogprobCollector,
     prompt_steps,
     requested_spans,
-    take_entries,
 )
 from prefill_shell.engine.steps.step_loop import EagerSteps, PrefillStepLoop
 from prefill_shell.engine.steps.trace import CapturedTrace, PrefillTraceLifecycle, require_coverage, warmup_step
@@ -137,7 +138,7 @@ class PrefillRuntime:
     # Model calls run without autograd: every public entry point that reaches
     # them (invoke, compile, capture) enters torch.inference_mode once.
     def _run_body(self, step: DeviceStep) -> Any:
-        if PACKED_TOKENS in step:  # packed step (prefill_core.packed): segments end to end
+        if step.kind is RequestKind.PACKED:  # packed step (prefill_core.packed): segments end to end
             return self.config.model.forward_packed(*(step[spec].value for spec in PACKED_INPUTS), self.config.kv)
         read = step.get(READ_TABLE)
         return self.config.model.forward_hidden(
@@ -162,7 +163,7 @@ class PrefillRuntime:
         slots: Sequence[int] | torch.Tensor | None = None,
         sampling: SamplingParams | Sequence[SamplingParams | None] | None = None,
         *,
-        packed: bool | None = None,
+        mode: ExecutionMode | str = ExecutionMode.AUTO,
     ) -> PreparedBatch:
         """Validates and plans a call; builds every step's host input values once.
 
@@ -173,18 +174,20 @@ class PrefillRuntime:
 
         Raises a ``PrefillInputError`` subclass naming the row and field on
         any malformed input; nothing is allocated or written in that case.
-        ``packed``: plan packed steps (eager only) when the config allows
-        them (``None``: whenever it does; ``False``: padded waves, which a
-        traced call needs).
+        ``mode``: how the call will run (``prefill_core.execution``), which
+        decides its plan: packed steps where the config runs them and the
+        call will not replay traces, else the padded waves a trace serves.
+        It plans only: ``invoke`` / ``invocations`` take the mode they run in.
         """
         self._check_open()
+        mode = execution_mode(mode)
         config = self.config
         matrix = as_token_matrix(tokens)
         table = host_page_table(page_table, matrix.shape[0])
         batch = build_batch(matrix, table, prompt_lengths, cached_lengths, slots, sampling, config.layout)
         check_token_ids(matrix, batch, config.model.spec.vocab_size)
         max_position = config.model.spec.max_position
-        if plans_packed(config.packed_steps, packed):
+        if plans_packed(config.packed_steps, mode, bool(self._traces.traces)):
             requests = prepare_packed(
                 batch, config.policy, config.layout, max_position=max_position, whole_call_lane=slots is None
             )
@@ -201,12 +204,19 @@ class PrefillRuntime:
 
     @exclusive
     def invoke(
-        self, batch: PreparedBatch, index: int, *, traced: bool = False, progress: ProgressCounter | None = None
+        self,
+        batch: PreparedBatch,
+        index: int,
+        *,
+        mode: ExecutionMode | str = ExecutionMode.AUTO,
+        progress: ProgressCounter | None = None,
     ) -> InvocationResult:
         """Runs request ``index`` of ``batch``: eagerly, or by replaying its captured trace.
 
-        ``traced=True`` never falls back to eager: a request without a trace
-        or workspace raises ``TraceCoverageError`` before anything runs.
+        ``mode``: ``"traced"`` never falls back to
+        eager (a request without a trace or workspace raises
+        ``TraceCoverageError`` before anything runs); ``"auto"`` replays
+        when the request has a trace, else runs it eagerly.
         ``progress`` counts each body step as it finishes. An error raised
         once a step has started carries ``partial_writes`` (see
         ``partial_writes.note_partial_writes``).
@@ -220,6 +230,7 @@ class PrefillRuntime:
         """
         self._check_open()
         prepared = checked_request(batch, index, self, self.config.layout)
+        mode = execution_mode(mode)
         rows = prepared.request.source_rows
         finished = None
         if progress is not None:
@@ -228,23 +239,25 @@ class PrefillRuntime:
             def finished(step: int) -> None:
                 progress.advance(f"rows {rows} chunk {step + 1}/{num_steps}")
 
-        steps = StepLog(batch.steps[index], finished, block_size=batch.layout.block_size)
-        mode, generation = self._traces.mode_for(prepared) if traced else (self._eager, 0)
+        log = StepLog(prepared.request, finished)
+        traced = replays(mode, self._traces.gap(prepared) is None)
+        runner, generation = self._traces.mode_for(prepared) if traced else (self._eager, 0)
         seeds = self._resolve_seeds(prepared)
         pieces = batch.prompt_steps[index] if batch.prompt_steps else None
         on_hidden = None if pieces is None else self._prompt.hook(pieces, batch.prompt_entries)
         try:
             with torch.inference_mode():
                 signature = prepared.program_signature
-                outputs, owned = self._loop.run(mode, signature, wave_params(prepared), steps, seeds, on_hidden)
+                params = wave_params(prepared)
+                outputs, owned = self._loop.run(runner, signature, params, batch.steps[index], seeds, on_hidden, log)
         except BaseException as error:
-            if steps.started:
-                note_partial_writes(error, steps.written_blocks(rows))
+            if log.started:
+                note_partial_writes(error, log.written_blocks(rows))
             raise
         try:  # until the assembler records it, an interrupt here would strand the outputs where cleanup() cannot
             # Rows this request returns take their entries, scored here or in earlier requests' steps (packed).
-            prompt = take_entries(batch.prompt_entries, rows) if batch.prompt_steps else None
-            invocation = InvocationResult(prepared, outputs, owned, seeds, mode.workspace, generation, prompt, steps)
+            prompt = batch.prompt_entries.take(rows) if batch.prompt_steps else None
+            invocation = InvocationResult(prepared, outputs, owned, seeds, runner.workspace, generation, prompt, log)
             return self._assembler.produced(invocation)
         except BaseException as primary:
             self._release_handles(owned, primary)
@@ -252,13 +265,18 @@ class PrefillRuntime:
 
     @exclusive_stream
     def invocations(
-        self, batch: PreparedBatch, *, traced: bool = False, on_progress: ProgressCallback | None = None
+        self,
+        batch: PreparedBatch,
+        *,
+        mode: ExecutionMode | str = ExecutionMode.AUTO,
+        on_progress: ProgressCallback | None = None,
     ) -> Iterator[InvocationResult]:
         """Invocations in plan order, produced lazily (one in flight at a time).
 
-        ``traced=True`` preflights the whole call as ``PrefillExecutor`` does:
-        a request without a trace raises ``TraceCoverageError`` before any
-        request runs. ``on_progress`` gets stage ``"prefill"``: done
+        ``mode`` is decided for the whole call, as
+        ``PrefillExecutor`` does: ``"traced"`` preflights it (a request
+        without a trace raises ``TraceCoverageError`` before any request
+        runs); ``"auto"`` replays only when every request has a trace. ``on_progress`` gets stage ``"prefill"``: done
         0..``batch.num_steps`` body steps (``prefill_shell.engine.progress``).
 
         Closing the stream early (``break``) after a packed request leaves
@@ -267,11 +285,14 @@ class PrefillRuntime:
         names their blocks (drop them from a prefix cache, as for
         ``partial_writes``).
         """
-        if traced:
-            require_coverage(self.trace_gaps(batch))
+        mode = execution_mode(mode)
+        gaps = self.trace_gaps(batch) if mode is not ExecutionMode.EAGER else []
+        if mode is ExecutionMode.TRACED:
+            require_coverage(gaps)
+        run = ExecutionMode.TRACED if replays(mode, not gaps) else ExecutionMode.EAGER
         progress = ProgressCounter(on_progress, "prefill", batch.num_steps).start()
         for index in range(len(batch.requests)):
-            yield self.invoke(batch, index, traced=traced, progress=progress)
+            yield self.invoke(batch, index, mode=run, progress=progress)
 
     @exclusive_stream
     def stream(self, invocations: Iterable[InvocationResult]) -> Iterator[PrefillResult]:
@@ -298,12 +319,12 @@ class PrefillRuntime:
         slots=None,
         sampling=None,
         *,
-        traced: bool = False,
+        mode: ExecutionMode | str = ExecutionMode.AUTO,
         on_progress: ProgressCallback | None = None,
     ) -> list[PrefillResult]:
-        """prepare + invoke + assemble: one row's result per caller row, in caller order."""
-        batch = self.prepare(tokens, page_table, prompt_lengths, cached_lengths, slots, sampling)
-        return self.assemble(self.invocations(batch, traced=traced, on_progress=on_progress), batch.num_rows)
+        """prepare + invoke + assemble in ``mode`` (planned for it): one result per caller row, in caller order."""
+        batch = self.prepare(tokens, page_table, prompt_lengths, cached_lengths, slots, sampling, mode=mode)
+        return self.assemble(self.invocations(batch, mode=mode, on_progress=on_progress), batch.num_rows)
 
     def _resolve_seeds(self, prepared: PreparedPrefill) -> tuple[int, ...]:
         """A seed per physical row: the row's own, else one drawn from the runtime's generator.

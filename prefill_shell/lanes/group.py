@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from prefill_core import SamplingParams, WarmupManifest, route_to_lanes
+from prefill_core import ExecutionMode, SamplingParams, WarmupManifest, execution_mode, route_to_lanes
 from prefill_core.errors import (
     CleanupError,
     EmptyBatchError,
@@ -43,6 +43,7 @@ from prefill_core.errors import (
     PrefillInputError,
     TraceCoverageError,
 )
+from prefill_shell.device.model import model_difference
 from prefill_shell.device.notes import add_note
 from prefill_shell.engine.batch_builder import as_token_matrix, host_page_table
 from prefill_shell.engine.call_guard import CallGuard, exclusive
@@ -55,7 +56,13 @@ __all__ = ["LaneGroup"]
 
 
 def _same_for_every_lane(executors: Sequence[PrefillExecutor]) -> int:
-    """The lanes' common ``lane_size``; refuses shared runtimes, backends or KV pools."""
+    """The lanes' common ``lane_size``; refuses lanes of different models (spec, dtype) and shared runtimes,
+    backends or KV pools."""
+    first = executors[0].runtime.config.model
+    for lane, executor in enumerate(executors[1:], start=1):
+        difference = model_difference(first, executor.runtime.config.model)
+        if difference is not None:
+            raise PrefillConfigError(f"lane group: lane {lane}'s model differs from lane 0's ({difference})")
     sizes = [e.runtime.config.policy.lane_size for e in executors]
     if len(set(sizes)) != 1:
         raise PrefillConfigError(f"lane group: every lane needs the same policy.lane_size; lanes have {sizes}")
@@ -175,7 +182,7 @@ class LaneGroup:
         cached_lengths=None,
         slots=None,
         sampling=None,
-        mode: str = "auto",
+        mode: ExecutionMode | str = ExecutionMode.AUTO,
         *,
         batched: bool = False,
     ) -> list[PrefillResult] | BatchResult:
@@ -183,8 +190,10 @@ class LaneGroup:
 
         ``batched=True``: as caller-ordered tensors (``BatchResult``); a row
         asking top or prompt log-probs raises ``InvalidSamplingError`` before
-        any lane runs.
+        any lane runs. ``mode`` (``prefill_core.ExecutionMode``) plans and
+        runs every lane's call, as ``PrefillExecutor.prefill`` does.
         """
+        mode = execution_mode(mode)
         if batched:
             if isinstance(sampling, (list, tuple, SamplingParams)):
                 listed = [sampling] if isinstance(sampling, SamplingParams) else sampling
@@ -213,19 +222,20 @@ class LaneGroup:
                     _pick(cached, rows),
                     list(route.slots),
                     _pick(params, rows),
+                    mode=mode,
                 )
             except PrefillInputError as error:
                 raise _in_caller_rows(error, route.lane, rows) from None
             batches.append(batch)
         calls = self._preflight(routes, batches, mode)
         by_lane = (run_on_threads if self.threaded else run_in_turn)(calls)
-        merged: list[PrefillResult | None] = [None] * num_rows
+        merged: dict[int, PrefillResult] = {}
         for call in calls:
             for local, result in enumerate(by_lane[call.lane]):
                 merged[call.source_rows[local]] = result._replace(row=call.source_rows[local])
-        return merged  # type: ignore[return-value]
+        return [merged[row] for row in range(num_rows)]
 
-    def _preflight(self, routes, batches, mode: str) -> list[LaneCall]:
+    def _preflight(self, routes, batches, mode: ExecutionMode) -> list[LaneCall]:
         """Every lane's stream, each preflighted (traced coverage, mode) before any lane runs."""
         calls: list[LaneCall] = []
         try:

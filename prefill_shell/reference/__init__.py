@@ -1,17 +1,22 @@
-"""Torch reference model: a paged-KV Llama that implements the model protocol.
+"""Torch reference model: a paged-KV Llama-shaped decoder that implements the model protocol.
 
-It loads Hugging Face Llama checkpoints from a local folder or a Llama GGUF
-file and is checked against ``transformers`` on the same weights.
+One model, configured from the checkpoint, computes the Llama, Mistral,
+Qwen2 and Qwen3 families. It loads Hugging Face checkpoints from a local
+folder or a GGUF file and is checked against ``transformers`` on the same
+weights.
 """
 
-from prefill_shell.reference.config import Llama3RopeScaling, LlamaSpec, read_config_json
+from prefill_shell.reference.config import LayerAttention, LlamaSpec, read_config_json
 from prefill_shell.reference.gguf import load_gguf
 from prefill_shell.reference.kv_cache import PagedKVCache
 from prefill_shell.reference.llama import PagedLlama
+from prefill_shell.reference.rope import LinearRopeScaling, Llama3RopeScaling, YarnRopeScaling
 from prefill_shell.reference.weights import PRESETS, load_hf_folder, random_llama, save_hf_folder
 
 __all__ = [
     "PRESETS",
+    "LayerAttention",
+    "LinearRopeScaling",
     "Llama3RopeScaling",
     "LlamaSpec",
     "PagedKVCache",
@@ -21,4 +26,5 @@ __all__ = [
     "random_llama",
     "read_config_json",
     "save_hf_folder",
+    "YarnRopeScaling",
 ]

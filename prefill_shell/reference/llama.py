@@ -1,9 +1,13 @@
-"""A torch Llama whose attention reads and writes a paged KV pool.
+"""A torch Llama-shaped decoder whose attention reads and writes a paged KV pool.
 
-It implements ``PrefillModel`` and mirrors Hugging Face's Llama numerics
-(RMSNorm in float32, half-split RoPE with Llama-3 frequency scaling, grouped
-query attention, SwiGLU) so that it can be checked against ``transformers``
-on the same weights. Weights are plain tensors keyed by their HF names.
+It implements ``PrefillModel`` and mirrors Hugging Face's numerics for the
+Llama, Mistral, Qwen2 and Qwen3 families (RMSNorm in float32, half-split
+RoPE with the scalings ``reference/rope.py`` computes, grouped query
+attention, SwiGLU), so that it can be checked against ``transformers`` on the
+same weights. What differs by family is read from ``LlamaSpec``: each layer
+takes its attention options (Q/K/V and output biases, per-head Q/K RMSNorm)
+from ``LlamaSpec.layer_attention``. Weights are plain tensors keyed by their
+HF names.
 
 ``forward_hidden`` has a capture-safe form: shapes come only from input
 shapes, ``start`` stays on the device, and ``-1`` page-table entries are
@@ -22,7 +26,6 @@ since a masked NaN score or ``0 * NaN`` in the value product is still NaN.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import NamedTuple
 
@@ -31,22 +34,26 @@ import torch.nn.functional as F
 
 from prefill_core import ceil_div
 from prefill_core.errors import PrefillConfigError
-from prefill_shell.reference.config import LlamaSpec
+from prefill_shell.reference.config import LayerAttention, LlamaSpec
 from prefill_shell.reference.kv_cache import PagedKVCache
 from prefill_shell.reference.packed_attention import packed_writes, segment_attention, segment_reads, write_packed
-from prefill_shell.reference.projection import Projection
+from prefill_shell.reference.projection import Projection, prepacks
+from prefill_shell.reference.rope import rope_inv_freq as scaled_inv_freq
 
 __all__ = ["PagedLlama", "llama_weight_shapes", "rope_inv_freq"]
 
 
 class _Layer(NamedTuple):
+    attention: LayerAttention
     attn_norm: torch.Tensor
-    qkv: Projection  # [q_out + 2 * kv_out, hidden]: one matmul for Q, K and V
+    qkv: Projection  # [q_out + 2 * kv_out, hidden]: one matmul for Q, K and V (and their biases)
+    qk_norm: torch.Tensor | None  # [heads + kv_heads, head_dim]: q_norm per query head, then k_norm per KV head
     o: Projection
     mlp_norm: torch.Tensor
     gate: Projection
     up: Projection
     down: Projection
+    gate_up: Projection | None  # [2 * inter, hidden] where the weights are not prepacked (see _layer)
 
 
 class _ChunkReads(NamedTuple):
@@ -110,18 +117,26 @@ def _with_prefix(
 def llama_weight_shapes(spec: LlamaSpec) -> dict[str, tuple[int, ...]]:
     """Every tensor a checkpoint must provide, by HF name, with its shape.
 
-    ``lm_head.weight`` is absent when the embeddings are tied.
+    ``lm_head.weight`` is absent when the embeddings are tied; biases and
+    Q/K norms are present where the layer's ``LayerAttention`` says so.
     """
     h, inter = spec.hidden_size, spec.intermediate_size
     q_out, kv_out = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (spec.vocab_size, h)}
     for i in range(spec.num_layers):
         p = f"model.layers.{i}."
+        attention = spec.layer_attention(i)
         shapes[p + "input_layernorm.weight"] = (h,)
-        shapes[p + "self_attn.q_proj.weight"] = (q_out, h)
-        shapes[p + "self_attn.k_proj.weight"] = (kv_out, h)
-        shapes[p + "self_attn.v_proj.weight"] = (kv_out, h)
+        for name, rows in (("q", q_out), ("k", kv_out), ("v", kv_out)):
+            shapes[p + f"self_attn.{name}_proj.weight"] = (rows, h)
+            if attention.qkv_bias:
+                shapes[p + f"self_attn.{name}_proj.bias"] = (rows,)
+        if attention.qk_norm:
+            shapes[p + "self_attn.q_norm.weight"] = (spec.head_dim,)
+            shapes[p + "self_attn.k_norm.weight"] = (spec.head_dim,)
         shapes[p + "self_attn.o_proj.weight"] = (h, q_out)
+        if attention.o_bias:
+            shapes[p + "self_attn.o_proj.bias"] = (h,)
         shapes[p + "post_attention_layernorm.weight"] = (h,)
         shapes[p + "mlp.gate_proj.weight"] = (inter, h)
         shapes[p + "mlp.up_proj.weight"] = (inter, h)
@@ -133,35 +148,22 @@ def llama_weight_shapes(spec: LlamaSpec) -> dict[str, tuple[int, ...]]:
 
 
 def rope_inv_freq(spec: LlamaSpec) -> torch.Tensor:
-    """Per-pair rotation frequencies ``[head_dim // 2]`` (float32), Llama-3 scaled if configured.
+    """Per-pair rotation frequencies ``[head_dim // 2]`` (float32), scaled as the spec's RoPE says.
 
     Computed in float32 like HF does, so both sides round the same way.
     """
-    dim = spec.head_dim
-    inv_freq = 1.0 / (spec.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
-    scaling = spec.rope_scaling
-    if scaling is None:
-        return inv_freq
-    old_len = scaling.original_max_position_embeddings
-    low_wavelen = old_len / scaling.low_freq_factor
-    high_wavelen = old_len / scaling.high_freq_factor
-    wavelen = 2 * math.pi / inv_freq
-    # Long wavelengths (low frequencies) are slowed by `factor`, short ones kept,
-    # and the band between is a linear blend so the spectrum stays continuous.
-    scaled = torch.where(wavelen > low_wavelen, inv_freq / scaling.factor, inv_freq)
-    ramp = (old_len / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
-    blended = (1 - ramp) * scaled / scaling.factor + ramp * scaled
-    in_band = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
-    return torch.where(in_band, blended, scaled)
+    return scaled_inv_freq(spec.rope_theta, spec.head_dim, spec.rope_scaling)
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    if x.dtype == torch.float32:
+    """RMSNorm over the last dimension; ``weight`` is ``[D]`` or broadcasts over ``x`` (one per head)."""
+    if x.dtype == torch.float32 and weight.dim() == 1:
         return F.rms_norm(x, (x.shape[-1],), weight, eps)  # one fused kernel
-    # Normalise in float32 whatever the model dtype, as HF does, then scale.
+    # At half precision HF's bits: normalise in float32, round to the model dtype, then scale
+    # (F.rms_norm would scale before rounding). In place where HF allocates: same ops, two fewer passes.
     x32 = x.float()
-    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * x32.to(x.dtype)
+    x32.mul_(x32.pow(2).mean(-1, keepdim=True).add_(eps).rsqrt_())
+    return x32.to(x.dtype).mul_(weight)
 
 
 def _apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
@@ -173,15 +175,19 @@ def _apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) ->
 
 
 def _split_qkv(
-    qkv: torch.Tensor, spec: LlamaSpec, cos: torch.Tensor, signed_sin: torch.Tensor
+    qkv: torch.Tensor, spec: LlamaSpec, layer: _Layer, cos: torch.Tensor, signed_sin: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``[..., S, q_out + 2 * kv_out]`` -> rotated ``q [..., S, H, D]``, ``k, v [..., S, Hkv, D]`` (views).
 
     Q and K lie side by side in the fused projection's output, so one rotary
-    pass covers both heads' groups.
+    pass (and one per-head RMSNorm before it, where the layer has Q/K norms)
+    covers both heads' groups.
     """
     heads, kv_heads, dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
-    qk = _apply_rope(qkv[..., : (heads + kv_heads) * dim].unflatten(-1, (heads + kv_heads, dim)), cos, signed_sin)
+    qk = qkv[..., : (heads + kv_heads) * dim].unflatten(-1, (heads + kv_heads, dim))
+    if layer.qk_norm is not None:
+        qk = _rms_norm(qk, layer.qk_norm, spec.rms_norm_eps)
+    qk = _apply_rope(qk, cos, signed_sin)
     v = qkv[..., (heads + kv_heads) * dim :].unflatten(-1, (kv_heads, dim))
     return qk[..., :heads, :], qk[..., heads:, :], v
 
@@ -197,9 +203,13 @@ def _expand_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
 
 
 class PagedLlama:
-    """Llama with paged KV; implements ``prefill_shell.device.model.PrefillModel``, packed steps included."""
+    """A Llama-shaped decoder (Llama, Mistral, Qwen2, Qwen3) with paged KV.
+
+    Implements ``prefill_shell.device.model.PrefillModel``, packed steps included.
+    """
 
     packed_steps = True  # forward_packed: segments end to end (reference/packed_attention.py)
+    chunked_waves = True  # a chunked step's rows each read and write through their own table rows
 
     def __init__(self, config: LlamaSpec, weights: Mapping[str, torch.Tensor], device: torch.device | str = "cpu"):
         self.config = config
@@ -214,10 +224,12 @@ class PagedLlama:
         self._head = Projection(w["model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"])
         freqs = torch.outer(torch.arange(config.max_position_embeddings, dtype=torch.float32), rope_inv_freq(config))
         angles = torch.cat((freqs, freqs), dim=-1)  # [max_position, head_dim]
-        # Precomputed tables turn position handling into a gather with static shapes.
-        self._cos = angles.cos().to(self.device)
+        # Precomputed tables turn position handling into a gather with static shapes;
+        # YaRN's attention factor scales cos and sin in float32, as HF does.
+        factor = config.rope_attention_factor
+        self._cos = (angles.cos() * factor).to(self.device)
         half = angles.shape[-1] // 2
-        sin = angles.sin()
+        sin = angles.sin() * factor
         self._signed_sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1).to(self.device)
 
     def _checked_weights(self, weights: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -249,17 +261,31 @@ class PagedLlama:
 
     def _layer(self, i: int) -> _Layer:
         p, w = f"model.layers.{i}.", self.weights
-        # Q/K/V share one input and fuse into one matmul; gate/up stay two
-        # matmuls: fusing them into one [2*I, H] matmul does not pay on a CPU.
+        attention = self.config.layer_attention(i)
+        # Q/K/V share one input and fuse into one matmul. Gate/up fuse too
+        # where the weights are plain (bf16/fp16, CUDA): one [2*I, H] matmul and
+        # SwiGLU in two passes; prepacked fp32 weights keep them two oneDNN calls
+        # with SwiGLU inside, which is faster there than the fused matmul.
         qkv = self._fuse([p + f"self_attn.{n}_proj.weight" for n in "qkv"])
+        qkv_bias = self._fuse([p + f"self_attn.{n}_proj.bias" for n in "qkv"]) if attention.qkv_bias else None
+        qk_norm = None
+        if attention.qk_norm:
+            heads, kv_heads = self.config.num_heads, self.config.num_kv_heads
+            q_norm, k_norm = w[p + "self_attn.q_norm.weight"], w[p + "self_attn.k_norm.weight"]
+            qk_norm = torch.cat((q_norm.expand(heads, -1), k_norm.expand(kv_heads, -1)))
+        mlp = [p + f"mlp.{n}_proj.weight" for n in ("gate", "up")]
+        gate_up = None if prepacks(w[mlp[0]]) else Projection(self._fuse(mlp))
         return _Layer(
+            attention=attention,
             attn_norm=w[p + "input_layernorm.weight"],
-            qkv=Projection(qkv),
-            o=Projection(w[p + "self_attn.o_proj.weight"]),
+            qkv=Projection(qkv, qkv_bias),
+            qk_norm=qk_norm,
+            o=Projection(w[p + "self_attn.o_proj.weight"], w.get(p + "self_attn.o_proj.bias")),
             mlp_norm=w[p + "post_attention_layernorm.weight"],
             gate=Projection(w[p + "mlp.gate_proj.weight"]),
             up=Projection(w[p + "mlp.up_proj.weight"]),
             down=Projection(w[p + "mlp.down_proj.weight"]),
+            gate_up=gate_up,
         )
 
     def state_dict(self) -> dict[str, torch.Tensor]:
@@ -343,7 +369,7 @@ class PagedLlama:
         eps = self.config.rms_norm_eps
         for i, layer in enumerate(self._layers):
             qkv = layer.qkv(_rms_norm(residual, layer.attn_norm, eps))
-            q, k, v = _split_qkv(qkv, self.config, cos, sin)  # token-major [T, heads, D]
+            q, k, v = _split_qkv(qkv, self.config, layer, cos, sin)  # token-major [T, heads, D]
             write_packed(kv, i, k, v, writes)
             attn = segment_attention(kv, i, (q, k, v), reads, self._sdpa)  # [T, H, D]
             residual = layer.o.plus(attn.flatten(1), residual)
@@ -363,7 +389,7 @@ class PagedLlama:
     ) -> torch.Tensor:
         spec = self.spec
         batch, seq, _ = x.shape
-        rotated = _split_qkv(layer.qkv(x), self.config, *rope)
+        rotated = _split_qkv(layer.qkv(x), self.config, layer, *rope)
         q, k, v = (t.transpose(1, 2) for t in rotated)  # [B, heads, S, D]
         kv.fill(index, k, v, fill_table)
         if reads is None or reads.mask is None:  # regular prefill, or a chunk with no prefix
@@ -388,7 +414,11 @@ class PagedLlama:
     def _mlp(layer: _Layer, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """``residual + (silu(x W_gate^T) * (x W_up^T)) W_down^T`` as ``[B*S, H]``."""
         x = x.view(-1, x.shape[-1])
-        return layer.down.plus(layer.up.times(x, layer.gate.silu(x)), residual)
+        if layer.gate_up is None:
+            return layer.down.plus(layer.up.times(x, layer.gate.silu(x)), residual)
+        gate_up = layer.gate_up(x)  # [T, 2 * inter]: gate | up
+        gate, up = gate_up.chunk(2, dim=-1)
+        return layer.down.plus(F.silu(gate, inplace=True).mul(up), residual)
 
     @torch.inference_mode()
     def lm_head(self, hidden_rows: torch.Tensor) -> torch.Tensor:

@@ -30,19 +30,25 @@ def prepacks(weight: torch.Tensor) -> bool:
 
 
 class Projection:
-    """``x @ W^T`` for a ``[out, in]`` weight; ``weight`` stays the plain tensor (``state_dict`` shares it)."""
+    """``x @ W^T (+ b)`` for a ``[out, in]`` weight and an optional ``[out]`` bias.
 
-    __slots__ = ("weight", "_packed")
+    ``weight`` and ``bias`` stay the plain tensors (``state_dict`` shares them).
+    Only ``__call__`` and ``plus`` take the bias: they are the attention's
+    projections, the ones a family may give biases; the SwiGLU forms have none.
+    """
 
-    def __init__(self, weight: torch.Tensor):
+    __slots__ = ("weight", "bias", "_packed")
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
         self.weight = weight
+        self.bias = bias
         self._packed = torch.ops.mkldnn._reorder_linear_weight(weight, _PACK_FOR_ROWS) if prepacks(weight) else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """``x @ W^T``."""
+        """``x @ W^T + b``."""
         if self._packed is None:
-            return F.linear(x, self.weight)
-        return torch.ops.mkldnn._linear_pointwise(x, self._packed, None, "none", [], "")
+            return F.linear(x, self.weight, self.bias)
+        return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
 
     def silu(self, x: torch.Tensor) -> torch.Tensor:
         """``silu(x @ W^T)``: SwiGLU's gate."""
@@ -57,7 +63,8 @@ class Projection:
         return torch.ops.mkldnn._linear_pointwise.binary(x, other, self._packed, None, "mul")
 
     def plus(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
-        """``other + x @ W^T`` as a new tensor: a residual add."""
+        """``other + (x @ W^T + b)`` as a new tensor: a residual add."""
         if self._packed is None:
-            return torch.addmm(other, x, self.weight.t())
-        return torch.ops.mkldnn._linear_pointwise.binary(x, other, self._packed, None, "add")
+            out = torch.addmm(other, x, self.weight.t())
+            return out if self.bias is None else out.add_(self.bias)
+        return torch.ops.mkldnn._linear_pointwise.binary(x, other, self._packed, self.bias, "add")

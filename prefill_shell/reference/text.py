@@ -16,7 +16,9 @@ from typing import Any
 import attrs
 import torch
 
+from prefill_core.dtype import AUTO, DtypeChoice, canonical_dtype
 from prefill_core.errors import PrefillConfigError
+from prefill_shell.backends.numerics import choose_dtype
 from prefill_shell.extras import requires_extra
 from prefill_shell.reference import PRESETS, PagedLlama, load_gguf, load_hf_folder, random_llama, read_config_json
 from prefill_shell.reference.gguf import gguf_has_tokenizer
@@ -26,8 +28,10 @@ __all__ = [
     "RANDOM_PREFIX",
     "Prompt",
     "PromptError",
+    "checkpoint_dtype",
     "encode",
     "load_model",
+    "model_dtype",
     "load_tokenizer",
     "read_prompt_file",
     "read_text_lines",
@@ -67,17 +71,33 @@ def _is_gguf(path: Path) -> bool:
         return fh.read(4) == _GGUF_MAGIC
 
 
-def load_model(ref: str | None, dtype: torch.dtype = torch.float32, device: str = "cpu") -> PagedLlama:
-    """The weights ``--model`` names, as a ``PagedLlama``."""
+def checkpoint_dtype(ref: str | None) -> str | None:
+    """The dtype ``--model``'s checkpoint stores, for ``dtype=auto``: a folder's ``config.json`` names one (float32
+    where it is silent); a GGUF file (quantized) and a random preset name none."""
     if ref is not None and ref.startswith(RANDOM_PREFIX):
-        name = ref[len(RANDOM_PREFIX) :]
-        if name not in PRESETS:
+        return None
+    path = model_path(ref)
+    return read_config_json(path).dtype if _model_kind(path) == "folder" else None
+
+
+def model_dtype(ref: str | None, request: str | torch.dtype = "float32", device: str = "cpu") -> DtypeChoice:
+    """The dtype a model named by ``ref`` runs in for ``request`` (``prefill_core.dtype``'s rules) and why."""
+    request = str(request).removeprefix("torch.")
+    return choose_dtype(request, checkpoint_dtype(ref) if canonical_dtype(request) == AUTO else None, device)
+
+
+def load_model(ref: str | None, dtype: str | torch.dtype = "float32", device: str = "cpu") -> PagedLlama:
+    """The weights ``--model`` names, as a ``PagedLlama`` in ``dtype`` (a name, ``auto`` or ``native``)."""
+    name = model_dtype(ref, dtype, device).dtype
+    if ref is not None and ref.startswith(RANDOM_PREFIX):
+        preset = ref[len(RANDOM_PREFIX) :]
+        if preset not in PRESETS:
             raise PrefillConfigError(f"--model {ref!r} is invalid: presets are {sorted(PRESETS)}")
-        return random_llama(0, name, device=device)
+        return random_llama(0, preset, device=device, dtype=name)
     path = model_path(ref)
     if _model_kind(path) == "folder":
-        return load_hf_folder(path, device=device, dtype=str(dtype).removeprefix("torch."))
-    return load_gguf(path, dtype=dtype, device=device)
+        return load_hf_folder(path, device=device, dtype=name)
+    return load_gguf(path, dtype=getattr(torch, name), device=device)
 
 
 def _model_kind(path: Path) -> str:

@@ -16,8 +16,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from prefill_core.errors import PrefillConfigError
-from prefill_shell.reference.config import Llama3RopeScaling, LlamaSpec, read_config_json
+from prefill_shell.reference.config import LlamaSpec, read_config_json
 from prefill_shell.reference.llama import PagedLlama, llama_weight_shapes, rope_inv_freq
+from prefill_shell.reference.rope import Llama3RopeScaling
 
 __all__ = ["PRESETS", "load_hf_folder", "random_llama", "save_hf_folder"]
 
@@ -53,6 +54,21 @@ PRESETS: dict[str, LlamaSpec] = {
         rope_scaling=Llama3RopeScaling(8.0, 1.0, 4.0, 2048),
         max_position_embeddings=16384,
     ),
+    # SmolLM2-135M's shape (its GGUF file's spec) with random weights: for machines the file cannot reach.
+    "smollm2_shape": LlamaSpec(
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_layers=30,
+        num_heads=9,
+        num_kv_heads=3,
+        head_dim=64,
+        rms_norm_eps=1e-5,
+        rope_theta=100000.0,
+        rope_scaling=None,
+        max_position_embeddings=8192,
+        tie_word_embeddings=True,
+    ),
     # Sized so a 5000-token prefill takes about a second on two CPU cores.
     "demo": LlamaSpec(
         vocab_size=32000,
@@ -84,7 +100,9 @@ def random_llama(
     gen = torch.Generator().manual_seed(seed)
     weights = {}
     for name, shape in llama_weight_shapes(spec).items():
-        if len(shape) == 1:
+        if name.endswith(".bias"):
+            weights[name] = 0.1 * torch.randn(shape, generator=gen)
+        elif len(shape) == 1:
             # Norm weights near 1 but not equal, so a missed norm scale shows up.
             weights[name] = 1.0 + 0.1 * torch.randn(shape, generator=gen)
         else:
@@ -138,7 +156,7 @@ def _check_tensor_names(spec: LlamaSpec, weights: dict[str, torch.Tensor], folde
             same = tensor.shape == expected.shape and torch.allclose(tensor.float(), expected, rtol=1e-5, atol=0)
             rule = "it differs from the RoPE frequencies config.json describes"
         else:
-            same, rule = False, "the reference Llama has no such tensor (a bias or another architecture's weight)"
+            same, rule = False, "the reference model has no such tensor (a bias or norm config.json does not describe)"
         if not same:
             raise PrefillConfigError(f"{folder}: checkpoint tensor {name!r} is unsupported: {rule}")
 

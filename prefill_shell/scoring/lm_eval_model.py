@@ -16,24 +16,27 @@ Model arguments (``--model_args``): ``model`` (a .gguf file, a Hugging Face
 folder, ``random:NAME``, or ``smollm2``/empty for the pinned SmolLM2),
 ``max_length`` (lm-eval's window and truncation length; default the model's
 positions minus one), ``block_size`` (16), ``max_chunk`` (the runtime's
-longest step, default 2048), ``num_blocks`` (KV pool size), ``traced``.
+longest step, default 2048), ``num_blocks`` (KV pool size), ``traced``,
+``dtype`` (as lm-eval's ``hf`` model takes it: ``float32``, the default,
+``bfloat16``, ``float16``, or ``auto`` for the checkpoint's dtype; plus
+``native``: bfloat16 where the device computes it natively, else float32;
+``prefill_core.dtype`` holds the rules). ``self.dtype_choice`` says which
+dtype it resolved to and why.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import attrs
 import torch
 
-from prefill_core import PrefillPolicy
+from prefill_core import ExecutionMode
+from prefill_core.dtype import canonical_dtype
 from prefill_core.errors import PrefillConfigError
-from prefill_shell.backends import TorchBackend
-from prefill_shell.engine.config import PrefillRuntimeConfig
-from prefill_shell.engine.runtime import PrefillRuntime
 from prefill_shell.extras import LM_EVAL_PYTHONS, requires_extra
-from prefill_shell.reference.text import load_model, load_tokenizer
-from prefill_shell.scoring.scorer import Scorer, scoring_layout, window_length
+from prefill_shell.reference.text import load_model, load_tokenizer, model_dtype
+from prefill_shell.scoring.scorer import Scorer, window_length
+from prefill_shell.scoring.setup import scoring_runtime
 
 with requires_extra("lm-eval", __name__, pythons=LM_EVAL_PYTHONS):
     import lm_eval.models  # noqa: F401 (lm-eval fills its registry from this import only while the registry is empty)
@@ -87,6 +90,7 @@ class PrefillRuntimeLM(TemplateLM):
         device: str | None = None,
         batch_size: int | str | None = None,
         max_batch_size: int | None = None,
+        dtype: str | torch.dtype | None = None,
         **_ignored: Any,
     ):
         super().__init__()
@@ -94,24 +98,27 @@ class PrefillRuntimeLM(TemplateLM):
         # lm-eval's command line passes device="cuda" unless told otherwise; on a machine without CUDA
         # that default is not a request the caller made, so the CPU serves it.
         device = device if device == "cpu" or (device and torch.cuda.is_available()) else "cpu"
-        self.model = load_model(ref, device=device)
+        request = canonical_dtype(
+            "float32" if dtype in (None, "") else str(dtype), "prefill-runtime model argument dtype"
+        )
+        self.dtype_choice = model_dtype(ref, request, device)
+        self.model = load_model(ref, dtype=self.dtype_choice.dtype, device=device)
         self.tokenizer = load_tokenizer(ref)
         self._model_name = model
         spec = self.model.spec
         given = _model_int("max_length", max_length, None)
         self._max_length = window_length(given, spec.max_position, "prefill-runtime model argument max_length")
-        block_size = _model_int("block_size", block_size, 16)
-        layout = scoring_layout(self._max_length, block_size, _model_int("num_blocks", num_blocks, None))
-        # Packed steps where the backend and model run them (eager); a traced scorer still plans padded.
-        policy = attrs.evolve(
-            PrefillPolicy.fine_rungs(block_size, max_chunk_length=_model_int("max_chunk", max_chunk, 2048)),
-            packed_steps=True,
+        runtime = scoring_runtime(
+            self.model,
+            device,
+            max_length=self._max_length,
+            block_size=_model_int("block_size", block_size, 16),
+            max_chunk=_model_int("max_chunk", max_chunk, 2048),
+            num_blocks=_model_int("num_blocks", num_blocks, None),
         )
-        kv = self.model.new_kv_cache(layout.num_blocks, block_size)
-        config = PrefillRuntimeConfig.resolve(self.model, TorchBackend(device), kv, layout=layout, policy=policy)
         rows = int(batch_size) if str(batch_size).isdecimal() else 32
-        traced = _model_flag("traced", traced)
-        self.scorer = Scorer(PrefillRuntime(config), max_length=self._max_length, max_rows=max(rows, 1), traced=traced)
+        mode = ExecutionMode.TRACED if _model_flag("traced", traced) else ExecutionMode.AUTO
+        self.scorer = Scorer(runtime, max_length=self._max_length, max_rows=max(rows, 1), mode=mode)
 
     # -- what TemplateLM asks for ----------------------------------------
     @property

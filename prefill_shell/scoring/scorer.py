@@ -34,7 +34,7 @@ from collections.abc import Iterable, Iterator, Sequence
 import attrs
 import torch
 
-from prefill_core import PageTableLayout, SamplingParams, ceil_div
+from prefill_core import ExecutionMode, PageTableLayout, SamplingParams, ceil_div, execution_mode
 from prefill_core.errors import CapacityError, InvalidScoringRequestError, PrefillConfigError, row_error
 from prefill_shell.engine.runtime import PrefillRuntime
 from prefill_shell.scoring.prefix_sharing import share_prefix, sharing_groups
@@ -199,8 +199,10 @@ class Scorer:
 
     ``pool``: the KV blocks it may use (default: every block of the
     runtime's layout). ``max_rows``: follow-up rows per round (one prefill
-    call). ``traced``: run every request by trace replay (traces and
-    workspaces are captured on first use). ``positions_computed`` counts
+    call). ``mode`` (``prefill_core.ExecutionMode``, as the runtime takes
+    it): ``"traced"`` runs every request by trace replay, capturing traces
+    and workspaces on first use; ``"auto"`` replays where traces exist;
+    ``"eager"`` never does. ``positions_computed`` counts
     the positions the model body ran, over every call.
     """
 
@@ -211,7 +213,7 @@ class Scorer:
         *,
         max_length: int | None = None,
         max_rows: int = 32,
-        traced: bool = False,
+        mode: ExecutionMode | str = ExecutionMode.AUTO,
     ):
         if max_length is not None:
             _check_max_length(max_length)
@@ -226,7 +228,7 @@ class Scorer:
         self.block_size = layout.block_size
         self.max_length = max_length
         self.max_rows = max_rows
-        self.traced = traced
+        self.mode = execution_mode(mode)
         self.positions_computed = 0
 
     # -- public API ---------------------------------------------------------
@@ -236,11 +238,11 @@ class Scorer:
             msg = f"pairs=<{type(pairs).__name__}> is invalid: must be a sequence of (context, continuation) pairs"
             raise InvalidScoringRequestError(msg, field="pairs")
         rows = self._rows(pairs)
-        scores: list[ContinuationScore | None] = [None] * len(rows)
+        scores: dict[int, ContinuationScore] = {}
         for group_rows in self._rounds(rows):
             for row, score in zip(group_rows, self._run_round(group_rows)):
                 scores[row.pair] = score
-        return scores  # type: ignore[return-value]
+        return [scores[pair] for pair in range(len(rows))]
 
     def score_rolling(self, documents: Sequence[Sequence[int]], prefix_token: int) -> list[float]:
         """Each document's log-likelihood over lm-eval's disjoint rolling windows of ``max_length``."""
@@ -268,7 +270,7 @@ class Scorer:
     # -- rows, groups, rounds -----------------------------------------------
     def _rows(self, pairs) -> list[_Row]:
         """Truncated token rows, laid out by group: shared lengths come from ``prefix_sharing``."""
-        rows: list[_Row | None] = [None] * len(pairs)
+        rows: dict[int, _Row] = {}
         full, context_lengths = [], []
         for i, pair in enumerate(pairs):
             tokens, length = self._truncated(i, *_pair(i, pair, self.vocab_size))
@@ -284,7 +286,7 @@ class Scorer:
             blocks = tuple(layout.prefix_blocks)
             for i, cached in zip(group, layout.cached):
                 rows[i] = _Row(i, tuple(full[i]), context_lengths[i], cached, blocks if cached else ())
-        return rows  # type: ignore[return-value]
+        return [rows[i] for i in range(len(pairs))]
 
     def _truncated(self, index: int, context: list[int], continuation: list[int]) -> tuple[list[int], int]:
         if not continuation:
@@ -306,25 +308,34 @@ class Scorer:
         return tokens, len(tokens) - len(continuation)
 
     def _rounds(self, rows: list[_Row]) -> Iterator[list[_Row]]:
-        """Rows in rounds of at most ``max_rows`` rows and the pool's free blocks; a group's rows stay
-        in one round (its shared blocks are filled once per round)."""
+        """Rows in rounds of at most ``max_rows`` follow-up rows and the pool's free blocks.
+
+        A sharing group larger than a round is split over several: each round
+        that holds some of its rows maps (and prefills) its shared blocks once,
+        so any set of pairs whose rows fit the pool one at a time runs. Every
+        row is checked against the pool before the first round runs.
+        """
         by_group: dict[tuple, list[_Row]] = {}
         for row in rows:
-            key = row.tokens[: row.cached] if row.cached else ("single", row.pair)
-            by_group.setdefault(key, []).append(row)
+            need = len(row.shared_blocks) + self._own_blocks(row)
+            if need > self.pool.available:
+                msg = f"row {row.pair}: it needs {need} KV blocks; the pool has {self.pool.available} free"
+                raise CapacityError(msg, row=row.pair, field="pair")
+            by_group.setdefault(row.tokens[: row.cached] if row.cached else ("single", row.pair), []).append(row)
         batch: list[_Row] = []
         blocks = 0
         for members in by_group.values():
-            need = len(members[0].shared_blocks) + sum(self._own_blocks(r) for r in members)
-            if need > self.pool.available:
-                raise CapacityError(
-                    f"row {members[0].pair}: its group needs {need} KV blocks; the pool has {self.pool.available} free"
-                )
-            if batch and (len(batch) + len(members) > self.max_rows or blocks + need > self.pool.available):
-                yield batch
-                batch, blocks = [], 0
-            batch.extend(members)
-            blocks += need
+            shared = len(members[0].shared_blocks)
+            in_batch = False  # whether this round already maps the group's shared blocks
+            for row in members:
+                need = self._own_blocks(row) + (0 if in_batch else shared)
+                if batch and (len(batch) == self.max_rows or blocks + need > self.pool.available):
+                    yield batch
+                    batch, blocks = [], 0
+                    need = self._own_blocks(row) + shared
+                batch.append(row)
+                blocks += need
+                in_batch = True
         if batch:
             yield batch
 
@@ -377,16 +388,13 @@ class Scorer:
         # One call to every other thread: a release_traces() or close() between the capture and the replay
         # would otherwise surface here as a missing trace instead of being refused by name over there.
         with runtime.hold():
-            # Traces replay padded waves: a traced scorer plans padded even where the runtime could pack.
-            batch = runtime.prepare(
-                tokens, table, lengths, cached, sampling=sampling, packed=False if self.traced else None
-            )
+            batch = runtime.prepare(tokens, table, lengths, cached, sampling=sampling, mode=self.mode)
             for prepared in batch.requests:
                 self.positions_computed += prepared.request.computed_tokens
-                if self.traced and runtime.trace_gap(prepared) is not None:
+                if self.mode is ExecutionMode.TRACED and runtime.trace_gap(prepared) is not None:
                     runtime.capture(prepared.trace_signature)
                     runtime.allocate_workspace(prepared.program_signature)
-            return runtime.assemble(runtime.invocations(batch, traced=self.traced), batch.num_rows)
+            return runtime.assemble(runtime.invocations(batch), batch.num_rows)
 
 
 def _matrix(rows: Sequence[Sequence[int]], filler: int = 0) -> torch.Tensor:

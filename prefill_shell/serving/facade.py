@@ -3,10 +3,10 @@
 The plugin reaches a TTTv2 model through its generator facade: it reads the
 class-level ``model_capabilities``, calls ``allocate_kv_cache`` with vLLM's
 KV shape, ``warmup_model_prefill``, then ``prefill_forward`` step after
-step. This module is that facade over a ``PrefillExecutor``
-(``serving_lanes.LaneGroupFacade`` is the same facade over a lane group: it
-replaces only the lane-shaped steps, the methods under "what a subclass
-serving several lanes replaces"):
+step. This module is that facade (``PluginFacade``), over one
+``PrefillExecutor`` (``ServingFacade``); ``lane_facade.LaneGroupFacade`` is
+the same facade over a lane group: the two differ only in the lanes object
+each composes (``OneLane``, ``lane_facade.LaneGroupLanes``):
 
 * **Normalisation and refusals** (tt-metal's ``VLLMAdapter.normalize_prefill``):
   ``enable_trace`` must be a bool (``TypeError``); ``enable_trace=True`` when
@@ -35,7 +35,8 @@ serving several lanes replaces"):
   core's ``SamplingParams``; a row with penalties asks the device for logits
   and is sampled here (``penalties``), its prompt being its tokens up to
   ``prompt_lens`` and its output tokens those of ``output_tokens`` (none
-  unless passed).
+  unless passed); ``prompt_tokens``, ``output_tokens`` and ``slot_remap``
+  take tt-transformers' forms (``penalty_state``).
 """
 
 from __future__ import annotations
@@ -47,8 +48,8 @@ from typing import Any
 import attrs
 import torch
 
-from prefill_core import PageTableLayout, PrefillPolicy, SamplingPath, ceil_div, manifest_for
-from prefill_core.errors import InvalidSamplingError, KVCacheMismatchError, PrefillConfigError, PrefillStateError
+from prefill_core import PageTableLayout, PrefillPolicy, SamplingPath, can_trace, ceil_div, manifest_for
+from prefill_core.errors import KVCacheMismatchError, PrefillConfigError, PrefillStateError
 from prefill_shell.backends.base import Backend
 from prefill_shell.device.model import PrefillModel
 from prefill_shell.device.notes import add_note
@@ -58,9 +59,10 @@ from prefill_shell.engine.executor import PrefillExecutor
 from prefill_shell.engine.result import BatchResult
 from prefill_shell.engine.runtime import PrefillRuntime
 from prefill_shell.sampling.penalties import sample_penalised
+from prefill_shell.serving.penalty_state import check_slot_remap, state_rows, token_ids
 from prefill_shell.serving.plugin_sampling import PluginRows, rows_from_plugin
 
-__all__ = ["ServingFacade", "IGNORED_KEYWORDS"]
+__all__ = ["IGNORED_KEYWORDS", "OneLane", "PluginFacade", "ServingFacade"]
 
 IGNORED_KEYWORDS = frozenset(
     {"page_tables_per_layer", "prompt_tokens", "output_tokens", "slot_remap", "rope_deltas_all_users"}
@@ -74,15 +76,15 @@ _NO_POOL_NOTE = (
 )
 
 
-class ServingFacade:
-    """``prefill_forward`` and its set-up calls, as the plugin makes them, over one runtime lane.
+class PluginFacade:
+    """What the plugin calls (``allocate_kv_cache``, ``warmup_model_prefill``, ``can_trace``, ``prefill_forward``,
+    ``cleanup``), over the lanes a facade serves.
 
-    ``kv_factory(num_blocks, block_size)`` builds a KV pool (default: the
-    model's ``new_kv_cache``); the pool is built by ``allocate_kv_cache``,
-    at vLLM's block size, so nothing runs before it. ``max_batch_size`` is
-    vLLM's ``max_num_seqs``: the lane's slots (the runtime's
-    ``policy.lane_size`` is set to it), so an ``empty_slots`` entry at or
-    past it is an ``InvalidSlotError`` at its row.
+    ``ServingFacade`` (one lane) and ``serving.lane_facade.LaneGroupFacade``
+    (one lane per data-parallel rank) are this class over a different
+    ``lanes`` object (``OneLane``, ``lane_facade.LaneGroupLanes``): what is
+    lane-shaped (building and releasing pools, what ``kv_cache`` must be,
+    what runs a call) is the lanes', everything the plugin sees is here, once.
     """
 
     model_capabilities = {
@@ -95,78 +97,43 @@ class ServingFacade:
 
     def __init__(
         self,
-        model: PrefillModel,
-        backend: Backend,
+        lanes: Any,
         *,
         max_seq_len: int,
-        max_batch_size: int = 32,
-        policy: PrefillPolicy | None = None,
-        kv_factory: Callable[[int, int], Any] | None = None,
-        kv_dtype: torch.dtype | None = None,
-        prefill_traces: bool = True,
-        seed: int = 0,
+        max_batch_size: int,
+        policy: PrefillPolicy | None,
+        kv_dtype: torch.dtype | None,
+        prefill_traces: bool,
+        seed: int,
     ):
         for name, value in (("max_seq_len", max_seq_len), ("max_batch_size", max_batch_size)):
             if type(value) is not int or value <= 0:
                 raise PrefillConfigError(f"{type(self).__name__}: {name}={value!r} is invalid: must be an int > 0")
+        model = lanes.model
+        self.lanes = lanes
         self.model = model
-        self.backend = backend
+        self.backend = lanes.backend
         self.max_seq_len = max_seq_len
         self.max_batch_size = max_batch_size
         self.policy = policy
         self.prefill_traces = prefill_traces
-        self._kv_factory = kv_factory or model.new_kv_cache
-        self._kv_dtype = kv_dtype or model.dtype
-        self._seed = seed
+        if kv_dtype is not None and kv_dtype != getattr(model, "dtype", None):
+            rule = (
+                f"must be None or the model's dtype {getattr(model, 'dtype', None)}: the KV pool is built in, and "
+                "the model runs on, the model's dtype (load the model in the dtype you want)"
+            )
+            raise PrefillConfigError(f"{type(self).__name__}: kv_dtype={kv_dtype!r} is invalid: {rule}")
+        self._kv_dtype = model.dtype
         self._rng = random.Random(seed)
         self.kv: Any = None
-        self.executor: PrefillExecutor | None = None
-
-    @property
-    def runtime(self) -> PrefillRuntime:
-        return self._executors()[0].runtime
-
-    # -- what a subclass serving several lanes replaces -------------------
-    def _executors(self) -> list[PrefillExecutor]:
-        """The lanes' executors, in lane order (here: the one lane)."""
-        if self.executor is None:
-            raise PrefillStateError("call allocate_kv_cache before any prefill: no KV pool is allocated yet")
-        return [self.executor]
-
-    def _prefill_target(self) -> PrefillExecutor:
-        """What runs a normalised call: anything with ``PrefillExecutor.prefill``'s signature (``batched`` included)."""
-        return self.executor
-
-    def _pool_rows(self) -> int:
-        """Slots one lane holds (its policy's ``lane_size``); a provisional pool holds a block of tail for each."""
-        return self.max_batch_size
-
-    def _build(self, num_blocks: int, block_size: int) -> Any:
-        """Builds the pool and the runtime over it; returns what the plugin passes back as ``kv_cache``."""
-        kv = self._kv_factory(num_blocks, block_size)
-        self.executor = self._lane_executor(self.model, self.backend, kv, num_blocks, block_size, self._seed)
-        return kv
-
-    def _release(self) -> None:
-        """Closes the lane (its pool's traces and workspaces go with it); the next call needs a new pool."""
-        if self.executor is not None:
-            self.executor.close()
-        self.executor, self.kv = None, None
-
-    def _check_kv(self, kv_cache: Any) -> None:
-        if kv_cache is not None and kv_cache is not self.runtime.config.kv:
-            msg = (
-                f"kv_cache={type(kv_cache).__name__} is invalid: it must be the pool allocate_kv_cache returned "
-                "(the one this runtime was resolved with), or None"
-            )
-            raise KVCacheMismatchError(msg, field="kv_cache")
 
     def _lane_executor(self, model, backend, kv, num_blocks: int, block_size: int, seed: int) -> PrefillExecutor:
+        """One lane's executor over ``kv``: the facade's layout, and its policy with the lane's slots."""
         layout = PageTableLayout(block_size, ceil_div(self.max_seq_len, block_size), num_blocks)
         policy = self.policy or backend.preferred_policy(block_size)
         if isinstance(policy, PrefillPolicy):
             # The plugin numbers a lane's rows 0..max_num_seqs-1: the core's slot rule refuses any slot past them.
-            policy = attrs.evolve(policy, lane_size=self._pool_rows())
+            policy = attrs.evolve(policy, lane_size=self.lanes.pool_rows)
         config = PrefillRuntimeConfig.resolve(model, backend, kv, layout=layout, policy=policy)
         return PrefillExecutor(PrefillRuntime(config, seed=seed))
 
@@ -189,10 +156,10 @@ class ServingFacade:
             num_blocks, block_size = self._checked_shape(kv_cache_shape, dtype, num_layers)
         else:
             block_size = _PROVISIONAL_BLOCK_SIZE
-            num_blocks = ceil_div(self.max_seq_len, block_size) + self._pool_rows()
+            num_blocks = ceil_div(self.max_seq_len, block_size) + self.lanes.pool_rows
         self._release()  # before the build: a device holds one pool, never the old and the new together
         try:
-            self.kv = self._build(num_blocks, block_size)
+            self.kv = self.lanes.build(num_blocks, block_size, self._lane_executor)
         except BaseException as error:
             add_note(error, _NO_POOL_NOTE)
             raise
@@ -230,7 +197,7 @@ class ServingFacade:
         paths = [SamplingPath.LOGITS, SamplingPath.HOST]
         if can_sample_on_device:
             paths += [SamplingPath.ARGMAX, SamplingPath.TOPK]
-        for executor in self._executors():
+        for executor in self.lanes.executors():
             config = executor.runtime.config
             manifest = manifest_for(config.policy, config.layout, paths)
             if enable_trace:
@@ -240,6 +207,32 @@ class ServingFacade:
                     executor.compile(signature)
 
     # -- the call -------------------------------------------------------
+    def can_trace(self, *, tokens, prompt_lens=None, start_pos=None) -> bool:
+        """Whether ``prefill_forward(..., enable_trace=True)`` could trace a call of this geometry.
+
+        tt-transformers' static question: it reads the arguments' shapes and
+        values only (nothing is planned into tensors, nothing allocated, what
+        is captured is not looked at) and answers False, never raises, for
+        input a call would refuse: tokens that are not a non-empty 2-D
+        integer tensor, ``prompt_lens``/``start_pos`` that are not one int
+        per row, ``start_pos`` outside ``[0, prompt_lens]``, ``prompt_lens``
+        past the token width or the layout's capacity; and when prefill
+        traces are off or no pool is allocated yet. Otherwise the core's
+        ``prefill_core.can_trace``: every row's step length is a trace length.
+        """
+        if not self.prefill_traces or not self.lanes.built:
+            return False
+        tokens = _cast(tokens, torch.int64)
+        if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.dtype is not torch.int64:
+            return False
+        num_rows, width = tokens.shape
+        lengths = _int_list(_cast(prompt_lens, torch.int64), [width] * num_rows)
+        cached = _int_list(_cast(start_pos, torch.int64), [0] * num_rows)
+        if lengths is None or cached is None or any(n > width for n in lengths):
+            return False
+        configs = [executor.runtime.config for executor in self.lanes.executors()]  # a lane group: every lane's
+        return all(can_trace(lengths, cached, config.policy, config.layout) for config in configs)
+
     def prefill_forward(
         self,
         tokens,
@@ -264,30 +257,44 @@ class ServingFacade:
         if prompt_lens is None:
             prompt_lens = [len(row) for row in tokens]
         mode = "traced" if enable_trace else "eager"
-        target = self._prefill_target()
+        target = self.lanes.target()
         if sampling_params is None:
             out = target.prefill(tokens, page_table, prompt_lens, start_pos, empty_slots, None, mode=mode, batched=True)
             return out.logits.unsqueeze(1)  # [B, 1, V]
         plugin = rows_from_plugin(sampling_params, num_rows, self.model.spec.vocab_size)
-        given = compatibility_kwargs.get("output_tokens")
-        outputs = {row: _output_row(given, row) for row in plugin.penalised}  # checked before anything runs
+        prompts, outputs = self._penalty_state(compatibility_kwargs, tokens, prompt_lens, empty_slots, plugin)
         out = target.prefill(
             tokens, page_table, prompt_lens, start_pos, empty_slots, plugin.core, mode=mode, batched=True
         )
-        return self._sampled(out, plugin, tokens, prompt_lens, outputs)
+        return self._sampled(out, plugin, prompts, outputs)
 
-    def _sampled(self, out: BatchResult, plugin: PluginRows, tokens, prompt_lens, outputs: dict):
+    def _penalty_state(self, kwargs: dict, tokens, prompt_lens, empty_slots, plugin: PluginRows):
+        """Each penalised row's prompt and output ids (``penalty_state``), checked before anything runs."""
+        capacity = self.max_batch_size
+        slots = list(range(len(tokens))) if empty_slots is None else list(empty_slots)
+        check_slot_remap(kwargs.get("slot_remap"), capacity)
+        given_prompts = state_rows(kwargs.get("prompt_tokens"), "prompt_tokens", slots, capacity)
+        given_outputs = state_rows(kwargs.get("output_tokens"), "output_tokens", slots, capacity)
+        lengths = prompt_lens.tolist() if isinstance(prompt_lens, torch.Tensor) else list(prompt_lens)
+        prompts, outputs = {}, {}
+        for row in plugin.penalised:
+            if given_prompts is None:
+                prompts[row] = torch.as_tensor(tokens[row][: lengths[row]], dtype=torch.int64)
+            else:
+                prompts[row] = token_ids(given_prompts[row], "prompt_tokens", row)
+            none = torch.zeros(0, dtype=torch.int64)
+            outputs[row] = none if given_outputs is None else token_ids(given_outputs[row], "output_tokens", row)
+        return prompts, outputs
+
+    def _sampled(self, out: BatchResult, plugin: PluginRows, prompts: dict, outputs: dict):
         """``(tokens, log_probs)`` from the call's tensors; penalised rows are sampled here from their logits."""
         sampled, logprobs = out.tokens, out.logprobs
-        if plugin.penalised:
-            lengths = prompt_lens.tolist() if isinstance(prompt_lens, torch.Tensor) else list(prompt_lens)
         for row in plugin.penalised:
             sampling = plugin.rows[row]
             seed = sampling.params.seed
             seed = self._rng.getrandbits(63) if seed is None else seed
-            prompt = torch.as_tensor(tokens[row][: lengths[row]], dtype=torch.int64)
             sampled[row], logprobs[row] = sample_penalised(
-                out.logits[row], prompt, outputs[row], sampling.penalties, sampling.params, seed
+                out.logits[row], prompts[row], outputs[row], sampling.penalties, sampling.params, seed
             )
         if not plugin.logprob_rows:
             return sampled, None
@@ -300,12 +307,108 @@ class ServingFacade:
             raise TypeError("enable_trace must be bool")
         if enable_trace and not self.prefill_traces:
             raise PrefillConfigError("enable_trace=True for prefill disagrees with this facade: prefill traces are off")
-        self._executors()  # nothing runs before allocate_kv_cache
-        self._check_kv(kv_cache)
+        self.lanes.executors()  # nothing runs before allocate_kv_cache
+        self.lanes.check_kv(kv_cache)
 
     def cleanup(self) -> None:
         """Releases traces, workspaces and orphans; a later call needs ``allocate_kv_cache`` again."""
         self._release()
+
+    def _release(self) -> None:
+        """Closes every lane (their pools' traces and workspaces go with them); the next call needs new pools."""
+        self.lanes.release()
+        self.kv = None
+
+
+class OneLane:
+    """The lane of a ``ServingFacade``: one executor over one pool, built by ``kv_factory``."""
+
+    def __init__(self, model: PrefillModel, backend: Backend, kv_factory, max_batch_size: int, seed: int):
+        self.model = model
+        self.backend = backend
+        self.pool_rows = max_batch_size  # slots the lane holds; a provisional pool holds a block of tail for each
+        self._kv_factory = kv_factory or model.new_kv_cache
+        self._seed = seed
+        self.executor: PrefillExecutor | None = None
+
+    @property
+    def built(self) -> bool:
+        return self.executor is not None
+
+    def executors(self) -> list[PrefillExecutor]:
+        if self.executor is None:
+            raise PrefillStateError("call allocate_kv_cache before any prefill: no KV pool is allocated yet")
+        return [self.executor]
+
+    def target(self) -> PrefillExecutor:
+        """What runs a normalised call (``PrefillExecutor.prefill``'s signature, ``batched`` included)."""
+        return self.executors()[0]
+
+    def build(self, num_blocks: int, block_size: int, lane_executor) -> Any:
+        """Builds the pool and the executor over it; returns the pool (what the plugin passes back as ``kv_cache``)."""
+        kv = self._kv_factory(num_blocks, block_size)
+        self.executor = lane_executor(self.model, self.backend, kv, num_blocks, block_size, self._seed)
+        return kv
+
+    def release(self) -> None:
+        if self.executor is not None:
+            self.executor.close()
+        self.executor = None
+
+    def check_kv(self, kv_cache: Any) -> None:
+        if kv_cache is not None and kv_cache is not self.target().runtime.config.kv:
+            msg = (
+                f"kv_cache={type(kv_cache).__name__} is invalid: it must be the pool allocate_kv_cache returned "
+                "(the one this runtime was resolved with), or None"
+            )
+            raise KVCacheMismatchError(msg, field="kv_cache")
+
+
+class ServingFacade(PluginFacade):
+    """``prefill_forward`` and its set-up calls, as the plugin makes them, over one runtime lane.
+
+    ``kv_factory(num_blocks, block_size)`` builds a KV pool (default: the
+    model's ``new_kv_cache``); the pool is built by ``allocate_kv_cache``,
+    at vLLM's block size, so nothing runs before it. ``max_batch_size`` is
+    vLLM's ``max_num_seqs``: the lane's slots (the runtime's
+    ``policy.lane_size`` is set to it), so an ``empty_slots`` entry at or
+    past it is an ``InvalidSlotError`` at its row. ``kv_dtype`` is None or
+    the model's dtype (the pool is built in it and the model runs on it);
+    any other is a ``PrefillConfigError`` here, before any pool exists.
+    """
+
+    def __init__(
+        self,
+        model: PrefillModel,
+        backend: Backend,
+        *,
+        max_seq_len: int,
+        max_batch_size: int = 32,
+        policy: PrefillPolicy | None = None,
+        kv_factory: Callable[[int, int], Any] | None = None,
+        kv_dtype: torch.dtype | None = None,
+        prefill_traces: bool = True,
+        seed: int = 0,
+    ):
+        lane = OneLane(model, backend, kv_factory, max_batch_size, seed)
+        super().__init__(
+            lane,
+            max_seq_len=max_seq_len,
+            max_batch_size=max_batch_size,
+            policy=policy,
+            kv_dtype=kv_dtype,
+            prefill_traces=prefill_traces,
+            seed=seed,
+        )
+
+    @property
+    def executor(self) -> PrefillExecutor | None:
+        """The lane's executor (None before ``allocate_kv_cache`` and after ``cleanup``)."""
+        return self.lanes.executor
+
+    @property
+    def runtime(self) -> PrefillRuntime:
+        return self.lanes.target().runtime
 
 
 def _from_numpy(value):
@@ -344,6 +447,19 @@ def _cast(value, dtype: torch.dtype):
     return value.to(dtype)
 
 
+def _int_list(value, default: list[int]) -> list[int] | None:
+    """One int per row from a 1-D integer tensor or a sequence of ints (``default`` for None); None otherwise."""
+    if value is None:
+        return default
+    if isinstance(value, torch.Tensor):
+        if value.dim() != 1 or value.is_floating_point() or value.is_complex() or value.dtype is torch.bool:
+            return None
+        value = value.tolist()
+    if not isinstance(value, (list, tuple)) or any(type(v) is not int for v in value) or len(value) != len(default):
+        return None
+    return list(value)
+
+
 def _kv_heads_per_device(num_kv_heads: int, num_devices: int) -> int:
     """The KV heads vLLM's plugin puts in ``kv_cache_shape`` for a lane of ``num_devices`` devices.
 
@@ -358,23 +474,3 @@ def _num_rows(tokens) -> int:
     if not hasattr(tokens, "__len__") or isinstance(tokens, torch.Tensor) and tokens.dim() != 2:
         as_token_matrix(tokens)  # raises the PrefillInputError naming tokens
     return len(tokens)
-
-
-def _output_row(output_tokens, row: int) -> torch.Tensor:
-    """Row ``row``'s output token ids: none unless passed; ids outside [0, vocab) are padding (vLLM pads).
-
-    Anything but integer ids for the row (a missing row, floats, text) is an
-    ``InvalidSamplingError`` naming it.
-    """
-    if output_tokens is None:
-        return torch.zeros(0, dtype=torch.int64)
-    try:
-        ids = torch.as_tensor(output_tokens[row])
-    except (TypeError, ValueError, IndexError, KeyError, RuntimeError) as error:
-        ids = error
-    if not isinstance(ids, torch.Tensor) or ids.is_floating_point() or ids.is_complex() or ids.dtype is torch.bool:
-        shown = f"{type(output_tokens).__name__}: {ids!r}" if isinstance(ids, Exception) else f"<{ids.dtype}>"
-        msg = f"row {row}: output_tokens={shown} is invalid: a penalised row needs its output token ids (ints)"
-        raise InvalidSamplingError(msg, row=row, field="output_tokens")
-    ids = ids.to(torch.int64).reshape(-1)
-    return ids[ids >= 0]

@@ -5,8 +5,9 @@ Under data parallelism vLLM's Tenstorrent plugin numbers a rank's rows
 rank and ``policy.lane_size = per_lane_max_num_seqs``, the lane group's
 routing (``prefill_core.route_to_lanes``) sends such a row to lane
 ``dp_rank`` at its slot ``i``. Everything the plugin sees is
-``ServingFacade``'s (normalisation, refusals, return shapes, sampling and
-penalties: one code path); what differs is lane-shaped, as in tt-metal's
+``facade.PluginFacade``'s, as for ``ServingFacade`` (normalisation, refusals,
+return shapes, sampling and penalties: one code path); what differs is
+lane-shaped and lives in ``LaneGroupLanes``, as in tt-metal's
 ``LaneGroupExecutor``:
 
 * ``allocate_kv_cache`` builds one pool per lane, each of vLLM's shape
@@ -27,13 +28,13 @@ from typing import Any
 from prefill_core import PrefillPolicy
 from prefill_core.errors import KVCacheMismatchError, PrefillConfigError, PrefillStateError
 from prefill_shell.backends.base import Backend
-from prefill_shell.device.model import PrefillModel
+from prefill_shell.device.model import PrefillModel, model_difference
 from prefill_shell.engine.executor import PrefillExecutor
 from prefill_shell.engine.runtime import PrefillRuntime
 from prefill_shell.lanes.group import LaneGroup
-from prefill_shell.serving.facade import ServingFacade
+from prefill_shell.serving.facade import PluginFacade
 
-__all__ = ["LaneGroupFacade"]
+__all__ = ["LaneGroupFacade", "LaneGroupLanes"]
 
 
 def _lane_pairs(lanes: Any) -> tuple:
@@ -51,11 +52,75 @@ def _lane_pairs(lanes: Any) -> tuple:
     return tuple(tuple(pair) for pair in pairs)
 
 
-class LaneGroupFacade(ServingFacade):
-    """``ServingFacade`` over one lane per ``(model, backend)`` pair, ``policy.lane_size`` slots each.
+class LaneGroupLanes:
+    """The lanes of a ``LaneGroupFacade``: one executor and one pool per ``(model, backend)``, in a ``LaneGroup``."""
+
+    def __init__(self, lane_models: tuple, per_lane_batch: int, threaded: bool, seed: int):
+        self.lane_models = lane_models
+        self.model, self.backend = lane_models[0]
+        self.pool_rows = per_lane_batch  # a pool serves one lane's slots
+        self.threaded = threaded
+        self._seed = seed
+        self.group: LaneGroup | None = None
+
+    @property
+    def built(self) -> bool:
+        return self.group is not None
+
+    def executors(self) -> list[PrefillExecutor]:
+        if self.group is None:
+            raise PrefillStateError("call allocate_kv_cache before any prefill: no KV pools are allocated yet")
+        return list(self.group.lanes)
+
+    def target(self) -> LaneGroup:
+        """What runs a normalised call: the group routes rows to lanes by slot."""
+        self.executors()
+        return self.group
+
+    def build(self, num_blocks: int, block_size: int, lane_executor) -> list:
+        """One pool (each of vLLM's shape) and executor per lane; returns the pools in lane order."""
+        executors: list[PrefillExecutor] = []
+        pools = []
+        try:
+            for lane, (model, backend) in enumerate(self.lane_models):
+                pool = model.new_kv_cache(num_blocks, block_size)
+                executors.append(lane_executor(model, backend, pool, num_blocks, block_size, self._seed + lane))
+                pools.append(pool)
+            self.group = LaneGroup(executors, threaded=self.threaded)
+        except BaseException:
+            for executor in executors:
+                executor.close()
+            raise
+        return pools
+
+    def release(self) -> None:
+        if self.group is not None:
+            self.group.close()
+        self.group = None
+
+    def check_kv(self, kv_cache: Any) -> None:
+        if kv_cache is None:
+            return
+        pools = [executor.runtime.config.kv for executor in self.executors()]
+        rule = f"a lane group takes one pool per lane ({len(pools)}), in lane order, as allocate_kv_cache returned"
+        if not isinstance(kv_cache, (list, tuple)):
+            raise KVCacheMismatchError(f"kv_cache={type(kv_cache).__name__} is invalid: {rule}", field="kv_cache")
+        if len(kv_cache) != len(pools):
+            raise KVCacheMismatchError(f"kv_cache holds {len(kv_cache)} entries: {rule}", field="kv_cache")
+        for lane, given in enumerate(kv_cache):
+            if given is pools[lane]:
+                continue
+            owner = next((i for i, pool in enumerate(pools) if pool is given), None)
+            what = "a pool of no lane" if owner is None else f"lane {owner}'s pool"
+            raise KVCacheMismatchError(f"kv_cache[{lane}] is {what}: {rule}", field="kv_cache")
+
+
+class LaneGroupFacade(PluginFacade):
+    """The plugin's facade over one lane per ``(model, backend)`` pair, ``policy.lane_size`` slots each.
 
     Each lane's pool comes from its own model's ``new_kv_cache``; lane ``i``'s
-    runtime is seeded ``seed + i``. ``threaded`` is ``LaneGroup``'s.
+    runtime is seeded ``seed + i``. ``threaded`` is ``LaneGroup``'s. Every
+    lane's model must match lane 0's (``device.model.model_difference``).
     """
 
     def __init__(
@@ -69,23 +134,20 @@ class LaneGroupFacade(ServingFacade):
         threaded: bool = False,
         seed: int = 0,
     ):
-        self.lane_models = _lane_pairs(lanes)
-        model, backend = self.lane_models[0]
-        for lane, (other, _) in enumerate(self.lane_models):
-            if getattr(other, "spec", None) != model.spec or getattr(other, "dtype", None) != model.dtype:
-                raise PrefillConfigError(f"lane group facade: lane {lane}'s model differs from lane 0's (spec, dtype)")
+        lane_models = _lane_pairs(lanes)
+        model = lane_models[0][0]
+        for lane, (other, _) in enumerate(lane_models):
+            difference = model_difference(model, other)
+            if difference is not None:
+                raise PrefillConfigError(f"lane group facade: lane {lane}'s model differs from lane 0's ({difference})")
         policy = PrefillPolicy() if policy is None else policy
         if not isinstance(policy, PrefillPolicy):
             raise PrefillConfigError(f"lane group facade: policy={type(policy).__name__} is invalid: a PrefillPolicy")
         self.per_lane_batch = policy.lane_size
-        self.threaded = bool(threaded)
-        self.group: LaneGroup | None = None
-        per_group = len(self.lane_models) * self.per_lane_batch
         super().__init__(
-            model,
-            backend,
+            LaneGroupLanes(lane_models, self.per_lane_batch, bool(threaded), seed),
             max_seq_len=max_seq_len,
-            max_batch_size=per_group,
+            max_batch_size=len(lane_models) * self.per_lane_batch,
             policy=policy,
             kv_dtype=kv_dtype,
             prefill_traces=prefill_traces,
@@ -94,60 +156,18 @@ class LaneGroupFacade(ServingFacade):
 
     @property
     def num_lanes(self) -> int:
-        return len(self.lane_models)
+        return len(self.lanes.lane_models)
 
     @property
-    def runtime(self) -> PrefillRuntime:
-        raise PrefillStateError("a lane group has one runtime per lane: read facade.runtimes")
+    def lane_models(self) -> tuple:
+        return self.lanes.lane_models
+
+    @property
+    def group(self) -> LaneGroup | None:
+        """The lane group (None before ``allocate_kv_cache`` and after ``cleanup``)."""
+        return self.lanes.group
 
     @property
     def runtimes(self) -> tuple[PrefillRuntime, ...]:
         """The lanes' runtimes, in lane order."""
-        return tuple(executor.runtime for executor in self._executors())
-
-    def _executors(self) -> list[PrefillExecutor]:
-        if self.group is None:
-            raise PrefillStateError("call allocate_kv_cache before any prefill: no KV pools are allocated yet")
-        return list(self.group.lanes)
-
-    def _prefill_target(self) -> LaneGroup:
-        return self.group
-
-    def _pool_rows(self) -> int:
-        return self.per_lane_batch  # a pool serves one lane's slots
-
-    def _build(self, num_blocks: int, block_size: int) -> list:
-        executors: list[PrefillExecutor] = []
-        pools = []
-        try:
-            for lane, (model, backend) in enumerate(self.lane_models):
-                pool = model.new_kv_cache(num_blocks, block_size)
-                executors.append(self._lane_executor(model, backend, pool, num_blocks, block_size, self._seed + lane))
-                pools.append(pool)
-            self.group = LaneGroup(executors, threaded=self.threaded)
-        except BaseException:
-            for executor in executors:
-                executor.close()
-            raise
-        return pools
-
-    def _release(self) -> None:
-        if self.group is not None:
-            self.group.close()
-        self.group, self.kv = None, None
-
-    def _check_kv(self, kv_cache: Any) -> None:
-        if kv_cache is None:
-            return
-        pools = [executor.runtime.config.kv for executor in self.group.lanes]
-        rule = f"a lane group takes one pool per lane ({len(pools)}), in lane order, as allocate_kv_cache returned"
-        if not isinstance(kv_cache, (list, tuple)):
-            raise KVCacheMismatchError(f"kv_cache={type(kv_cache).__name__} is invalid: {rule}", field="kv_cache")
-        if len(kv_cache) != len(pools):
-            raise KVCacheMismatchError(f"kv_cache holds {len(kv_cache)} entries: {rule}", field="kv_cache")
-        for lane, given in enumerate(kv_cache):
-            if given is pools[lane]:
-                continue
-            owner = next((i for i, pool in enumerate(pools) if pool is given), None)
-            what = "a pool of no lane" if owner is None else f"lane {owner}'s pool"
-            raise KVCacheMismatchError(f"kv_cache[{lane}] is {what}: {rule}", field="kv_cache")
+        return tuple(executor.runtime for executor in self.lanes.executors())

@@ -40,13 +40,13 @@ BLOCK, POLICY, POOL = SMALL_BLOCK, SMALL_POLICY, 64
 
 @attrs.frozen
 class Scenario:
-    """One call: rows' lengths, cached prefixes, sampling, and eager or traced."""
+    """One call: rows' lengths, cached prefixes, sampling, and its mode (``"eager"`` or ``"traced"``)."""
 
     name: str
     lengths: tuple[int, ...]
     cached: tuple[int, ...]
     sampling: tuple
-    traced: bool = False
+    mode: str = "eager"
 
 
 SCENARIOS = (
@@ -73,7 +73,7 @@ SCENARIOS = (
         (20, 50, 150),
         (0, 0, 0),
         (SamplingParams(top_k=4, seed=1), SamplingParams(top_k=4, seed=2), SamplingParams.greedy()),
-        traced=True,
+        mode="traced",
     ),
     Scenario(
         "eager beyond one lane",
@@ -81,7 +81,7 @@ SCENARIOS = (
         (0, 16, 0, 0, 48, 0),
         (None, SamplingParams.greedy(), None, SamplingParams(top_k=3, seed=2), None, None),
     ),
-    Scenario("traced cached", (100, 40), (64, 32), (None, SamplingParams.greedy()), traced=True),
+    Scenario("traced cached", (100, 40), (64, 32), (None, SamplingParams.greedy()), mode="traced"),
 )
 FAULT_TYPES = (InjectedFault, KeyboardInterrupt)
 """What the sweeps raise at a fault point: an ``Exception`` and an interrupt."""
@@ -141,15 +141,10 @@ class _Harness:
     def call(self):
         s = self.scenario
         cached = list(s.cached)
-        if not s.traced:
-            return self.executor.prefill(
-                self.tokens, self.table, list(s.lengths), cached, sampling=list(s.sampling), mode="eager"
-            )
-        batch = self.runtime.prepare(self.tokens, self.table, list(s.lengths), cached, sampling=list(s.sampling))
-        self.executor.warm_up(WarmupManifest().observe(batch.requests))
-        return self.executor.prefill(
-            self.tokens, self.table, list(s.lengths), cached, sampling=list(s.sampling), mode="traced"
-        )
+        call = (self.tokens, self.table, list(s.lengths), cached, None, list(s.sampling))
+        if s.mode == "traced":  # warm up what the traced call will plan
+            self.executor.warm_up(WarmupManifest().observe(self.runtime.prepare(*call, mode=s.mode).requests))
+        return self.executor.prefill(*call, mode=s.mode)
 
     def blocks_bytes(self) -> torch.Tensor:
         return self.kv.snapshot().contiguous().view(torch.uint8)

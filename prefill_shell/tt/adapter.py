@@ -148,6 +148,10 @@ class TtModelAdapter:
         """One chunk: hidden states ``[1, 1, B*S, H]`` before the final norm (see the module doc)."""
         tt, model = self.tt, self.model
         b, s = int(tokens.shape[-2]), int(tokens.shape[-1])
+        if read_table is not None and b > 1:
+            # TTTv2's chunked prefill_forward takes one user (user_id=0) and one chunk start per call.
+            msg = f"a chunked wave of {b} rows: the TTTv2 chunked body runs one row; plan with batch_cached_rows=False"
+            raise ValueError(msg)
         x = model.embed_prefill(tt.reshape(tokens, (1, 1, 1, b * s)))
         cos, sin = model.prepare_prefill_rot_mats(self.positions(start, s, chunked=read_table is not None))
         if read_table is None:

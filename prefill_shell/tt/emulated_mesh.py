@@ -25,7 +25,8 @@ def _dims(shape: Any) -> tuple[int, int]:
         from .emulation import EmulationError
 
         raise EmulationError(f"a mesh shape is two positive dims (rows, cols), got {dims}")
-    return dims  # type: ignore[return-value]
+    rows, cols = dims
+    return rows, cols
 
 
 class EmulatedMesh:

@@ -70,11 +70,10 @@ def test_writes_stay_in_the_rows_own_uncached_blocks_and_no_other_rows(case):
         for block in blocks[: ceil_div(length, bs)]:
             mappers.setdefault(block, set()).add(row)
     for request in _plan(case):
-        for step in request.steps:
-            for segment in step.segments:
-                row = segment.row
+        for index in range(request.num_chunks):
+            for row, blocks in request.written_blocks(index).items():
                 length, cached = case.batch.lengths[row], case.batch.cached[row]
-                written = set(segment.written_blocks(case.batch.blocks[row], bs))
+                written = set(blocks)
                 if cached == length:
                     assert not written
                     continue

@@ -103,6 +103,8 @@ CASES = [
     (TINY + ["--seed", "99999999999999999999999"], 2, "--seed"),
     (TINY + ["--device", "foo"], 2, "--device"),
     (TINY + ["--device", "mps"], 2, "--device"),
+    (TINY + ["--dtype", "int8"], 2, "--dtype"),
+    (["score", "--model", "random:tiny", "--pairs", "{ids}", "--dtype", "float64"], 2, "--dtype"),
     (TINY + ["--prompts", "{empty}"], 1, "{empty}"),
     (TINY + ["--prompts", "{blank}"], 1, "{blank}"),
     (TINY + ["--prompts", "{missing}"], 1, "{missing}"),

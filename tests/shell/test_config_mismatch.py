@@ -15,7 +15,7 @@ from prefill_core import PageTableLayout, PrefillPolicy
 from prefill_core.errors import PrefillConfigError, PrefillStateError
 from prefill_shell.backends import TorchBackend
 from prefill_shell.engine.config import PrefillRuntimeConfig
-from prefill_shell.reference import PagedKVCache
+from prefill_shell.reference import PagedKVCache, PagedLlama
 from tests.helpers import build_runtime, make_tokens
 
 BLOCKS, BS = 16, 16
@@ -132,3 +132,43 @@ def test_a_batch_planned_before_the_layout_shrank_is_refused_before_anything_is_
     with pytest.raises(PrefillStateError, match="prepare it again"):
         runtime.invoke(batch, 0)
     assert _unchanged(runtime, before) and runtime.backend.ledger.live() == []
+
+
+@pytest.mark.parametrize(("value", "enabled"), [("1", False), ("0", False), ("", True), (None, True)])
+def test_disable_batched_prefill_is_read_at_resolve(tiny_model, value, enabled):
+    """DISABLE_BATCHED_PREFILL set to anything non-empty turns batching off (tt-transformers reads it so)."""
+    environ = {} if value is None else {"DISABLE_BATCHED_PREFILL": value}
+    config = PrefillRuntimeConfig.resolve(tiny_model, TorchBackend(), _pool(tiny_model), environ=environ)
+    assert config.policy.batching_enabled is enabled
+
+
+class NarrowSamplingBackend(TorchBackend):
+    """A torch backend declaring that one device-sampling call serves at most 4 rows."""
+
+    max_sampled_wave = 4
+
+
+def test_a_backend_with_narrow_sampled_output_gets_smaller_sampled_waves_not_a_refusal(tiny_model):
+    """A policy whose waves exceed the backend's max_sampled_wave resolves with max_sampled_wave capped."""
+    policy = PrefillPolicy(waves=(1, 2, 4, 8, 16, 32))
+    config = PrefillRuntimeConfig.resolve(tiny_model, NarrowSamplingBackend(), _pool(tiny_model), policy=policy)
+    assert config.policy.max_sampled_wave == 4
+    assert config.policy.max_wave_for(128, sampled=True) == 4 and config.policy.max_wave_for(128) == 32
+
+
+class OneRowChunkedLlama(PagedLlama):
+    """The reference Llama declaring, as TTTv2's chunked body does, that a chunked step runs one row."""
+
+    chunked_waves = False
+
+
+def test_cached_rows_run_alone_on_a_model_without_chunked_waves(tiny_model):
+    """batch_cached_rows on a model whose chunked step takes one row resolves to False (singles, not a refusal)."""
+    policy = PrefillPolicy(batch_cached_rows=True)
+    one_row = OneRowChunkedLlama(tiny_model.config, tiny_model.weights)
+    assert not PrefillRuntimeConfig.resolve(
+        one_row, TorchBackend(), _pool(one_row), policy=policy
+    ).policy.batch_cached_rows
+    assert PrefillRuntimeConfig.resolve(
+        tiny_model, TorchBackend(), _pool(tiny_model), policy=policy
+    ).policy.batch_cached_rows

@@ -67,12 +67,31 @@ def _encode(values: np.ndarray, qtype, rng) -> tuple[np.ndarray, dict]:
     return gguf.quants.quantize(values, qtype), {"raw_dtype": qtype}
 
 
-def write_llama_gguf(path, *, layers=2, types=MIXED_TYPES, tied=True, arch="llama", extra=None, seed=0):
-    """Writes a tiny random Llama GGUF; returns its HF-layout float32 weights before quantization."""
+def write_llama_gguf(
+    path,
+    *,
+    layers=2,
+    types=MIXED_TYPES,
+    tied=True,
+    arch="llama",
+    extra=None,
+    seed=0,
+    name=None,
+    permute=True,
+    context=512,
+):
+    """Writes a tiny random Llama-shaped GGUF; returns its HF-layout float32 weights before quantization.
+
+    ``permute``: store Q/K rows as llama converters do (qwen2/qwen3 converters do not); ``name``: general.name.
+    """
     rng = np.random.default_rng(seed)
     writer = gguf.GGUFWriter(str(path), arch)
+    if name is not None:
+        writer.add_name(name)
     writer.add_block_count(layers)
-    writer.add_context_length(512)
+    writer.add_context_length(context)
+    if arch != "llama":
+        writer.add_key_length(HEAD_DIM)
     writer.add_embedding_length(HIDDEN)
     writer.add_feed_forward_length(INTER)
     writer.add_head_count(HEADS)
@@ -92,9 +111,9 @@ def write_llama_gguf(path, *, layers=2, types=MIXED_TYPES, tied=True, arch="llam
         qtype = Q.F32 if len(shape) == 1 else types[index % len(types)]
         # Rows quantize independently, so permuting stored rows (bytes or values) is the converters' permutation.
         data, kwargs = _encode(values, qtype, rng)
-        if name.endswith("attn_q"):
+        if permute and name.endswith("attn_q"):
             data = converter_permute(data, HEADS)
-        elif name.endswith("attn_k"):
+        elif permute and name.endswith("attn_k"):
             data = converter_permute(data, KV_HEADS)
         writer.add_tensor(f"{name}.weight", data, **kwargs)
     for name, (data, kwargs) in (extra or {}).items():
@@ -184,11 +203,11 @@ def test_k_quants_load_like_transformers(tmp_path, qtype):
     assert torch.isfinite(ours["model.layers.0.mlp.up_proj.weight"]).all()
 
 
-def test_non_llama_architecture_is_refused_by_name(tmp_path):
-    """A GGUF whose general.architecture is not llama raises PrefillConfigError naming that architecture."""
-    path = tmp_path / "qwen.gguf"
-    write_llama_gguf(path, layers=1, arch="qwen2")
-    with pytest.raises(PrefillConfigError, match="general.architecture='qwen2' is unsupported"):
+def test_an_architecture_not_computed_is_refused_by_name(tmp_path):
+    """A GGUF whose general.architecture is not llama, qwen2 or qwen3 raises PrefillConfigError naming it."""
+    path = tmp_path / "gemma.gguf"
+    write_llama_gguf(path, layers=1, arch="gemma")
+    with pytest.raises(PrefillConfigError, match="general.architecture='gemma' is unsupported"):
         load_gguf(path)
 
 
@@ -206,7 +225,7 @@ def test_quant_type_gguf_cannot_dequantize_is_refused_by_name(tmp_path):
     ("tensor", "message"),
     [
         ("rope_freqs.weight", "RoPE scaling"),
-        ("blk.0.attn_rot_embd.weight", "'blk.0.attn_rot_embd.weight' has no place in a Llama"),
+        ("blk.0.attn_rot_embd.weight", "'blk.0.attn_rot_embd.weight' has no place in the reference model"),
     ],
 )
 def test_unknown_or_scaling_tensors_are_refused(tmp_path, tensor, message):
@@ -254,3 +273,59 @@ def test_checksum_accepts_matching_bytes(tmp_path):
     path = tmp_path / "f.bin"
     path.write_bytes(b"prefill")
     check_sha256(path, hashlib.sha256(b"prefill").hexdigest())
+
+
+def _family_extras(arch: str, layers: int, seed: int) -> dict:
+    """Qwen2's q/k/v biases and Qwen3's q/k norms, as F32 tensors."""
+    rng = np.random.default_rng(seed + 100)
+    shapes = {"attn_q.bias": HEADS * HEAD_DIM, "attn_k.bias": KV_HEADS * HEAD_DIM, "attn_v.bias": KV_HEADS * HEAD_DIM}
+    if arch == "qwen3":
+        shapes = {"attn_q_norm.weight": HEAD_DIM, "attn_k_norm.weight": HEAD_DIM}
+    return {
+        f"blk.{i}.{name}": ((rng.standard_normal(n) * 0.2 + (0.0 if "bias" in name else 1.0)).astype(np.float32), {})
+        for i in range(layers)
+        for name, n in shapes.items()
+    }
+
+
+def test_qwen2_gguf_logits_equal_transformers_reading_it_unpermuted(tmp_path):
+    """A qwen2 GGUF (q/k/v biases, Q/K rows as converters write them: unpermuted): logits equal transformers'."""
+    path = tmp_path / "qwen2.gguf"
+    write_llama_gguf(path, layers=2, types=(Q.F32,), arch="qwen2", permute=False, extra=_family_extras("qwen2", 2, 0))
+    model, hf = load_gguf(path), _hf(path)
+    assert model.config.family == "qwen2" and model.config.attention.qkv_bias
+    tokens = torch.randint(1, VOCAB, (1, 32), generator=torch.Generator().manual_seed(4))
+    kv = model.new_kv_cache(2, 32)
+    table = torch.tensor([[0]], dtype=torch.int32)
+    ours = model.lm_head(model.forward_hidden(tokens, torch.tensor([0]), table, None, kv)[:, -1])[0]
+    with torch.no_grad():
+        theirs = hf(tokens).logits[0, -1]
+    assert (ours - theirs).abs().max() <= 1e-4 * theirs.abs().max()
+
+
+def test_qwen3_gguf_weights_are_read_unpermuted_with_the_files_head_dim(tmp_path):
+    """A qwen3 GGUF: every tensor (q/k norms included) equals what was written, unpermuted, and head_dim is the
+    file's attention.key_length. (transformers reads no head_dim from a qwen3 file and takes Qwen3Config's 128,
+    so on this 64-wide file it cannot be the oracle; a real Qwen3's heads are 128 wide, where both agree.)"""
+    path = tmp_path / "qwen3.gguf"
+    extras = _family_extras("qwen3", 1, 0)
+    originals = write_llama_gguf(path, layers=1, types=(Q.F32,), arch="qwen3", permute=False, extra=extras)
+    model = load_gguf(path)
+    assert model.config.family == "qwen3" and model.config.attention.qk_norm and model.config.head_dim == HEAD_DIM
+    weights = model.state_dict()
+    assert torch.equal(weights["model.layers.0.self_attn.q_proj.weight"], torch.from_numpy(originals["blk.0.attn_q"]))
+    assert torch.equal(weights["model.layers.0.self_attn.k_proj.weight"], torch.from_numpy(originals["blk.0.attn_k"]))
+    norm = torch.from_numpy(extras["blk.0.attn_k_norm.weight"][0])
+    assert torch.equal(weights["model.layers.0.self_attn.k_norm.weight"], norm)
+
+
+def test_a_llama_gguf_named_mistral_is_read_as_mistral_with_its_default_window(tmp_path):
+    """general.name 'mistral' makes transformers read Mistral, whose default window (4096) the reference refuses
+    once the context is longer; within a 512-token context the window hides nothing and the file loads."""
+    path = tmp_path / "mistral.gguf"
+    write_llama_gguf(path, layers=1, types=(Q.F32,), name="mistral")
+    assert load_gguf(path).config.family == "mistral"
+    long = tmp_path / "mistral_long.gguf"
+    write_llama_gguf(long, layers=1, types=(Q.F32,), name="mistral", context=8192)
+    with pytest.raises(PrefillConfigError, match="sliding_window=4096"):
+        load_gguf(long)

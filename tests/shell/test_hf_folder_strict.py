@@ -64,14 +64,13 @@ def test_transformers_written_llama_loads_and_matches_transformers(tmp_path):
     "overrides, named",
     [
         (dict(hidden_act="gelu"), "hidden_act='gelu'"),
-        (dict(attention_bias=True), "attention_bias=True"),
         (dict(mlp_bias=True), "mlp_bias=True"),
-        (dict(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}), "rope_type='linear'"),
+        (dict(rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}), "rope_type='dynamic'"),
     ],
-    ids=["gelu", "attention_bias", "mlp_bias", "linear_rope"],
+    ids=["gelu", "mlp_bias", "dynamic_rope"],
 )
 def test_llama_settings_the_reference_does_not_compute_are_refused(tmp_path, overrides, named):
-    """gelu, q/k/v/o or MLP biases and an unimplemented RoPE scaling kind are refused, naming key and value."""
+    """gelu, MLP biases and a RoPE scaling kind not computed are refused, naming key and value."""
     folder = _llama_folder(tmp_path, **overrides)
     with pytest.raises(PrefillConfigError, match=named.replace("(", r"\(")):
         load_hf_folder(folder)
@@ -84,11 +83,10 @@ def test_unknown_rope_type_in_config_is_refused(tmp_path):
         load_hf_folder(folder)
 
 
-def test_qwen2_folder_with_qkv_biases_is_refused(tmp_path):
-    """A qwen2 checkpoint (Llama-shaped plus q/k/v biases) is refused by model_type."""
-    torch.manual_seed(0)
-    folder = _saved(transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**SIZES)), tmp_path / "qwen2")
-    with pytest.raises(PrefillConfigError, match="model_type='qwen2'"):
+def test_a_model_type_not_computed_is_refused(tmp_path):
+    """A folder whose model_type names another architecture (phi3 here) is refused by model_type."""
+    folder = _edit_config(_llama_folder(tmp_path), model_type="phi3", architectures=["Phi3ForCausalLM"])
+    with pytest.raises(PrefillConfigError, match="model_type='phi3'"):
         load_hf_folder(folder)
 
 

@@ -14,8 +14,8 @@ import torch
 from prefill_core import PageTableLayout, PrefillPolicy, SamplingParams
 from prefill_core.errors import PrefillStateError
 from prefill_shell.backends import TorchBackend
-from prefill_shell.engine import runtime
 from prefill_shell.engine.executor import PrefillExecutor
+from prefill_shell.engine.steps.prompt_logprobs import PromptEntries
 from prefill_shell.lanes import dispatch as lane_dispatch
 from prefill_shell.lanes.group import LaneGroup
 from prefill_shell.scoring.scorer import Scorer
@@ -92,7 +92,7 @@ def test_a_stream_advanced_from_another_thread_is_refused_and_goes_on_for_its_ho
     tokens, table, lengths = _call()
     expected = _runtime(tiny_model).prefill(tokens, table, lengths)
     rt = _runtime(tiny_model)
-    batch = rt.prepare(tokens, table, lengths, packed=False)
+    batch = rt.prepare(tokens, table, lengths, mode="traced")
     assert len(batch.requests) == 2
     stream = _streams(rt, batch)[kind]()
     first = next(stream)
@@ -111,7 +111,7 @@ def test_a_suspended_stream_closed_from_another_thread_frees_the_runtime(tiny_mo
     """close() on a suspended stream from another thread ends it: that thread may then call; nothing leaks."""
     tokens, table, lengths = _call(seed=4100)
     rt = _runtime(tiny_model)
-    batch = rt.prepare(tokens, table, lengths, packed=False)
+    batch = rt.prepare(tokens, table, lengths, mode="traced")
     stream = _streams(rt, batch)[kind]()
     next(stream)
     assert "error" in _on_thread(rt.cleanup)
@@ -340,12 +340,12 @@ def test_ctrl_c_while_an_invocation_takes_its_prompt_logprobs_strands_no_output(
     recorded): its outputs are released, not stranded where cleanup() cannot find them."""
     tokens, table, lengths = _call(seed=4700)
     rt = _runtime(tiny_model)
-    batch = rt.prepare(tokens, table, lengths, sampling=SamplingParams.greedy(prompt_logprobs=1), packed=False)
+    batch = rt.prepare(tokens, table, lengths, sampling=SamplingParams.greedy(prompt_logprobs=1), mode="traced")
 
     def interrupted(*args):
         raise KeyboardInterrupt("Ctrl-C while entries are taken")
 
-    monkeypatch.setattr(runtime, "take_entries", interrupted)
+    monkeypatch.setattr(PromptEntries, "take", interrupted)
     with pytest.raises(KeyboardInterrupt):
         rt.invoke(batch, 0)
     monkeypatch.undo()
@@ -385,7 +385,7 @@ def test_a_traced_scoring_round_is_one_call_to_other_threads(tiny_model):
 
     def traced_scorer() -> Scorer:
         kv = tiny_model.new_kv_cache(layout.num_blocks, layout.block_size)
-        return Scorer(build_runtime(tiny_model, layout=layout, kv=kv), traced=True)
+        return Scorer(build_runtime(tiny_model, layout=layout, kv=kv), mode="traced")
 
     scorer, outcomes = traced_scorer(), []
     rt = scorer.runtime

@@ -53,8 +53,8 @@ def test_a_traced_invocation_overwritten_by_a_later_replay_is_a_named_error(warm
     """Reading A after B replayed into the same workspace raises PrefillStateError; B still reads B's logits."""
     runtime, a, b = warmed
     eager_b = runtime.assemble(runtime.invocations(b), 1)
-    first = runtime.invoke(a, 0, traced=True)
-    second = runtime.invoke(b, 0, traced=True)
+    first = runtime.invoke(a, 0, mode="traced")
+    second = runtime.invoke(b, 0, mode="traced")
     with pytest.raises(PrefillStateError, match="overwritten by a later replay"):
         runtime.assemble([first], 1)
     assert runtime.assemble([second], 1) == eager_b
@@ -63,8 +63,8 @@ def test_a_traced_invocation_overwritten_by_a_later_replay_is_a_named_error(warm
 def test_two_traced_streams_advanced_side_by_side_refuse_the_overwritten_read(warmed):
     """Two traced invocations() generators stepped in turn on one thread: the first one's output is refused."""
     runtime, a, b = warmed
-    first = next(runtime.invocations(a, traced=True))
-    second = next(runtime.invocations(b, traced=True))
+    first = next(runtime.invocations(a, mode="traced"))
+    second = next(runtime.invocations(b, mode="traced"))
     with pytest.raises(PrefillStateError, match="overwritten"):
         runtime.assemble([first], 1)
     assert runtime.assemble([second], 1)[0].logits is not None

@@ -137,3 +137,21 @@ def test_a_lane_group_built_from_what_is_not_lanes_is_a_config_error(tiny_model,
     """Lanes that are not executors or (model, backend) pairs, or a policy that is not one, are PrefillConfigErrors."""
     with pytest.raises(PrefillConfigError, match="lane group"):
         build(tiny_model)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [({"vocab_size": 300}, "spec.vocab_size 256 vs 300"), ({"num_layers": 1}, "spec.num_layers 2 vs 1")],
+    ids=["vocab", "layers"],
+)
+def test_lanes_of_different_models_are_refused_by_name_before_anything_runs(tiny_model, overrides, named):
+    """A group (and a lane facade) of lanes whose model specs differ names the lane and the field at construction
+    (before: rows came back from two models, logits of widths 256 and 300, and batched=True raised torch's stack
+    error)."""
+    from prefill_shell.reference import random_llama
+
+    other = random_llama(1, "tiny", max_position_embeddings=8192, **overrides)
+    with pytest.raises(PrefillConfigError, match=f"lane group: lane 1's model differs from lane 0's \\({named}\\)"):
+        LaneGroup([PrefillExecutor(lane_runtime(tiny_model, 0)), PrefillExecutor(lane_runtime(other, 1))])
+    with pytest.raises(PrefillConfigError, match=f"lane group facade: lane 1's model differs .*{named}"):
+        LaneGroupFacade([(tiny_model, TorchBackend()), (other, TorchBackend())], max_seq_len=128)

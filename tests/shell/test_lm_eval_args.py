@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 import pytest
+import torch
 
 from prefill_core.errors import PrefillConfigError
 
@@ -22,7 +23,8 @@ def model_class():
 @pytest.mark.parametrize(
     "name, value",
     [("max_length", "abc"), ("max_length", 0), ("max_length", 2.5), ("block_size", 0), ("block_size", "x")]
-    + [("max_chunk", 0), ("num_blocks", -4), ("traced", "maybe"), ("max_length", "²"), ("max_length", 10**9)],
+    + [("max_chunk", 0), ("num_blocks", -4), ("traced", "maybe"), ("max_length", "²"), ("max_length", 10**9)]
+    + [("dtype", "int8"), ("dtype", "float64")],
 )
 def test_a_bad_model_argument_is_a_config_error_naming_it(model_class, name, value):
     """ValueError/ZeroDivisionError from int() or the layout before; max_length=0 silently meant the default."""
@@ -33,4 +35,14 @@ def test_a_bad_model_argument_is_a_config_error_naming_it(model_class, name, val
 def test_model_arguments_as_lm_eval_passes_them_are_taken(model_class):
     """Digit strings and true/false strings, as lm-eval's --model_args parser may hand them over, are read."""
     lm = model_class(model="random:tiny", max_length="64", block_size="16", max_chunk=64, traced="True")
-    assert lm.max_length == 64 and lm.scorer.block_size == 16 and lm.scorer.traced
+    assert lm.max_length == 64 and lm.scorer.block_size == 16 and lm.scorer.mode == "traced"
+
+
+@pytest.mark.parametrize("dtype, expected", [("bfloat16", torch.bfloat16), ("float16", torch.float16)])
+def test_dtype_as_lm_eval_hf_takes_it_loads_the_model_in_it(model_class, dtype, expected):
+    """dtype=bfloat16 (lm-eval's hf spelling) runs the model and its KV pool in bfloat16; the default is float32."""
+    lm = model_class(model="random:tiny", max_length=64, dtype=dtype)
+    assert lm.model.dtype == expected and lm.scorer.runtime.config.kv.dtype == expected
+    assert lm.dtype_choice.dtype == dtype
+    assert lm.scorer.score([([1, 2, 3], [4, 5])])[0].logprob < 0
+    assert model_class(model="random:tiny", max_length=64).model.dtype == torch.float32

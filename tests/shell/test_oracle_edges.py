@@ -76,7 +76,7 @@ def test_tied_top_lists_are_the_lowest_ids_whatever_rides_in_the_call(tied, pack
         runtime = build_runtime(model, layout=LAYOUT, policy=policy)
         table = page_table(assign_blocks(lengths, BS, LAYOUT.num_blocks, seed=1))
         sampling = [asked] + [SamplingParams.greedy(num_logprobs=5, prompt_logprobs=5)] * mates
-        batch = runtime.prepare(token_matrix(rows), table, lengths, sampling=sampling, packed=packed)
+        batch = runtime.prepare(token_matrix(rows), table, lengths, sampling=sampling)
         result = runtime.assemble(runtime.invocations(batch), batch.num_rows)[0]
         (entry,) = [e for e in result.prompt_logprobs if e.position == len(PROMPT)]
         assert [token for token, _ in entry.top] == ids[:3], mates
@@ -118,14 +118,13 @@ def _run_with_noise(tiny_model, mode: str, noise_end) -> tuple[list, list[torch.
     for i, (length, c) in enumerate(TRUST_ROWS):
         end = noise_end(length, c)
         tokens[i, :end] = torch.randint(1, 256, (end,), generator=gen)
-    batch = runtime.prepare(
-        tokens, table, lengths, cached, sampling=SamplingParams.greedy(num_logprobs=2), packed=mode == "packed"
-    )
+    run = "traced" if mode == "traced" else "eager"
+    batch = runtime.prepare(tokens, table, lengths, cached, sampling=SamplingParams.greedy(num_logprobs=2), mode=run)
     if mode == "traced":
         for prepared in batch.requests:
             runtime.capture(prepared.trace_signature)
             runtime.allocate_workspace(prepared.program_signature)
-    results = runtime.assemble(runtime.invocations(batch, traced=mode == "traced"), batch.num_rows)
+    results = runtime.assemble(runtime.invocations(batch, mode=run), batch.num_rows)
     return results, [pool.clone() for pool in runtime.config.kv.keys + runtime.config.kv.values]
 
 

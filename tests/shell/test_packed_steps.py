@@ -140,7 +140,7 @@ def test_packed_sampled_rows_and_traced_calls(model, hf):
             assert result.token == expected.argmax().item(), f"row {i}"
     assert len(clear) >= len(packed) - 1
     executor = PrefillExecutor(call.runtime)
-    padded = call.runtime.prepare(call.tokens, call.table, call.lengths, call.cached, sampling=sampling, packed=False)
+    padded = call.runtime.prepare(call.tokens, call.table, call.lengths, call.cached, sampling=sampling, mode="traced")
     assert all(p.request.kind is not RequestKind.PACKED for p in padded.requests)
     executor.warm_up(WarmupManifest().observe(padded.requests))
     traced = executor.prefill(call.tokens, call.table, call.lengths, call.cached, sampling=sampling, mode="traced")

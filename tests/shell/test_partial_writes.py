@@ -39,7 +39,7 @@ class _FailsAtBody:
         return self.inner.new_kv_cache(num_blocks, block_size)
 
 
-def _fail(tiny_model, fail_at, lengths, cached, traced=False):
+def _fail(tiny_model, fail_at, lengths, cached):
     model = _FailsAtBody(tiny_model, fail_at)
     rt = build_runtime(model, num_blocks=NUM_BLOCKS, block_size=BS, policy=SMALL_POLICY)
     blocks = assign_blocks(lengths, BS, NUM_BLOCKS, seed=21)

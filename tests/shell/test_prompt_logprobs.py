@@ -27,12 +27,13 @@ def _runtime(model, block_size: int, *, packed: bool = False) -> PrefillRuntime:
 
 
 def _run(runtime: PrefillRuntime, tokens, table, lengths, cached, sampling, traced: bool):
-    batch = runtime.prepare(tokens, table, lengths, cached, sampling=sampling)
+    mode = "traced" if traced else "eager"
+    batch = runtime.prepare(tokens, table, lengths, cached, sampling=sampling, mode=mode)
     if traced:
         for prepared in batch.requests:
             runtime.capture(prepared.trace_signature)
             runtime.allocate_workspace(prepared.program_signature)
-    return runtime.assemble(runtime.invocations(batch, traced=traced), batch.num_rows)
+    return runtime.assemble(runtime.invocations(batch, mode=mode), batch.num_rows)
 
 
 def _expected(hf, row: torch.Tensor) -> torch.Tensor:

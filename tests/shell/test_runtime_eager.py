@@ -85,7 +85,7 @@ def test_cpu_default_policy_runs_5000_tokens_in_fine_chunks(tiny_model):
     tokens, table = make_tokens(5000, seed=5000)[None], page_table(blocks)
     packed = rt.prepare(tokens, table, [5000]).requests[0].request
     assert packed.kind is RequestKind.PACKED and [step.tokens for step in packed.steps] == [2048, 2048, 904]
-    request = rt.prepare(tokens, table, [5000], packed=False).requests[0].request
+    request = rt.prepare(tokens, table, [5000], mode="traced").requests[0].request
     assert (request.chunk_length, request.num_chunks) == (1280, 4)
 
 
@@ -117,7 +117,7 @@ def test_row_with_2048_of_3000_tokens_cached_matches_full_oracle(tiny_model, ora
     blocks = assign_blocks([3000], BS_DEFAULT, 64, seed=7)
     prefix_blocks = [blocks[0][: 2048 // BS_DEFAULT]]
     rt.prefill(tokens[None, :2048], page_table(prefix_blocks), [2048])
-    batch = rt.prepare(tokens[None], page_table(blocks), [3000], cached_lengths=[2048], packed=False)
+    batch = rt.prepare(tokens[None], page_table(blocks), [3000], cached_lengths=[2048], mode="traced")
     request = batch.requests[0].request
     assert request.kind is RequestKind.CHUNKED
     assert [c.start for c in request.chunks] == [2048]

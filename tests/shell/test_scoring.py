@@ -45,7 +45,7 @@ def _pairs(kit):
 def test_scores_equal_transformers_and_contexts_run_once(tiny_model, oracle, kit, block_size, traced):
     """Every pair's log-likelihood within 1e-4 and is_greedy equal; fewer positions than one row per pair."""
     pairs = _pairs(kit)
-    scorer = _scorer(tiny_model, block_size, traced=traced)
+    scorer = _scorer(tiny_model, block_size, mode="traced" if traced else "eager")
     scores = scorer.score(pairs)
     for (context, continuation), score in zip(pairs, scores):
         logprob, greedy = _hf_score(oracle.hf, context, continuation)
@@ -93,6 +93,37 @@ def test_bad_pairs_and_small_pools_raise_named_errors_and_return_blocks(tiny_mod
     with pytest.raises(InvalidScoringRequestError, match="row 0: context"):
         scorer.score([([], [3])])
     small = _scorer(tiny_model, 16, pool=BlockPool([5, 6]))
-    with pytest.raises(CapacityError, match="needs 4 KV blocks"):
+    with pytest.raises(CapacityError, match="row 0: it needs 4 KV blocks"):
         small.score([(kit.make_tokens(60, 1).tolist(), [3])])
     assert small.pool.available == 2
+
+
+def _calls(scorer: Scorer) -> list[int]:
+    """The row count of every prefill call ``scorer`` makes from now on (a spy around its one call site)."""
+    rows, prefill = [], scorer._prefill
+
+    def counted(tokens, *args):
+        rows.append(tokens.shape[0])
+        return prefill(tokens, *args)
+
+    scorer._prefill = counted
+    return rows
+
+
+@pytest.mark.parametrize(("max_rows", "pool_blocks"), [(4, None), (32, 13)], ids=["max_rows", "small-pool"])
+def test_a_sharing_group_larger_than_a_round_runs_in_rounds_with_the_same_scores(
+    tiny_model, oracle, kit, max_rows, pool_blocks
+):
+    """40 pairs over one 100-token context: rounds of at most max_rows follow-ups (plus the shared context row),
+    each within the pool, and every score equal to transformers' (one 41-row call, or a CapacityError, before)."""
+    context = kit.make_tokens(100, 11).tolist()
+    pairs = [(context, kit.make_tokens(1 + j % 5, 200 + j).tolist()) for j in range(40)]
+    pool = None if pool_blocks is None else BlockPool(range(pool_blocks))
+    scorer = _scorer(tiny_model, 16, max_rows=max_rows, pool=pool)
+    calls = _calls(scorer)
+    scores = scorer.score(pairs)
+    assert len(calls) > 1 and max(calls) <= min(max_rows, pool_blocks or max_rows) + 1, calls
+    for (ctx, continuation), score in zip(pairs, scores):
+        logprob, greedy = _hf_score(oracle.hf, ctx, continuation)
+        assert abs(score.logprob - logprob) <= 1e-4 and score.is_greedy == greedy
+    assert scorer.pool.available == scorer.pool.size

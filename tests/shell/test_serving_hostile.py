@@ -118,14 +118,23 @@ def test_a_penalised_rows_sampling_values_are_judged_before_anything_runs(tiny_m
     assert tokens.shape == (2,)
 
 
-@pytest.mark.parametrize("output_tokens", ["abc", [[1, 2]], [[1.5, 2.0], [3.0]]], ids=["text", "a row short", "floats"])
-def test_bad_output_tokens_of_a_penalised_row_are_named_before_anything_runs(tiny_model, call, output_tokens):
-    """output_tokens giving a penalised row no integer ids: an InvalidSamplingError naming the row; no KV written."""
+@pytest.mark.parametrize(
+    ("output_tokens", "named"),
+    [
+        ("abc", "output_tokens=str is invalid"),
+        ([[1], [2], [3]], "output_tokens has 3 rows"),  # neither 1 row, the call's 2, nor the lane's slots
+        ([[1.5, 2.0], [3.0]], "row 0: output_tokens="),
+    ],
+    ids=["text", "a row count of neither form", "floats"],
+)
+def test_bad_output_tokens_of_a_penalised_row_are_named_before_anything_runs(tiny_model, call, output_tokens, named):
+    """output_tokens giving a penalised row no integer ids, or rows in no form: an InvalidSamplingError; no KV written.
+
+    One row is a broadcast (tt-transformers' form), no longer a row short."""
     facade = _facade(tiny_model)
     before = _pool(facade)
     sampling = _penalised(repetition_penalty=[1.3, 1.3])
-    row = 1 if output_tokens == [[1, 2]] else 0
-    with pytest.raises(InvalidSamplingError, match=f"row {row}: output_tokens="):
+    with pytest.raises(InvalidSamplingError, match=named):
         _forward(facade, call, sampling_params=sampling, output_tokens=output_tokens)
     assert _unchanged(before, facade)
 
@@ -218,3 +227,21 @@ def test_a_failed_pool_build_says_the_old_pool_is_gone_and_the_next_allocation_s
     fail["now"] = False
     kv = facade.allocate_kv_cache(shape, tiny_model.dtype, spec.num_layers)
     assert torch.equal(_forward(facade, call, kv_cache=kv), want)
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float16, "bfloat16"])
+def test_a_kv_dtype_other_than_the_models_is_refused_by_name_at_construction(tiny_model, kv_dtype):
+    """ServingFacade and LaneGroupFacade refuse kv_dtype != the model's dtype before any pool exists (before: the
+    facade accepted allocate_kv_cache(shape, bfloat16, L), returned a float32 pool, and refused float32 by name)."""
+    from prefill_shell.serving.lane_facade import LaneGroupFacade
+
+    with pytest.raises(PrefillConfigError, match="ServingFacade: kv_dtype=.* is invalid: must be None or the model's"):
+        ServingFacade(tiny_model, TorchBackend(), max_seq_len=256, kv_dtype=kv_dtype)
+    with pytest.raises(PrefillConfigError, match="LaneGroupFacade: kv_dtype="):
+        LaneGroupFacade([(tiny_model, TorchBackend())], max_seq_len=256, kv_dtype=kv_dtype)
+
+
+def test_the_models_own_kv_dtype_builds_its_pool_in_it(tiny_model):
+    """kv_dtype equal to the model's dtype is honoured: allocate_kv_cache in it returns a pool of that dtype."""
+    facade = _facade(tiny_model, kv_dtype=tiny_model.dtype)
+    assert facade.kv.dtype == tiny_model.dtype

@@ -213,3 +213,21 @@ def test_a_slot_past_the_last_rank_is_refused_naming_the_row(tiny_model, call):
         facade.prefill_forward(
             call.tokens[:2], call.table[:2], enable_trace=False, prompt_lens=call.prompt_lens[:2], empty_slots=[3, 32]
         )
+
+
+def test_can_trace_answers_for_a_lane_group_as_for_one_lane(tiny_model, call):
+    """tt-transformers' static question on the lane facade: the one-lane answer, and False before a pool exists.
+
+    Regression: the lane facade inherited a check of the one-lane executor it never has, so it answered False
+    for every call."""
+    group = LaneGroupFacade([(tiny_model, TorchBackend()), (tiny_model, TorchBackend())], max_seq_len=MAX_SEQ)
+    single = ServingFacade(tiny_model, TorchBackend(), max_seq_len=MAX_SEQ, max_batch_size=PER_LANE)
+    args = dict(tokens=call.tokens, prompt_lens=call.prompt_lens, start_pos=call.start_pos)
+    assert not group.can_trace(**args)  # nothing is allocated yet
+    group.allocate_kv_cache(*_shape(tiny_model))
+    single.allocate_kv_cache(*_shape(tiny_model))
+    assert single.can_trace(**args)
+    assert group.can_trace(**args) == single.can_trace(**args)
+    assert not group.can_trace(tokens=call.tokens[:, :0])
+    group.cleanup()
+    single.cleanup()

@@ -158,7 +158,7 @@ def _call(runtime, doc, lengths, rows, cached, oracle, packed: bool) -> list[Row
     for i, (n, blocks) in enumerate(zip(lengths, rows)):
         tokens[i, :n] = doc[:n]
         table[i, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
-    batch = runtime.prepare(tokens, table, lengths, cached, packed=packed)
+    batch = runtime.prepare(tokens, table, lengths, cached, mode="eager" if packed else "traced")
     assert all((p.request.kind is RequestKind.PACKED) == packed for p in batch.requests)
     results = runtime.assemble(runtime.invocations(batch), len(lengths))
     kv = runtime.config.kv
@@ -254,12 +254,13 @@ def test_prompt_logprobs_match_transformers_log_softmax(smollm2, smollm2_hf, doc
     table = torch.arange(10, dtype=torch.int32)[None]
     runtime.prefill(tokens[None, :64], table[:, :4], [64])  # the cached prefix
     sampling = [SamplingParams.greedy(prompt_logprobs=1, prompt_start=70)]
-    batch = runtime.prepare(tokens[None], table, [160], [64], sampling=sampling)
+    mode = "traced" if traced else "eager"
+    batch = runtime.prepare(tokens[None], table, [160], [64], sampling=sampling, mode=mode)
     if traced:
         for prepared in batch.requests:
             runtime.capture(prepared.trace_signature)
             runtime.allocate_workspace(prepared.program_signature)
-    (result,) = runtime.assemble(runtime.invocations(batch, traced=traced), 1)
+    (result,) = runtime.assemble(runtime.invocations(batch, mode=mode), 1)
     entries = result.prompt_logprobs
     assert [e.position for e in entries] == list(range(71, 160))
     worst = max(abs(e.logprob - want[e.position - 1, e.token].item()) for e in entries)

@@ -38,9 +38,9 @@ def test_tables_cut_from_the_caller_tensor_equal_the_materializer(call):
     for request in requests:
         steps = build_host_steps(tokens, request, table)
         assert len(steps) == request.num_chunks
-        assert [step.chunk for step in steps[1:]] == [step.chunk for step in steps][1:] == list(request.chunks[1:])
-        for step, chunk in zip(steps, request.chunks):
-            assert step.chunk == chunk
+        assert [step.index for step in steps[1:]] == [step.index for step in steps][1:] == list(range(1, len(steps)))
+        for index, (step, chunk) in enumerate(zip(steps, request.chunks)):
+            assert step.index == chunk.index == index
             assert step[FILL_TABLE].tolist() == [list(row) for row in request.fill_table_of(chunk)]
             assert (READ_TABLE in step) == request.kind.is_chunked
             if READ_TABLE in step:

@@ -37,13 +37,13 @@ def half_warmed():
 
 
 def test_traced_prefill_with_an_uncovered_second_request_raises_before_any_kv_write(half_warmed):
-    """runtime.prefill(traced=True): TraceCoverageError names the second request; the KV pool is byte-identical."""
+    """runtime.prefill(mode="traced"): TraceCoverageError names the second request; the KV pool is byte-identical."""
     runtime, kv, call = half_warmed
     first, second = runtime.prepare(**call).requests
     assert runtime.trace_gap(first) is None and runtime.trace_gap(second) is not None
     before = _kv_bytes(kv)
     with pytest.raises(TraceCoverageError, match=r"rows \(1,\) is not covered"):
-        runtime.prefill(**call, traced=True)
+        runtime.prefill(**call, mode="traced")
     after = _kv_bytes(kv)
     assert all(torch.equal(b, a) for b, a in zip(before, after))
     # The same call run eagerly does write the first request's blocks: the comparison can fail.
@@ -52,9 +52,9 @@ def test_traced_prefill_with_an_uncovered_second_request_raises_before_any_kv_wr
 
 
 def test_traced_invocations_preflight_before_the_first_invocation(half_warmed):
-    """invocations(traced=True) raises at its first step, before producing the covered first request."""
+    """invocations(mode="traced") raises at its first step, before producing the covered first request."""
     runtime, _, call = half_warmed
     replays = sum(t.replays for t in runtime.captured_traces())
     with pytest.raises(TraceCoverageError):
-        next(runtime.invocations(runtime.prepare(**call), traced=True))
+        next(runtime.invocations(runtime.prepare(**call, mode="traced"), mode="traced"))
     assert sum(t.replays for t in runtime.captured_traces()) == replays

@@ -70,11 +70,11 @@ class PrefillResultAssembler:
     def assemble(self, invocations: Iterable[InvocationResult], num_rows: int) -> list[PrefillResult]:
         """Every row's result, in the caller's row order."""
         _check_num_rows(num_rows)
-        results: list[PrefillResult | None] = [None] * num_rows
+        results: dict[int, PrefillResult] = {}
         for result in self.stream(invocations, num_rows):
             results[result.row] = result
-        _require_every_row([row for row, result in enumerate(results) if result is None])
-        return results  # type: ignore[return-value]
+        _require_every_row([row for row in range(num_rows) if row not in results])
+        return [results[row] for row in range(num_rows)]
 
     def assemble_batch(self, invocations: Iterable[InvocationResult], num_rows: int) -> BatchResult:
         """Every row's outputs written straight into caller-ordered tensors: ``assemble`` as one ``BatchResult``.

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import torch
 
-from prefill_core import SKIP, PackedStep, PageTableView, PrefillChunk, PrefillRequest
+from prefill_core import SKIP, PageTableView, PrefillRequest, RequestKind
 from prefill_shell.backends.base import Backend
 from prefill_shell.device.contract import (
     BODY_INPUTS,
@@ -39,23 +39,30 @@ __all__ = ["HostStep", "DeviceStep", "PrefillInputStager", "build_host_steps"]
 
 
 class HostStep(dict):
-    """Host values of one model-body step (one chunk of one request), keyed by ``TensorSpec``.
+    """Host values of one model-body step (step ``index`` of its request), keyed by ``TensorSpec``.
 
-    ``READ_TABLE`` is present only for chunked steps; a packed step
-    (``packed_inputs.py``) holds ``PACKED_INPUTS`` and its ``PackedStep``.
+    ``kind`` is the request's variant, which says which model body runs the
+    step: ``BODY_INPUTS`` for a padded wave (``READ_TABLE`` only for chunked
+    steps), ``PACKED_INPUTS`` for a packed step (``packed_inputs.py``).
+    ``index`` is ``None`` for a warm-up step, which belongs to no request.
     """
 
-    __slots__ = ("chunk",)
+    __slots__ = ("index", "kind")
 
-    def __init__(self, chunk: PrefillChunk | PackedStep | None, values: dict[TensorSpec, torch.Tensor]):
+    def __init__(self, index: int | None, values: dict[TensorSpec, torch.Tensor], kind: RequestKind):
         dict.__init__(self, values)
-        self.chunk = chunk
+        self.index = index
+        self.kind = kind
 
 
 class DeviceStep(dict):
-    """Device handles of one step, keyed by ``TensorSpec`` (``READ_TABLE`` only for chunked steps)."""
+    """Device handles of one step, keyed by ``TensorSpec``; ``kind``: its host step's (which body runs it)."""
 
-    __slots__ = ()
+    __slots__ = ("kind",)
+
+    def __init__(self, kind: RequestKind):
+        dict.__init__(self)
+        self.kind = kind
 
     def handles(self) -> list[DeviceTensor]:
         return list(self.values())
@@ -159,6 +166,32 @@ def _wave_step(tokens: torch.Tensor, request: PrefillRequest, page_table: torch.
         # Each row's last token (position length - 1); padding rows point at token 0 of their (zero) row.
         LAST_TOKEN_INDEX: torch.tensor([n - 1 for n in request.lengths] + [0] * pad, dtype=torch.int64),
     }
+    return HostStep(0, values, request.kind)
+
+
+def _chunked_wave_step(tokens: torch.Tensor, request: PrefillRequest, page_table: torch.Tensor) -> HostStep:
+    """The one step of a chunked wave (cached rows sharing a start): each row's tokens from the start on.
+
+    Every row reads its prefix through its row of the read table and writes
+    from the start's block on (its final fill row); padding rows read filler
+    and write nothing.
+    """
+    chunk = request.chunk(0)
+    b, active, start, length = request.padded_batch, request.active_batch_size, chunk.start, chunk.length
+    index = _row_index(request)
+    stop = min(start + length, tokens.shape[1])
+    block = _caller_rows(tokens, request, slice(start, stop), index)  # [active, stop - start]
+    block = torch.where(torch.arange(start, stop) < _column(request.lengths), block, 0)  # zero past each prompt
+    block = torch.constant_pad_nd(block, (0, length - (stop - start), 0, b - active), 0)  # [B, length]
+    pad = b - active
+    values = {
+        INPUT_TOKENS: block,
+        CHUNK_START: torch.full((b,), start, dtype=torch.int64),
+        SLOTS: torch.tensor(request.slots + (-1,) * pad, dtype=torch.int32),
+        FILL_TABLE: _table_from_caller(page_table, chunk.fill_table, request, chunk.first_block, index),
+        LAST_TOKEN_INDEX: torch.tensor([n - 1 - start for n in request.lengths] + [0] * pad, dtype=torch.int64),
+        READ_TABLE: _table_from_caller(page_table, request.read_table, request, 0, index),
+    }
     return HostStep(chunk, values)
 
 
@@ -217,7 +250,7 @@ class ChunkedSteps(Sequence):
             LAST_TOKEN_INDEX: self.last if chunk.is_final else self.not_last,
             READ_TABLE: self.read,
         }
-        return HostStep(chunk, values)
+        return HostStep(chunk.index, values, self.request.kind)
 
 
 def build_host_steps(
@@ -230,6 +263,8 @@ def build_host_steps(
     the request's block ids (the same integers).
     """
     table = _request_table(request) if page_table is None else page_table
+    if request.kind.is_chunked and request.padded_batch > 1:
+        return [_chunked_wave_step(tokens, request, table)]
     if request.kind.is_chunked:
         return ChunkedSteps(tokens, request, table)
     return [_wave_step(tokens, request, table)]
@@ -248,7 +283,7 @@ class PrefillInputStager:
         caller's failure path releases exactly what was allocated. The
         last-token index is the postprocessor's, staged once for the final step.
         """
-        handles = DeviceStep()
+        handles = DeviceStep(step.kind)
         for spec in (*BODY_INPUTS, *PACKED_INPUTS):
             host = step.get(spec)
             if host is not None:

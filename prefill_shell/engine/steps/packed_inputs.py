@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from prefill_core import PackedRequest, PackedStep, ceil_div
+from prefill_core import PackedRequest, PackedStep, RequestKind, ceil_div
 from prefill_shell.device.contract import (
     LAST_TOKEN_INDEX,
     PACKED_POSITIONS,
@@ -35,7 +35,9 @@ def _prefix_table(step: PackedStep, page_table: torch.Tensor, bs: int) -> torch.
     return table
 
 
-def _host_step(tokens: torch.Tensor, page_table: torch.Tensor, step: PackedStep, bs: int, last: list[int]) -> HostStep:
+def _host_step(
+    tokens: torch.Tensor, page_table: torch.Tensor, step: PackedStep, index: int, bs: int, last: list[int]
+) -> HostStep:
     ids, positions, slots = [], [], []
     for segment in step.segments:
         span = torch.arange(segment.start, segment.end)
@@ -55,7 +57,7 @@ def _host_step(tokens: torch.Tensor, page_table: torch.Tensor, step: PackedStep,
         PACKED_PREFIX_TABLE: _prefix_table(step, page_table, bs),
         LAST_TOKEN_INDEX: torch.tensor(last, dtype=torch.int64),
     }
-    return HostStep(step, values)
+    return HostStep(index, values, RequestKind.PACKED)
 
 
 def build_packed_host_steps(tokens: torch.Tensor, request: PackedRequest, page_table: torch.Tensor) -> list[HostStep]:
@@ -64,6 +66,6 @@ def build_packed_host_steps(tokens: torch.Tensor, request: PackedRequest, page_t
     idle = [0] * request.active_batch_size
     final = list(request.last_token_offsets)
     return [
-        _host_step(tokens, page_table, step, bs, final if i == request.num_chunks - 1 else idle)
+        _host_step(tokens, page_table, step, i, bs, final if i == request.num_chunks - 1 else idle)
         for i, step in enumerate(request.steps)
     ]

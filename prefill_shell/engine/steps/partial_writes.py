@@ -9,52 +9,44 @@ itself, so a serving engine can drop them from its prefix cache.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
-from prefill_core import PackedStep
-from prefill_shell.device.contract import FILL_TABLE, PACKED_WRITE_SLOTS
+from prefill_core import PackedRequest, PrefillRequest
 from prefill_shell.device.notes import add_note
-from prefill_shell.engine.steps.inputs import HostStep
 
 __all__ = ["StepLog", "note_partial_writes"]
 
 
-class StepLog(list):
-    """A request's host steps that record how many were started and report each one finished.
+class StepLog:
+    """How far one request's steps got: the step loop reports each step started and finished.
 
-    The step loop (``step_loop.PrefillStepLoop.run``, eager or traced) takes
-    the steps with one ``for step in steps`` pass: taking step i means steps
-    before it have been dispatched, and taking past the last means all have.
+    ``written_blocks`` reads the request's own plan (``written_blocks(i)`` of
+    the request protocol) for the started steps, so it names the same blocks
+    whether the steps ran eagerly or replayed a trace, padded or packed.
     """
 
-    def __init__(self, steps, on_finished: Callable[[int], None] | None = None, block_size: int = 1):
-        super().__init__(steps)
+    def __init__(self, request: PrefillRequest | PackedRequest, on_finished: Callable[[int], None] | None = None):
+        self.request = request
         self.started = 0
         self._on_finished = on_finished
-        self.block_size = block_size  # packed steps name written slots, block * bs + offset
 
-    def __iter__(self) -> Iterator[HostStep]:
-        for step in list.__iter__(self):
-            self._finished()
-            self.started += 1
-            yield step
-        self._finished()
+    def step_started(self, index: int) -> None:
+        self.started = index + 1
 
-    def _finished(self) -> None:
-        if self.started and self._on_finished is not None:
-            self._on_finished(self.started - 1)
+    def step_finished(self, index: int) -> None:
+        if self._on_finished is not None:
+            self._on_finished(index)
 
     def written_blocks(self, source_rows: tuple[int, ...]) -> dict[int, tuple[int, ...]]:
-        """Per caller row, the sorted KV blocks the started steps write (their fill tables' entries)."""
+        """Per caller row, the sorted KV blocks the started steps write.
+
+        ``source_rows`` always appear (possibly with no blocks); a packed
+        step also names the rows it computes for a later request.
+        """
         blocks: dict[int, set[int]] = {row: set() for row in source_rows}
-        for step in list.__iter__(self[: self.started]):
-            if isinstance(step.chunk, PackedStep):  # every row with a segment there, not only the source rows
-                for segment in step.chunk.segments:
-                    slots = step[PACKED_WRITE_SLOTS][segment.offset : segment.offset + segment.length]
-                    blocks.setdefault(segment.row, set()).update((slots[slots >= 0] // self.block_size).tolist())
-                continue
-            for row, entries in zip(source_rows, step[FILL_TABLE][: len(source_rows)].tolist()):
-                blocks[row].update(b for b in entries if b >= 0)
+        for index in range(self.started):
+            for row, written in self.request.written_blocks(index).items():
+                blocks.setdefault(row, set()).update(written)
         return {row: tuple(sorted(ids)) for row, ids in blocks.items()}
 
 

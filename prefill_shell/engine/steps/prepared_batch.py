@@ -9,7 +9,7 @@ import attrs
 from prefill_core import PageTableLayout, PreparedPrefill
 from prefill_core.errors import PrefillInputError, PrefillStateError
 from prefill_shell.engine.steps.inputs import HostStep
-from prefill_shell.engine.steps.prompt_logprobs import PromptLogprob, PromptPiece
+from prefill_shell.engine.steps.prompt_logprobs import PromptEntries, PromptPiece
 
 __all__ = ["PreparedBatch", "check_runnable", "checked_request"]
 
@@ -36,9 +36,8 @@ class PreparedBatch:
     # Per request, per step: the prompt log-prob pieces (``prompt_logprobs.prompt_steps``);
     # None for a request whose steps score none, () for a call where no row asks.
     prompt_steps: tuple[tuple[tuple[PromptPiece, ...], ...] | None, ...] = ()
-    # Prompt log-probs scored so far, by caller row and position, until the request that
-    # returns the row takes them (a packed row may be scored in an earlier request's steps).
-    prompt_entries: dict[int, dict[int, PromptLogprob]] = attrs.field(factory=dict, repr=False)
+    # Prompt log-probs scored so far, until the request that returns their row takes them.
+    prompt_entries: PromptEntries = attrs.field(factory=PromptEntries, repr=False)
 
     @property
     def num_steps(self) -> int:

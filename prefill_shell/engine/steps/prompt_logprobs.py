@@ -22,7 +22,7 @@ Two parts:
   it. Memory stays bounded: never more than one piece's ``[P, V]`` logits,
   however long the prompt. Entries are kept by caller row and position
   until the request that returns the row hands them over
-  (``take_entries``): a packed row may be scored in steps of an earlier
+  (``PromptEntries``): a packed row may be scored in steps of an earlier
   request than the one its last token ends.
 
 The last-token output is not touched: it is the postprocessor's, as before.
@@ -35,7 +35,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from prefill_core import PackedRequest, PackedStep, PrefillBatch, PrefillRequest
+from prefill_core import PackedRequest, PrefillBatch, PrefillRequest, StepSegment
 from prefill_shell.backends.base import Backend
 from prefill_shell.device.contract import (
     PROMPT_HIDDEN,
@@ -56,7 +56,7 @@ __all__ = [
     "PromptPiece",
     "prompt_steps",
     "requested_spans",
-    "take_entries",
+    "PromptEntries",
 ]
 
 POSITIONS_PER_CALL = 32
@@ -93,15 +93,6 @@ class _Span(NamedTuple):
     top: int
 
 
-class _Run(NamedTuple):
-    """Consecutive positions of one caller row in a step: ``[start, start + length)`` at hidden row ``offset``."""
-
-    row: int
-    start: int
-    length: int
-    offset: int
-
-
 def requested_spans(batch: PrefillBatch) -> dict[int, _Span]:
     """Per caller row that asks for prompt log-probs, its requested positions ``[start, length - 1)``."""
     spans = {}
@@ -113,20 +104,8 @@ def requested_spans(batch: PrefillBatch) -> dict[int, _Span]:
     return spans
 
 
-def _runs(request: PrefillRequest | PackedRequest, step: HostStep) -> list[_Run]:
-    """The step's positions per caller row, and where each lies in the step's hidden output.
-
-    A padded step computes ``[chunk.start, chunk.end)`` for every physical row
-    ``b`` at hidden rows ``b*S``...; a packed step computes each segment's
-    positions at its offset in the step's tokens.
-    """
-    chunk = step.chunk
-    if isinstance(chunk, PackedStep):
-        return [_Run(s.row, s.start, s.length, s.offset) for s in chunk.segments]
-    return [_Run(row, chunk.start, chunk.length, b * chunk.length) for b, row in enumerate(request.source_rows)]
-
-
-def _step_pieces(tokens: torch.Tensor, spans: dict[int, _Span], runs: list[_Run]) -> list[PromptPiece]:
+def _step_pieces(tokens: torch.Tensor, spans: dict[int, _Span], runs: tuple[StepSegment, ...]) -> list[PromptPiece]:
+    """The pieces of one step: each requested position its segments compute (``request.segments(i)``)."""
     index, targets, rows, positions, top = [], [], [], [], []
     for run in runs:
         span = spans.get(run.row)
@@ -169,7 +148,7 @@ def prompt_steps(
     scored in a request that does not return it (its last token falls in a
     later request); its entries wait in the batch until that request runs.
     """
-    pieces = tuple(tuple(_step_pieces(tokens, spans, _runs(request, step))) for step in steps)
+    pieces = tuple(tuple(_step_pieces(tokens, spans, request.segments(step.index))) for step in steps)
     return pieces if any(pieces) else None
 
 
@@ -181,7 +160,7 @@ class PromptLogprobCollector:
         self._lm_head = lm_head
         self._release = release
 
-    def hook(self, pieces: tuple[tuple[PromptPiece, ...], ...], into: dict[int, dict[int, PromptLogprob]]):
+    def hook(self, pieces: tuple[tuple[PromptPiece, ...], ...], into: PromptEntries):
         """The step loop's ``on_hidden(hidden, step)``: scores step ``step``'s pieces into ``into``."""
 
         def on_hidden(hidden: Any, step: int) -> None:
@@ -189,11 +168,10 @@ class PromptLogprobCollector:
 
         return on_hidden
 
-    def collect(self, hidden: Any, pieces: tuple[PromptPiece, ...], into: dict[int, dict[int, PromptLogprob]]) -> None:
-        """Puts each scored position of ``pieces`` in ``into[caller row][position]`` as a ``PromptLogprob``.
+    def collect(self, hidden: Any, pieces: tuple[PromptPiece, ...], into: PromptEntries) -> None:
+        """Puts each scored position of ``pieces`` in ``into`` as a ``PromptLogprob`` (``PromptEntries.put``).
 
-        Keyed by position, so running a request again replaces its entries
-        rather than adding to them. Every device tensor of a piece is
+        Every device tensor of a piece is
         released before the next piece starts (on failure too: the primary
         error propagates, cleanup failures ride on it as notes).
         """
@@ -228,18 +206,34 @@ class PromptLogprobCollector:
         return backend.read(outputs)
 
 
-def _put(into: dict[int, dict[int, PromptLogprob]], piece: PromptPiece, host: list[torch.Tensor]) -> None:
+class PromptEntries:
+    """Prompt log-probs one prepared call has scored, by caller row and position, until a request takes them.
+
+    The one part of a ``PreparedBatch`` that running it changes, and why it
+    exists: on packed steps a row may be scored in the steps of a request
+    that does not return it (its last token falls in a later request), so
+    its entries wait here until the request that returns the row runs.
+    Keyed by position, so running a request again replaces its entries
+    rather than adding to them.
+    """
+
+    def __init__(self) -> None:
+        self._by_row: dict[int, dict[int, PromptLogprob]] = {}
+
+    def put(self, row: int, entry: PromptLogprob) -> None:
+        self._by_row.setdefault(row, {})[entry.position] = entry
+
+    def take(self, rows: Sequence[int]) -> dict[int, tuple[PromptLogprob, ...]]:
+        """Hands over the entries of caller ``rows`` (whose request just ran), in position order."""
+        by_row = self._by_row
+        return {row: tuple(entry for _, entry in sorted(by_row.pop(row).items())) for row in rows if row in by_row}
+
+
+def _put(into: PromptEntries, piece: PromptPiece, host: list[torch.Tensor]) -> None:
     logprobs = host[0].tolist()
     ids = host[1].tolist() if len(host) > 1 else None
     values = host[2].tolist() if len(host) > 1 else None
     targets = piece.targets.tolist()
     for i, (row, position, n) in enumerate(zip(piece.rows, piece.positions, piece.top)):
         top = tuple(zip(ids[i][:n], values[i][:n])) if ids is not None else ()
-        into.setdefault(row, {})[position] = PromptLogprob(position, targets[i], logprobs[i], top)
-
-
-def take_entries(
-    into: dict[int, dict[int, PromptLogprob]], rows: Sequence[int]
-) -> dict[int, tuple[PromptLogprob, ...]]:
-    """Hands over the entries of caller ``rows`` (whose requests just ran), in position order."""
-    return {row: tuple(entry for _, entry in sorted(into.pop(row).items())) for row in rows if row in into}
+        into.put(row, PromptLogprob(position, targets[i], logprobs[i], top))

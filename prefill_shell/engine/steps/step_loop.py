@@ -34,15 +34,22 @@ from prefill_shell.backends.base import Backend
 from prefill_shell.device.contract import HIDDEN, LAST_TOKEN_INDEX, TensorSpec
 from prefill_shell.device.ledger import DeviceTensor, Ownership
 from prefill_shell.engine.steps.inputs import DeviceStep, HostStep, PrefillInputStager
+from prefill_shell.engine.steps.partial_writes import StepLog
 from prefill_shell.engine.steps.postprocess import PrefillPostprocessor
 
 __all__ = ["EagerSteps", "PrefillStepLoop", "StepMode"]
 
 
+class Workspace(Protocol):
+    """Persistent outputs a traced step finishes into (``trace.AliasWorkspace``)."""
+
+    tensors: dict[TensorSpec, DeviceTensor]
+
+
 class StepMode(Protocol):
     """How one mode runs a step and where its outputs go."""
 
-    workspace: dict[TensorSpec, DeviceTensor] | None
+    workspace: Workspace | None
     """The program alias's persistent outputs (traced), or None: new invocation-owned outputs (eager)."""
 
     def run_step(self, step: HostStep, owned: list[DeviceTensor]) -> DeviceTensor:
@@ -96,12 +103,14 @@ class PrefillStepLoop:
         steps: Sequence[HostStep],
         seeds: tuple[int, ...],
         on_hidden: Callable[[object, int], None] | None = None,
+        log: StepLog | None = None,
     ) -> tuple[dict[TensorSpec, DeviceTensor], list[DeviceTensor]]:
         """Runs ``steps`` and postprocesses the last; returns the outputs and the handles they keep alive.
 
         ``params`` are per physical row (``postprocess.wave_params``). ``on_hidden(hidden, i)``
         (prompt log-probs) sees step i's hidden output before the next step replaces it;
-        what it allocates is its own and released by it.
+        what it allocates is its own and released by it. ``log`` hears each
+        step start (before its body is dispatched) and finish.
         """
         owned: list[DeviceTensor] = []
         try:
@@ -109,13 +118,18 @@ class PrefillStepLoop:
             for index, step in enumerate(steps):
                 # The previous step's hidden output is never read again.
                 self._release(_hand_off(owned, list(owned)))
+                if log is not None:
+                    log.step_started(index)
                 hidden = mode.run_step(step, owned)
                 if on_hidden is not None:
                     on_hidden(hidden.value, index)
                 self._release(_hand_off(owned, [h for h in owned if h is not hidden]))
+                if log is not None:
+                    log.step_finished(index)
             last_index = mode.last_token_index(steps[-1], owned)
             finish = self._postprocessor.finish
-            outputs = finish(signature, params, hidden, last_index, seeds, owned, workspace=mode.workspace)
+            workspace = None if mode.workspace is None else mode.workspace.tensors
+            outputs = finish(signature, params, hidden, last_index, seeds, owned, workspace=workspace)
             kept = {id(h) for h in outputs.values()}
             # Inside the try: an interrupt in this release must not strand the outputs.
             self._release(_hand_off(owned, [h for h in owned if id(h) not in kept]))

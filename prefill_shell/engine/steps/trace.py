@@ -44,6 +44,7 @@ from prefill_shell.device.contract import (
     SAMPLING_INPUTS,
     SLOTS,
     STEP_INPUTS,
+    TensorSpec,
     body_geometry,
     program_geometry,
     workspace_specs,
@@ -82,8 +83,8 @@ class CapturedTrace:
         self.replays = 0
 
 
-class AliasWorkspace(dict):
-    """One program alias's persistent postprocessing tensors, keyed by spec, and whose outputs they hold.
+class AliasWorkspace:
+    """One program alias's persistent postprocessing tensors (``tensors``, by spec), and whose outputs they hold.
 
     ``generation`` counts the traced invocations finished into it; an
     invocation keeps the generation it claimed and is readable only while
@@ -91,10 +92,10 @@ class AliasWorkspace(dict):
     ``released``: its tensors went back (``release_all``).
     """
 
-    __slots__ = ("generation", "released")
+    __slots__ = ("tensors", "generation", "released")
 
     def __init__(self) -> None:
-        dict.__init__(self)
+        self.tensors: dict[TensorSpec, DeviceTensor] = {}
         self.generation = 0
         self.released = False
 
@@ -120,7 +121,7 @@ class TracedSteps:
         return self._trace.hidden
 
     def last_token_index(self, step: HostStep, owned: list[DeviceTensor]) -> DeviceTensor:
-        target = self.workspace[LAST_TOKEN_INDEX]
+        target = self.workspace.tensors[LAST_TOKEN_INDEX]
         self._backend.refresh(step[LAST_TOKEN_INDEX], target)
         return target
 
@@ -147,7 +148,7 @@ def warmup_step(body: PrefillTraceSignature, hidden_size: int) -> HostStep:
         if spec is READ_TABLE and not body.read_table_width:
             continue
         values[spec] = torch.full(spec.shape(geometry), _NO_WRITE.get(spec, 0), dtype=spec.host_dtype)
-    return HostStep(None, values)
+    return HostStep(None, values, body.variant)
 
 
 def workspace_key(signature: PrefillProgramSignature) -> tuple:
@@ -190,9 +191,9 @@ class PrefillTraceLifecycle:
         try:
             for spec in workspace_specs(signature):
                 start = torch.full(spec.shape(geometry), _WORKSPACE_START.get(spec, 0), dtype=spec.dtype(self._dtype))
-                workspace[spec] = self._backend.upload(start, spec, Ownership.WORKSPACE)
+                workspace.tensors[spec] = self._backend.upload(start, spec, Ownership.WORKSPACE)
         except BaseException as primary:
-            self._release(list(workspace.values()), primary=primary)
+            self._release(list(workspace.tensors.values()), primary=primary)
             raise
         self.workspaces[key] = workspace
 
@@ -201,7 +202,7 @@ class PrefillTraceLifecycle:
         if body_signature in self.traces:
             return self.traces[body_signature]
         step = warmup_step(body_signature, self._spec.hidden_size)
-        inputs = DeviceStep()
+        inputs = DeviceStep(body_signature.variant)
         hidden = None
         try:
             for spec in BODY_INPUTS:
@@ -266,7 +267,7 @@ class PrefillTraceLifecycle:
             del self.traces[signature]
         for key, workspace in list(self.workspaces.items()):
             workspace.released = True
-            self._release(list(workspace.values()))
+            self._release(list(workspace.tensors.values()))
             del self.workspaces[key]
         if failures:
             raise CleanupError(f"{len(failures)} traces could not be released: {failures}")

@@ -1,0 +1,148 @@
+"""Hybrid models on the reference Llama: per-group KV pools and windowed attention in padded steps.
+
+A hybrid model's layers fall into KV groups (``prefill_core.AttentionLayout``),
+each with its own block size and page table, all drawing block ids from one
+space (the way vLLM's Tenstorrent plugin allocates them: one pool of
+``num_blocks`` per layer, the group's block size). ``GroupedKVCache`` holds
+those pools; ``forward_grouped`` runs one padded step of the model with each
+layer reading and writing through its group's tables
+(``prefill_core.GroupedRequest.step_tables``).
+
+What a windowed layer reads: the queries of ``[start, start + S)`` see keys
+``k`` with ``q - window < k <= q`` (transformers' rule). The pool is gathered
+only at the columns ``prefill_core.windows.prefix_columns`` names, which the
+core guarantees map the row's real blocks; positions gathered there that lie
+before ``window_floor(start)`` or at or past ``start`` are zeroed, not only
+masked (a masked NaN is still NaN). Every other table entry, whatever it
+holds (the null block, a stale id of a block another request now owns), is
+never read, and only the fill table's blocks are written.
+
+Eager only: the gather width follows the host value of ``start``, so this
+step is not capture-safe under CUDA graphs (a CPU replay re-runs it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from prefill_core import AttentionLayout, KVGroup
+from prefill_core.intmath import ceil_div
+from prefill_core.windows import window_floor
+from prefill_shell.reference.kv_cache import PagedKVCache
+from prefill_shell.reference.llama import PagedLlama, _rms_norm, _split_qkv
+
+__all__ = ["GroupedKVCache", "GroupTensors", "forward_grouped"]
+
+
+class GroupTensors(NamedTuple):
+    """One group's tables for a step: ``fill`` int ``[B, Wf]``, ``read`` int ``[B, Wr]`` (chunked steps)."""
+
+    fill: torch.Tensor
+    read: torch.Tensor | None
+
+
+class GroupedKVCache:
+    """One ``PagedKVCache`` per KV group (its layers, its block size), one block-id space for all."""
+
+    def __init__(
+        self,
+        attention: AttentionLayout,
+        num_blocks: int,
+        num_kv_heads: int,
+        head_dim: int,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        self.attention = attention
+        self.num_blocks = num_blocks
+        self.pools = tuple(
+            PagedKVCache(len(g.layers), num_blocks, g.block_size, num_kv_heads, head_dim, dtype=dtype, device=device)
+            for g in attention.groups
+        )
+        self._where = {
+            layer: (g, i) for g, group in enumerate(attention.groups) for i, layer in enumerate(group.layers)
+        }
+
+    def of_layer(self, layer: int) -> tuple[PagedKVCache, int, KVGroup, int]:
+        """``(pool, layer within it, group, group index)`` of model layer ``layer``."""
+        g, local = self._where[layer]
+        return self.pools[g], local, self.attention.groups[g], g
+
+    def block_bytes(self, block: int) -> torch.Tensor:
+        """Raw bytes of block ``block`` in every layer of every group (flat uint8), for bit-exact comparisons."""
+        return torch.cat([pool.block_bytes(block).flatten() for pool in self.pools])
+
+
+def _key_mask(
+    starts: list[int], seq: int, first: int, columns: int, bs: int, window: int | None, device
+) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """``(readable [B, 1, P, 1] | None, mask [B, 1, S, P + S])`` over keys ``[gathered prefix | chunk]``.
+
+    The prefix holds positions ``first*bs .. (first + columns)*bs - 1``; a
+    gathered position is readable when ``window_floor(start) <= p < start``.
+    """
+    start = torch.tensor(starts, dtype=torch.int64, device=device)[:, None]  # [B, 1]
+    queries = start + torch.arange(seq, device=device)  # [B, S]
+    prefix = first * bs + torch.arange(columns * bs, device=device)  # [P]
+    floor = torch.tensor([window_floor(s, window) for s in starts], dtype=torch.int64, device=device)[:, None]
+    readable = (prefix[None, :] >= floor) & (prefix[None, :] < start)  # [B, P]
+    keys = torch.cat((prefix.expand(len(starts), -1), queries), dim=1)  # [B, P + S]
+    visible = keys[:, None, :] <= queries[:, :, None]  # [B, S, P + S]
+    if window is not None:
+        visible &= keys[:, None, :] > queries[:, :, None] - window
+    own = torch.ones(len(starts), seq, dtype=torch.bool, device=device)
+    visible &= torch.cat((readable, own), dim=1)[:, None, :]
+    return (readable[:, None, :, None] if columns else None), visible[:, None]
+
+
+def _windowed_attention(model: PagedLlama, layer: int, q, k, v, starts: list[int], tables: GroupTensors, kv):
+    """SDPA of one layer over its group's window; ``q [B, H, S, D]``, ``k, v [B, Hkv, S, D]``."""
+    pool, local, group, _ = kv.of_layer(layer)
+    pool.fill(local, k, v, tables.fill)
+    seq, bs = q.shape[2], group.block_size
+    first = min(window_floor(s, group.window) for s in starts) // bs
+    columns = max(0, max(ceil_div(s, bs) for s in starts) - first) if tables.read is not None else 0
+    readable, mask = _key_mask(starts, seq, first, columns, bs, group.window, q.device)
+    if columns:
+        old_k, old_v = pool.gather(local, tables.read[:, first : first + columns])  # [B, Hkv, P, D]
+        old_k = torch.where(readable, old_k, 0.0).to(k.dtype)
+        old_v = torch.where(readable, old_v, 0.0).to(v.dtype)
+        k, v = torch.cat((old_k, k), dim=2), torch.cat((old_v, v), dim=2)
+    return model._sdpa(q, k, v, attn_mask=mask)
+
+
+@torch.inference_mode()
+def forward_grouped(
+    model: PagedLlama,
+    tokens: torch.Tensor,
+    start: torch.Tensor,
+    tables: Sequence[GroupTensors],
+    kv: GroupedKVCache,
+) -> torch.Tensor:
+    """One padded step (``tokens [B, S]`` from ``start [B]``) of a hybrid model; returns hidden ``[B, S, H]``.
+
+    ``tables[g]`` are group g's tables for the step, as the core staged them.
+    """
+    config, spec = model.config, model.spec
+    batch, seq = tokens.shape
+    starts = [int(s) for s in start.tolist()]
+    positions = start.to(torch.int64)[:, None] + torch.arange(seq, device=tokens.device)
+    positions = positions.clamp(max=config.max_position_embeddings - 1)  # padded tails feed no real query
+    cos = model._cos[positions].to(model.dtype).unsqueeze(2)
+    sin = model._signed_sin[positions].to(model.dtype).unsqueeze(2)
+    residual = F.embedding(tokens, model._embed).view(batch * seq, -1)
+    eps = config.rms_norm_eps
+    for i, layer in enumerate(model._layers):
+        normed = _rms_norm(residual, layer.attn_norm, eps).view(batch, seq, -1)
+        q, k, v = (t.transpose(1, 2) for t in _split_qkv(layer.qkv(normed), config, layer, cos, sin))
+        _, _, _, g = kv.of_layer(i)
+        out = _windowed_attention(model, i, q, k, v, starts, tables[g], kv)
+        attn = out.transpose(1, 2).reshape(batch * seq, spec.num_heads * spec.head_dim)
+        residual = layer.o.plus(attn, residual)
+        residual = model._mlp(layer, _rms_norm(residual, layer.mlp_norm, eps), residual)
+    return _rms_norm(residual, model._final_norm, eps).view(batch, seq, -1)
