@@ -192,7 +192,7 @@ def _chunked_wave_step(tokens: torch.Tensor, request: PrefillRequest, page_table
         LAST_TOKEN_INDEX: torch.tensor([n - 1 - start for n in request.lengths] + [0] * pad, dtype=torch.int64),
         READ_TABLE: _table_from_caller(page_table, request.read_table, request, 0, index),
     }
-    return HostStep(chunk, values)
+    return HostStep(0, values, request.kind)
 
 
 class ChunkedSteps(Sequence):
