@@ -32,6 +32,14 @@ positions its body's MLP computes, padding rows apart, once on the torch
 backend's default plan (packed steps on the CPU) and once on the padded
 plan of the ttnn default policy (tt-metal's ladder).
 
+A windowed model (``windowed_*``: one sliding group with a 1,024 window and
+one full group, a 32,768-token prompt, default policy) is counted from its
+staged per-group read tables (``prepare_grouped``): the most key positions
+one step of a sliding layer gathers (mapped read columns x block size, at
+most ``chunk + window - 1`` rounded out to whole blocks) beside a full
+layer's, and the keys every query of the prompt reads in all
+(``windows.positions_read``), sliding over full.
+
     python benchmarks/plan_cost.py
 """
 
@@ -48,6 +56,7 @@ import attrs
 from benchmarks._counting_llama import body_positions
 from benchmarks._report import Metric, report
 from prefill_core import (
+    AttentionLayout,
     PageTableLayout,
     PrefillBatch,
     PrefillPolicy,
@@ -55,7 +64,9 @@ from prefill_core import (
     ceil_div,
     plan_packed,
     plan_prefill,
+    prepare_grouped,
 )
+from prefill_core.windows import positions_read
 from tests.tt_transformers_rule import GALAXY, tt_transformers_cost
 
 BLOCK = 32
@@ -125,6 +136,38 @@ def counts(batches: list[list[tuple[int, int]]]) -> dict[str, float]:
         "steps": num_steps,
         "tt_metal_per_real": reference / real,
     }
+
+
+def windowed_metrics(length: int = 32768, window: int = 1024) -> list[Metric]:
+    """Positions a windowed model's steps read per layer kind, from the planned per-group read tables."""
+    attention = AttentionLayout.from_layer_types(
+        ["sliding_attention", "full_attention"], sliding_window=window, block_size=BLOCK
+    )
+    need = ceil_div(length, BLOCK)
+    tables = (tuple(range(1, need + 1)),), (tuple(range(need + 1, 2 * need + 1)),)
+    batch = PrefillBatch((length,), (0,), (0,), tables[0][0:1], (None,))
+    planned = prepare_grouped(batch, POLICY, layout_for(length), attention, tables, null_block=0)
+    most = [0, 0]
+    for grouped in planned:
+        request = grouped.request
+        for index in range(request.num_chunks):
+            for g, step in enumerate(grouped.step_tables(index)):
+                mapped = sum(1 for block in step.read[0] if block > 0) if step.read else 0
+                most[g] = max(most[g], mapped * BLOCK)
+    chunk = planned[0].request.chunk_length
+    name = f"windowed_{length}_w{window}"
+    sliding_keys, full_keys = positions_read(0, length, window), positions_read(0, length, None)
+    return [
+        Metric(
+            f"{name}_sliding_positions_read_per_step",
+            most[0],
+            "count",
+            ceil_div(chunk + window - 1, BLOCK) * BLOCK + BLOCK,
+            f"chunk {chunk}; bound: chunk + window - 1 = {chunk + window - 1}, in whole blocks",
+        ),
+        Metric(f"{name}_full_positions_read_per_step", most[1], "count", None, "the full group: the prompt so far"),
+        Metric(f"{name}_sliding_over_full_keys_read", sliding_keys / full_keys, "ratio", None, "sum over queries"),
+    ]
 
 
 def cached_chat() -> list[list[tuple[int, int]]]:
@@ -202,6 +245,7 @@ def write_galaxy_section(metrics: list[Metric], path: Path = README) -> None:
 def main() -> int:
     metrics = galaxy_metrics()
     write_galaxy_section(metrics)
+    metrics += windowed_metrics()
     for name, batches in workloads().items():
         c = counts(batches)
         real = sum(max(n - k, 1) for shapes in batches for n, k in shapes)

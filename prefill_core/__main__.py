@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 
+import attrs
+
 from .errors import PrefillInputError
 from .explain import (
     ArgumentError,
     check_sample_blocks,
-    count_argument,
     manifest_table,
     parse_cached,
     parse_lengths,
@@ -21,10 +22,14 @@ from .histogram import parse_histogram
 from .intmath import ceil_div
 from .layout import PageTableLayout
 from .manifest import manifest_for
+from .options import argparse_type, block_size_option, count_option
 from .policy import PrefillPolicy
 from .prepared import prepare_prefill
 from .serialize import to_json
 from .tuner import tune
+from .warmup import ModelGeometry, limited_to, warmup_cost
+
+COUNT, BLOCK_SIZE = argparse_type(count_option), argparse_type(block_size_option)
 
 
 def _non_negative_int(text: str) -> int:
@@ -38,8 +43,8 @@ def _policy(args: argparse.Namespace) -> PrefillPolicy:
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--block", type=count_argument, default=32, help="KV block size (tokens)")
-    parser.add_argument("--max-chunk", type=count_argument, default=2048, help="max chunk length (tokens)")
+    parser.add_argument("--block", type=BLOCK_SIZE, default=32, help="KV block size (tokens, a power of two)")
+    parser.add_argument("--max-chunk", type=COUNT, default=2048, help="max chunk length (tokens)")
     parser.add_argument("--no-batching", action="store_true", help="plan every row as a single request")
     parser.add_argument("--json", action="store_true", help="print the cattrs JSON instead of a table")
 
@@ -52,7 +57,13 @@ def main(argv: list[str] | None = None) -> int:
     plan.add_argument("--cached", default="", help="cached prefix per length group (comma list)")
     _add_common(plan)
     manifest = sub.add_parser("manifest", help="enumerate every signature a policy can produce")
-    manifest.add_argument("--max-length", type=count_argument, default=8192, help="longest prompt the layout maps")
+    manifest.add_argument("--max-length", type=COUNT, default=8192, help="longest prompt the layout maps")
+    manifest.add_argument("--max-batch", type=COUNT, default=32, help="most rows one call batches (max_batch_size)")
+    manifest.add_argument("--hidden-size", type=COUNT, default=576, help="model hidden size (default: SmolLM2's)")
+    manifest.add_argument("--vocab-size", type=COUNT, default=49152, help="model vocabulary (default: SmolLM2's)")
+    manifest.add_argument("--dtype-bytes", type=COUNT, default=4, help="bytes per hidden element (4: float32)")
+    manifest.add_argument("--lengths", default=None, help="warm only these invocation lengths (comma list)")
+    manifest.add_argument("--fine-rungs", action="store_true", help="the CPU's policy (PrefillPolicy.fine_rungs)")
     _add_common(manifest)
     tuner = sub.add_parser("tune", help="pick ladder rungs and a max chunk for a length histogram")
     tuner.add_argument("--lengths", required=True, help="histogram file: LENGTH [COUNT [CACHED]] per line")
@@ -60,9 +71,9 @@ def main(argv: list[str] | None = None) -> int:
         "--cached", type=_non_negative_int, default=0, help="shared cached prefix (tokens) where a line has none"
     )
     tuner.add_argument("--max-traces", type=int, required=True, help="trace budget (distinct trace signatures)")
-    tuner.add_argument("--block", type=count_argument, default=32, help="KV block size (tokens)")
+    tuner.add_argument("--block", type=BLOCK_SIZE, default=32, help="KV block size (tokens, a power of two)")
     tuner.add_argument(
-        "--max-chunk", type=count_argument, default=2048, help="largest max chunk to pick; the default's (tokens)"
+        "--max-chunk", type=COUNT, default=2048, help="largest max chunk to pick; the default's (tokens)"
     )
     tuner.add_argument("--json", action="store_true", help="print the tuned PrefillPolicy as cattrs JSON")
     tuner.set_defaults(no_batching=False)
@@ -74,13 +85,31 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "tune":
             _tune(args, policy)
         else:
-            layout = PageTableLayout(args.block, ceil_div(args.max_length, args.block), 1)
-            bill = manifest_for(policy, layout)
-            print(bill.to_json() if args.json else manifest_table(bill))
+            _manifest(args, policy)
     except (ArgumentError, PrefillInputError, OSError, UnicodeDecodeError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     return 0
+
+
+def _manifest(args: argparse.Namespace, policy: PrefillPolicy) -> None:
+    """The manifest's table, then what warming it costs: with a backend that builds programs per shape (a
+    device) and with one that does not (the CPU), before anything runs."""
+    layout = PageTableLayout(args.block, ceil_div(args.max_length, args.block), 1)
+    if args.fine_rungs:
+        fine = PrefillPolicy.fine_rungs(args.block, max_chunk_length=args.max_chunk)
+        policy = attrs.evolve(fine, batching_enabled=policy.batching_enabled)
+    policy = attrs.evolve(policy, max_batch_size=min(policy.max_batch_size, args.max_batch))
+    bill = manifest_for(policy, layout)
+    if args.lengths is not None:
+        bill = limited_to(bill, [length for _, length in parse_lengths(args.lengths)])
+    if args.json:
+        print(bill.to_json())
+        return
+    model = ModelGeometry(args.hidden_size, args.vocab_size, args.dtype_bytes, policy.max_logprobs)
+    print(manifest_table(bill))
+    for backend, compiles in (("device (compiles per shape)", True), ("cpu (compiles nothing)", False)):
+        print(f"warm-up on a {backend}: {warmup_cost(bill, model, compiles_programs=compiles)}")
 
 
 def _plan(args: argparse.Namespace, policy: PrefillPolicy) -> None:

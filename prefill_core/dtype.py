@@ -23,6 +23,9 @@ request is an ``InvalidDtypeError`` naming it and the accepted names;
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import attrs
 
 from .errors import InvalidDtypeError, PrefillConfigError
@@ -61,8 +64,9 @@ def canonical_dtype(request: str, field: str = "dtype") -> str:
     return text
 
 
-def _rates(value: object) -> tuple[tuple[str, float], ...]:
-    return tuple(sorted((str(k), float(v)) for k, v in dict(value).items()))  # type: ignore[call-overload]
+def _rates(value: Mapping[Any, Any]) -> tuple[tuple[str, float], ...]:
+    """A mapping (or ``(name, rate)`` pairs) of rates as sorted ``(str, float)`` pairs: hashable and frozen."""
+    return tuple(sorted((str(k), float(v)) for k, v in dict(value).items()))
 
 
 @attrs.frozen

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 from typing import TYPE_CHECKING
 
 from .batch import PrefillBatch, PrefillRow
@@ -18,7 +17,6 @@ __all__ = [
     "ArgumentError",
     "parse_lengths",
     "parse_cached",
-    "count_argument",
     "MAX_SAMPLE_BLOCKS",
     "check_sample_blocks",
     "sample_batches",
@@ -30,17 +28,6 @@ __all__ = [
 
 class ArgumentError(ValueError):
     """A command-line argument is malformed; the message is one line naming it."""
-
-
-def count_argument(text: str) -> int:
-    """An argparse ``type`` for a count: an int >= 1; argparse names the option in its usage error (exit 2)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be an integer >= 1")
-    return value
 
 
 def _positive(argument: str, text: str, what: str) -> int:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import attrs
 
 from .attention_layout import AttentionLayout, KVGroup
-from .computed_positions import computed_start, written_columns
+from .computed_positions import written_columns
 from .errors import (
     BlockConflictError,
     InvalidPageTableError,
@@ -45,16 +45,13 @@ class GroupRowSpan:
     written: range
 
 
-def group_spans(
-    group: KVGroup, lengths: tuple[int, ...], cached: tuple[int, ...], planning_block_size: int
-) -> tuple[GroupRowSpan, ...]:
-    """Each row's kept and written columns in ``group`` for padded steps (which start at ``computed_start``)."""
-    bs = group.block_size
-    spans = []
-    for length, offset in zip(lengths, cached):
-        start = computed_start(length, offset, planning_block_size)
-        spans.append(GroupRowSpan(kept_columns(start, length, group.window, bs), written_columns(length, offset, bs)))
-    return tuple(spans)
+def group_spans(group: KVGroup, lengths: tuple[int, ...], cached: tuple[int, ...]) -> tuple[GroupRowSpan, ...]:
+    """Each row's kept and written columns in ``group`` (``windows.kept_columns``, ``written_columns``)."""
+    bs, window = group.block_size, group.window
+    return tuple(
+        GroupRowSpan(kept_columns(length, offset, window, bs), written_columns(length, offset, bs))
+        for length, offset in zip(lengths, cached)
+    )
 
 
 def _error(cls: type[PrefillInputError], row: int, group: int, column: int, value: object, rule: str):
@@ -139,7 +136,6 @@ def check_group_tables(
     lengths: tuple[int, ...],
     cached: tuple[int, ...],
     *,
-    planning_block_size: int,
     num_blocks: int,
     null_block: int | None = None,
 ) -> tuple[tuple[GroupRowSpan, ...], ...]:
@@ -155,7 +151,7 @@ def check_group_tables(
     all_spans = []
     for g, (group, rows) in enumerate(zip(layout.groups, tables)):
         _check_shape(g, rows, lengths, group.block_size)
-        spans = group_spans(group, lengths, cached, planning_block_size)
+        spans = group_spans(group, lengths, cached)
         _check_kept(g, rows, spans, num_blocks, null_block, group.window)
         all_spans.append(spans)
     writer = _writers(layout, tables, all_spans)

@@ -22,8 +22,10 @@ A hybrid model's call carries one page table per KV group
    (columns ``written_columns`` inside the step, -1 elsewhere), and a
    chunked step's read table, indexed by absolute column as a paged
    attention kernel indexes it, holds the row's blocks at exactly the
-   columns the step reads (``windows.prefix_columns`` and its own) and the
-   filler 0 everywhere else.
+   columns the step reads (``windows.read_columns``: its window clipped at
+   the row's floor) and the filler 0 everywhere else; with them the first
+   readable column and the positions whose K/V come from the pool
+   (``windows.reused_span``).
 5. **Identity**: each signature gains one ``GroupWidths`` per group (kind,
    window, block size, fill and read widths). Widths follow the chunk
    length and the layout only, so one trace serves every cached offset.
@@ -38,7 +40,6 @@ import attrs
 from .attention_layout import AttentionLayout, KVGroup
 from .batch import PrefillBatch
 from .block_order import order_by_dependencies
-from .errors import InvalidPageTableError
 from .geometry import chunked_fill_width, chunked_read_width, regular_table_width
 from .group_rules import GroupRowSpan, check_group_tables
 from .intmath import ceil_div
@@ -47,12 +48,12 @@ from .plan import CHUNKED_FILLER, plan_geometry
 from .policy import PrefillPolicy
 from .prepared import PreparedPrefill, prepare_request
 from .request import PrefillRequest
-from .signatures import GroupWidths
+from .signatures import GroupWidths, PrefillTraceSignature
 from .tables import SKIP
 from .validate import checked_scope
-from .windows import window_floor
+from .windows import kept_columns, read_columns, reused_span
 
-__all__ = ["OUTSIDE", "GroupStepTables", "GroupedRequest", "prepare_grouped"]
+__all__ = ["OUTSIDE", "GroupStepTables", "GroupedRequest", "body_groups", "prepare_grouped"]
 
 OUTSIDE = -1
 """What a planned group row holds at a column none of its steps reads or writes."""
@@ -62,10 +63,22 @@ Rows = tuple[tuple[int, ...], ...]
 
 @attrs.frozen
 class GroupStepTables:
-    """One step's tables for one KV group: ``fill`` ``[padded_batch, fill_width]``, ``read`` for chunked steps."""
+    """One step's tables for one KV group, per physical row.
+
+    ``fill`` ``[padded_batch, fill_width]``: the blocks the step writes.
+    ``read`` (chunked steps) ``[padded_batch, read_width]``: absolute
+    columns; the row's blocks at the columns the step reads, the filler 0
+    elsewhere. ``read_from``: the first column the step may read (the row's
+    floor, ``windows.kept_columns``): a kernel gathers nothing before it.
+    ``reused``: the positions ``[lo, hi)`` whose K/V the step takes from the
+    pool instead of recomputing (``windows.reused_span``; empty but on a
+    first step that starts inside a cached block).
+    """
 
     fill: Rows
     read: Rows | None
+    read_from: tuple[int, ...]
+    reused: tuple[tuple[int, int], ...]
 
 
 @attrs.frozen
@@ -90,35 +103,47 @@ class GroupedRequest:
             for group, rows, w in zip(self.attention.groups, self.group_rows, widths)
         )
 
-    def written_blocks(self, index: int) -> tuple[dict[int, tuple[int, ...]], ...]:
-        """Per group, per active caller row: the blocks step ``index`` writes, in column order."""
-        return tuple(
-            {row: tuple(b for b in fill if b >= 0) for row, fill in zip(self.request.source_rows, tables.fill)}
-            for tables in self.step_tables(index)
-        )
+    def written_blocks(self, index: int) -> dict[int, tuple[int, ...]]:
+        """Per active caller row, the blocks step ``index`` writes in every group (one block-id space), by group."""
+        written: dict[int, tuple[int, ...]] = dict.fromkeys(self.request.source_rows, ())
+        for tables in self.step_tables(index):
+            for row, fill in zip(self.request.source_rows, tables.fill):
+                written[row] += tuple(b for b in fill if b >= 0)
+        return written
 
 
 def _step_tables(
     group: KVGroup, rows: Rows, request: PrefillRequest, start: int, end: int, widths: GroupWidths
 ) -> GroupStepTables:
-    bs = group.block_size
+    bs, window = group.block_size, group.window
     first = start // bs
-    fills, reads = [], []
+    fills, reads, floors, reused = [], [], [], []
     for blocks, length, cached in zip(rows, request.lengths, request.cached):
-        stop = ceil_div(min(end, length), bs)
-        lo_write = cached // bs if cached < length else stop  # a fully cached row writes nothing
+        floor = kept_columns(length, cached, window, bs).start
+        stop = min(end, length)
+        lo_write = cached // bs if cached < length else ceil_div(stop, bs)  # a fully cached row writes nothing
         fill = [SKIP] * widths.fill_width
-        for column in range(max(first, lo_write), stop):
+        for column in range(max(first, lo_write), ceil_div(stop, bs)):
             fill[column - first] = blocks[column]
         fills.append(tuple(fill))
         if widths.read_width:
             read = [CHUNKED_FILLER] * widths.read_width
-            for column in range(window_floor(start, group.window) // bs, stop):
+            for column in read_columns(start, stop, floor, window, bs):
                 read[column] = blocks[column]
             reads.append(tuple(read))
+        floors.append(floor)
+        span = reused_span(start, end, cached, floor, bs)
+        reused.append((span.start, span.stop) if span else (0, 0))
     padding = request.padded_batch - len(rows)
     fills.extend([(SKIP,) * widths.fill_width] * padding)
-    return GroupStepTables(tuple(fills), tuple(reads) if widths.read_width else None)
+    if widths.read_width:
+        reads.extend([(CHUNKED_FILLER,) * widths.read_width] * padding)
+    return GroupStepTables(
+        tuple(fills),
+        tuple(reads) if widths.read_width else None,
+        tuple(floors) + (0,) * padding,
+        tuple(reused) + ((0, 0),) * padding,
+    )
 
 
 def _masked(blocks: tuple[int, ...], span: GroupRowSpan, need: int) -> tuple[int, ...]:
@@ -127,14 +152,20 @@ def _masked(blocks: tuple[int, ...], span: GroupRowSpan, need: int) -> tuple[int
     return (OUTSIDE,) * span.kept.start + blocks[span.kept.start : need]
 
 
-def _widths(group: KVGroup, request: PrefillRequest, policy: PrefillPolicy, layout: PageTableLayout) -> GroupWidths:
-    bs = group.block_size
-    if request.read_table is None:
-        fill, read = regular_table_width(policy, bs, request.padded_length), 0
-    else:
-        chunk = request.chunk_length
-        fill, read = chunked_fill_width(policy, bs, chunk), chunked_read_width(policy, layout, chunk, bs)
-    return GroupWidths(group.kind.value, group.window, bs, fill, read)
+def body_groups(
+    body: PrefillTraceSignature, attention: AttentionLayout, policy: PrefillPolicy, layout: PageTableLayout
+) -> tuple[GroupWidths, ...]:
+    """Each group's ``GroupWidths`` for a body of this geometry (rule 5): chunk length and layout only."""
+    chunk, chunked = body.chunk_length, body.read_table_width > 0
+    widths = []
+    for group in attention.groups:
+        bs = group.block_size
+        if chunked:
+            fill, read = chunked_fill_width(policy, bs, chunk), chunked_read_width(policy, layout, chunk, bs)
+        else:
+            fill, read = regular_table_width(policy, bs, chunk), 0  # a regular step's chunk is its padded length
+        widths.append(GroupWidths(group.kind.value, group.window, bs, fill, read))
+    return tuple(widths)
 
 
 def _dependencies(requests, attention: AttentionLayout, masked, spans) -> list[set[int]]:
@@ -166,21 +197,18 @@ def prepare_grouped(
 ) -> tuple[GroupedRequest, ...]:
     """Plans a call with one table per KV group (``group_blocks[g][row]``); raises ``PrefillInputError``.
 
-    ``batch.blocks`` must be group 0's table (the plugin's ``page_table``);
-    ``null_block`` is the caller's never-written block (vLLM's 0), which no
+    ``batch.blocks`` is not read: every group's table, group 0's (the
+    plugin's ``page_table``) included, is ``group_blocks``, in the group's
+    own block size. ``null_block`` is the caller's never-written block (vLLM's 0), which no
     column a step reads or writes may name.
     """
     scope = checked_scope(batch, policy, layout, max_position=max_position, block_rules=False)
     attention.check_fits(layout.block_size)
-    if type(group_blocks) is tuple and group_blocks and group_blocks[0] != batch.blocks:
-        msg = "PrefillBatch.blocks is invalid: it must be group 0's table (group_blocks[0]), the plugin's page_table"
-        raise InvalidPageTableError(msg, field="blocks")
     spans = check_group_tables(
         attention,
         group_blocks,
         batch.lengths,
         batch.cached,
-        planning_block_size=layout.block_size,
         num_blocks=layout.num_blocks,
         null_block=null_block,
     )
@@ -194,7 +222,7 @@ def prepare_grouped(
     planned = []
     for request in requests:
         prepared = prepare_request(request, policy)
-        groups = tuple(_widths(g, request, policy, layout) for g in attention.groups)
+        groups = body_groups(prepared.program_signature.body, attention, policy, layout)
         trace = None if prepared.trace_signature is None else attrs.evolve(prepared.trace_signature, groups=groups)
         program = attrs.evolve(prepared.program_signature, groups=groups)
         prepared = attrs.evolve(prepared, program_signature=program, trace_signature=trace)

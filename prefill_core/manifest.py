@@ -24,8 +24,10 @@ from collections.abc import Iterable, Iterator
 
 import attrs
 
+from .attention_layout import AttentionLayout
 from .errors import PrefillInputError, field_error
 from .geometry import chunked_fill_width, chunked_read_width, regular_table_width
+from .group_tables import body_groups
 from .layout import PageTableLayout
 from .policy import PrefillPolicy, check_policy_fits_layout
 from .prepared import PreparedPrefill
@@ -139,9 +141,17 @@ def _check_arguments(policy: object, layout: object) -> None:
 
 
 def manifest_for(
-    policy: PrefillPolicy, layout: PageTableLayout, sampling_paths: Iterable[SamplingPath] = ALL_PATHS
+    policy: PrefillPolicy,
+    layout: PageTableLayout,
+    sampling_paths: Iterable[SamplingPath] = ALL_PATHS,
+    *,
+    attention: AttentionLayout | None = None,
 ) -> WarmupManifest:
-    """Every program and trace signature ``policy`` can produce on ``layout``."""
+    """Every program and trace signature ``policy`` can produce on ``layout``.
+
+    ``attention``: a hybrid model's KV groups; every signature then names
+    its groups' widths (``group_tables.body_groups``), as ``prepare_grouped``'s do.
+    """
     _check_arguments(policy, layout)
     check_policy_fits_layout(policy, layout)
     paths = tuple(sampling_paths) if not isinstance(sampling_paths, (str, bytes)) else (sampling_paths,)
@@ -152,6 +162,8 @@ def manifest_for(
     programs: list[PrefillProgramSignature] = []
     traces: list[PrefillTraceSignature] = []
     for body, shortest, longest in _bodies(policy, layout):
+        if attention is not None:
+            body = attrs.evolve(body, groups=body_groups(body, attention, policy, layout))
         if policy.is_trace_eligible(body.chunk_length):
             traces.append(body)
         for path in paths:
@@ -170,6 +182,7 @@ def manifest_for(
                             path,
                             logprobs,
                             tile,
+                            groups=body.groups,
                         )
                     )
     return WarmupManifest(_sorted_unique(programs), _sorted_unique(traces))

@@ -17,19 +17,25 @@ one.
    ``c`` positions computed, its blocks before column
    ``window_floor(c) // bs`` may be freed and handed to another request,
    their table entries left stale (the v1 runner and the Tenstorrent plugin
-   only append) or set to the null block. ``kept_columns`` is what the
-   caller must keep mapped for a step starting at ``start``: from
-   ``window_floor(start) // bs`` to the row's last block.
+   only append) or set to the null block. ``kept_columns`` is what stays
+   mapped for a row owing positions from ``c = min(cached, length - 1)``:
+   from ``window_floor(c) // bs`` to its last block. A step never reads a
+   column before it (``read_columns`` clips there).
 4. **A step's writes**: only the blocks holding its own positions
    (``computed_positions.written_columns``), never one before its start.
+   A padded step that starts inside a block (``start < cached``) takes the
+   K/V of its positions ``[start, cached)`` from the pool (``reused_span``)
+   instead of recomputing them: their queries' windows may reach below the
+   floor, so a recomputed key there could not be trusted, and the row's
+   partly cached block is then rewritten with the bytes it held.
 5. **A cached prefix is valid** (vLLM's ``SlidingWindowManager`` hit rule)
-   when every column in ``kept_columns`` before the first written one is
-   mapped to a real block; every earlier column may hold anything, and its
-   contents never reach an output.
+   when every kept column before the first written one is mapped to a real
+   block; every earlier column may hold anything, and its contents never
+   reach an output.
 
-For ``cached`` a multiple of ``bs`` and a step starting there, rule 3's
-first kept column is ``cached // bs - ceil((W - 1) / bs)``: exactly the
-blocks vLLM's hit keeps (``sliding_window_contiguous_blocks``).
+For ``cached`` a multiple of ``bs``, rule 3's first kept column is
+``cached // bs - ceil((W - 1) / bs)``: exactly the blocks vLLM's hit keeps
+(``sliding_window_contiguous_blocks``).
 """
 
 from __future__ import annotations
@@ -41,6 +47,8 @@ __all__ = [
     "read_span",
     "prefix_columns",
     "kept_columns",
+    "read_columns",
+    "reused_span",
     "positions_read",
     "hit_blocks_needed",
 ]
@@ -63,9 +71,20 @@ def prefix_columns(start: int, window: int | None, block_size: int) -> range:
     return range(window_floor(start, window) // block_size, ceil_div(start, block_size))
 
 
-def kept_columns(start: int, length: int, window: int | None, block_size: int) -> range:
-    """Columns a row's steps from ``start`` on read or write (rule 3): the rest of its table is never touched."""
-    return range(window_floor(start, window) // block_size, ceil_div(length, block_size))
+def kept_columns(length: int, cached: int, window: int | None, block_size: int) -> range:
+    """Columns a row's steps may read or write (rule 3): from its floor to its last block; the rest is never touched."""
+    return range(window_floor(min(cached, length - 1), window) // block_size, ceil_div(length, block_size))
+
+
+def read_columns(start: int, end: int, floor_column: int, window: int | None, block_size: int) -> range:
+    """Columns a step of ``[start, end)`` reads through its table: its window's, clipped at the row's floor (rule 3)."""
+    first = max(window_floor(start, window) // block_size, floor_column)
+    return range(first, ceil_div(end, block_size))
+
+
+def reused_span(start: int, end: int, cached: int, floor_column: int, block_size: int) -> range:
+    """Positions of a step whose K/V come from the pool (rule 4): ``[start, cached)`` above the floor."""
+    return range(max(start, floor_column * block_size), max(min(cached, end), start))
 
 
 def positions_read(start: int, end: int, window: int | None) -> int:

@@ -142,3 +142,23 @@ class ParkingModel:
 
     def lm_head(self, rows):
         return self.inner.lm_head(rows)
+
+
+class CountingModel:
+    """Delegates to a model and counts its hidden-body calls."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.spec = inner.spec
+        self.dtype = inner.dtype
+        self.body_calls = 0
+
+    def forward_hidden(self, tokens, start, fill_table, read_table, kv):
+        self.body_calls += 1
+        return self.inner.forward_hidden(tokens, start, fill_table, read_table, kv)
+
+    def lm_head(self, rows):
+        return self.inner.lm_head(rows)
+
+    def new_kv_cache(self, num_blocks, block_size):
+        return self.inner.new_kv_cache(num_blocks, block_size)

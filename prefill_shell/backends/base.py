@@ -16,7 +16,9 @@ Capabilities, checked once by ``PrefillRuntimeConfig.resolve``:
 limit) and ``max_sampled_wave`` (the most rows one device-sampling call
 serves; ``None``: no limit), ``packed_steps`` (whether it stages and runs
 packed steps, ``prefill_core.packed``: the contract's ``PACKED_INPUTS``;
-ttnn does not, its programs are padded waves). ``preferred_policy`` is the planning policy
+ttnn does not, its programs are padded waves), ``compiles_programs`` (whether an eager run of
+a new shape builds a program: a warm-up runs compile bodies only where it does,
+``prefill_core.warmup``). ``preferred_policy`` is the planning policy
 the backend wants when the caller gives none: a device that compiles a
 program per shape wants tt-metal's coarse ladder; an eager CPU wants every
 padded position gone.
@@ -56,6 +58,7 @@ class Backend(Protocol):
     max_device_top_k: int | None
     max_sampled_wave: int | None
     packed_steps: bool
+    compiles_programs: bool
 
     def preferred_policy(self, block_size: int) -> PrefillPolicy:
         """The policy ``PrefillRuntimeConfig.resolve`` uses when the caller gives none."""

@@ -63,6 +63,8 @@ class TorchBackend:
         self.device = _checked_device(device)
         self.ledger = ResourceLedger()
         self.is_cuda = self.device.type == "cuda"
+        # Eager CPU torch builds nothing per shape; CUDA loads kernels lazily on their first launch.
+        self.compiles_programs = self.is_cuda
         self._graph_pool = torch.cuda.graph_pool_handle() if self.is_cuda else None
         self.captures = 0
 

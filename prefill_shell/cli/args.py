@@ -14,16 +14,12 @@ import sys
 from typing import NoReturn
 
 from prefill_core.errors import PrefillError
-from prefill_shell.backends import TorchBackend
+from prefill_shell.cli import options
 from prefill_shell.cli.model_dtype import add_dtype_argument
 from prefill_shell.cli.score import add_score_parser
 from prefill_shell.reference.text import PromptError
 
-__all__ = ["MAX_BLOCK_SIZE", "MAX_SEED", "build_parser", "failure_message"]
-
-# The CPU policy's rungs need 4 * block_size to divide its 2048-token max chunk.
-MAX_BLOCK_SIZE = 512
-MAX_SEED = 2**62  # each row samples with seed + row, which must stay below 2**63
+__all__ = ["build_parser", "failure_message"]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -34,48 +30,15 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def _block_size(text: str) -> int:
-    value = _int(text)
-    if not 1 <= value <= MAX_BLOCK_SIZE or value & (value - 1):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a power of two from 1 to {MAX_BLOCK_SIZE}")
-    return value
-
-
-def _seed(text: str) -> int:
-    value = _int(text)
-    if not 0 <= value <= MAX_SEED:
-        raise argparse.ArgumentTypeError(f"{text!r} must be an integer from 0 to 2**62")
-    return value
-
-
-def _int(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-
-
-def _model(text: str) -> str:
-    if not text.strip():
-        raise argparse.ArgumentTypeError("is empty: name a GGUF file, a Hugging Face folder or random:NAME")
-    return text
-
-
-def _device(text: str) -> str:
-    try:
-        TorchBackend(text)
-    except PrefillError as error:
-        raise argparse.ArgumentTypeError(f"{text!r} cannot be used: {str(error).split(': ', 1)[-1]}") from None
-    return text
-
-
 def build_parser() -> argparse.ArgumentParser:
     """``python -m prefill_shell run`` and ``score`` (``score_cli``) with their options."""
     parser = _Parser(prog="python -m prefill_shell")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     run = sub.add_parser("run", help="prefill prompts (or, without any, the demo batch) and print next tokens")
     run.add_argument(
-        "--model", type=_model, help="a GGUF file, a Hugging Face folder, or random:NAME (default: the pinned SmolLM2)"
+        "--model",
+        type=options.model,
+        help="a GGUF file, a Hugging Face folder, or random:NAME (default: the pinned SmolLM2)",
     )
     run.add_argument("--prompt", action="append", help="a prompt (repeatable)")
     run.add_argument(
@@ -92,10 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="a file of prompts as space-separated token ids, one per line (repeatable)",
     )
     run.add_argument("--chat", action="store_true", help="apply the model's chat template to plain prompts")
-    run.add_argument("--device", default="cpu", type=_device, help="torch device (cpu or cuda)")
+    run.add_argument("--device", default="cpu", type=options.device, help="torch device (cpu or cuda)")
     add_dtype_argument(run)
-    run.add_argument("--block-size", type=_block_size, default=32, help="KV block size (a power of two)")
-    run.add_argument("--seed", type=_seed, default=0, help="sampling seed (row i samples with seed + i)")
+    run.add_argument("--block-size", type=options.block_size, default=32, help="KV block size (a power of two)")
+    run.add_argument("--seed", type=options.seed, default=0, help="sampling seed (row i samples with seed + i)")
     run.add_argument("--debug", action="store_true", help="show the traceback of a failure")
     add_score_parser(sub)
     return parser

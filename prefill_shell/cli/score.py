@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 
 from prefill_core.errors import InvalidScoringRequestError
-from prefill_core.explain import count_argument
+from prefill_shell.cli import options
 from prefill_shell.cli.model_dtype import add_dtype_argument, load_cli_model
 from prefill_shell.reference.text import load_tokenizer
 from prefill_shell.scoring.scorer import Scorer, encode_pair, window_length
@@ -27,16 +27,18 @@ __all__ = ["add_score_parser", "run_score"]
 
 def add_score_parser(sub) -> None:
     score = sub.add_parser("score", help="log-likelihoods of continuations (--pairs) or of a document (--document)")
-    score.add_argument("--model", help="a .gguf file, a Hugging Face folder, or random:NAME (default: SmolLM2)")
+    score.add_argument(
+        "--model", type=options.model, help="a .gguf file, a Hugging Face folder, or random:NAME (default: SmolLM2)"
+    )
     source = score.add_mutually_exclusive_group(required=True)
     source.add_argument("--pairs", help="JSON lines, each with 'context' and 'continuation' text")
     source.add_argument("--document", help="a text file scored over rolling windows of --max-length tokens")
     score.add_argument(
-        "--max-length", type=count_argument, default=None, help="lm-eval's max_length (default: the model's)"
+        "--max-length", type=options.count, default=None, help="lm-eval's max_length (default: the model's)"
     )
-    score.add_argument("--block-size", type=count_argument, default=16)
-    score.add_argument("--max-chunk", type=count_argument, default=2048, help="the runtime's longest step")
-    score.add_argument("--device", default="cpu", help="torch device (cpu or cuda)")
+    score.add_argument("--block-size", type=options.block_size, default=16, help="KV block size (a power of two)")
+    score.add_argument("--max-chunk", type=options.count, default=2048, help="the runtime's longest step")
+    score.add_argument("--device", default="cpu", type=options.device, help="torch device (cpu or cuda)")
     add_dtype_argument(score)
     score.add_argument("--debug", action="store_true", help="show the traceback of a failure")
 

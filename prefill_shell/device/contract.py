@@ -102,6 +102,11 @@ __all__ = [
     "PACKED_PREFIX_TABLE",
     "PACKED_INPUTS",
     "BODY_INPUTS",
+    "GROUPED_INPUTS",
+    "GROUP_FILL_TABLES",
+    "GROUP_READ_FROM",
+    "GROUP_READ_TABLES",
+    "GROUP_REUSED",
     "STEP_INPUTS",
     "SAMPLING_INPUTS",
     "ALL_SPECS",
@@ -232,7 +237,38 @@ PACKED_PREFIX_TABLE = TensorSpec(
 PACKED_INPUTS = (PACKED_TOKENS, PACKED_POSITIONS, PACKED_WRITE_SLOTS, PACKED_SEGMENTS, PACKED_PREFIX_TABLE)
 """What a packed step's body reads (eager only: never persistent, never traced)."""
 
-BODY_INPUTS = (INPUT_TOKENS, CHUNK_START, SLOTS, FILL_TABLE, READ_TABLE)
+_GROUPED_BACKENDS = ("torch",)
+GROUP_FILL_TABLES = TensorSpec(
+    "group_fill_tables",
+    Stage.BODY_INPUT,
+    torch.int32,
+    ("K", "B", "Wgf"),
+    "each KV group's fill table, in its block size (-1: none)",
+    _GROUPED_BACKENDS,
+)
+GROUP_READ_TABLES = TensorSpec(
+    "group_read_tables",
+    Stage.BODY_INPUT,
+    torch.int32,
+    ("K", "B", "Wgr"),
+    "each KV group's read table: the blocks its window reads, filler 0 elsewhere",
+    _GROUPED_BACKENDS,
+)
+GROUP_READ_FROM = TensorSpec(
+    "group_read_from", Stage.BODY_INPUT, torch.int32, ("K", "B"), "first column a group may read", _GROUPED_BACKENDS
+)
+GROUP_REUSED = TensorSpec(
+    "group_reused",
+    Stage.BODY_INPUT,
+    torch.int32,
+    ("K", "B", "R"),
+    "positions [lo, hi) whose K/V a group takes from the pool",
+    _GROUPED_BACKENDS,
+)
+GROUPED_INPUTS = (GROUP_FILL_TABLES, GROUP_READ_TABLES, GROUP_READ_FROM, GROUP_REUSED)
+"""What a hybrid model's step reads instead of the fill and read tables (``prefill_core.GroupStepTables``)."""
+
+BODY_INPUTS = (INPUT_TOKENS, CHUNK_START, SLOTS, FILL_TABLE, READ_TABLE, *GROUPED_INPUTS)
 """What the model body reads, in the order a trace's persistent inputs are allocated."""
 STEP_INPUTS = (*BODY_INPUTS, LAST_TOKEN_INDEX)
 """Everything one host step holds."""
@@ -255,12 +291,17 @@ ALL_SPECS = (
 
 def body_geometry(body: PrefillTraceSignature, hidden_size: int) -> dict[str, int]:
     """The dimensions of a hidden body's tensors."""
+    groups = body.groups
     return {
         "B": body.padded_batch,
         "S": body.chunk_length,
         "Wf": body.page_table_width,
         "Wr": body.read_table_width,
         "H": hidden_size,
+        "K": len(groups),  # KV groups (a packed step's "G" counts segments; it has no body geometry)
+        "Wgf": max((g.fill_width for g in groups), default=0),
+        "Wgr": max((g.read_width for g in groups), default=0),
+        "R": 2,
     }
 
 

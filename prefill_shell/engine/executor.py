@@ -4,9 +4,13 @@ tt-metal's prefill runtime leaves this to a model executor; it is here so the
 library is usable on its own. Rules:
 
 * Warm-up from a ``WarmupManifest`` first runs every program signature
-  eagerly (on a device this compiles it), then allocates every alias
-  workspace, then captures every trace signature, largest first. Nothing
-  compiles or allocates after the first capture.
+  eagerly where the backend builds programs per shape (on a device this
+  compiles it; on the CPU nothing is built, so only the smallest runs, once:
+  ``prefill_core.warmup``), then allocates every alias workspace, then
+  captures every trace signature, largest first. Nothing compiles or
+  allocates after the first capture. Before it starts, ``on_progress`` gets
+  stage ``"cost"`` whose detail is the ``WarmupCost``: the bodies, positions
+  and persistent bytes the warm-up will take.
 * Traced dispatch preflights the whole call: if any request lacks a trace or
   workspace, ``TraceCoverageError`` names the signature and the request
   before any model body runs. There is no silent eager fallback.
@@ -26,6 +30,7 @@ from collections.abc import Iterator
 
 from prefill_core import ExecutionMode, PrefillProgramSignature, WarmupManifest, execution_mode, replays
 from prefill_core.errors import PrefillStateError
+from prefill_core.warmup import ModelGeometry, WarmupCost, aliases_to_allocate, programs_to_compile, warmup_cost
 from prefill_shell.engine.call_guard import HeldStream
 from prefill_shell.engine.progress import ProgressCallback, ProgressCounter
 from prefill_shell.engine.result import BatchResult, InvocationResult, PrefillResult, refuse_per_row_extras
@@ -53,22 +58,52 @@ class PrefillExecutor:
         self.compiled.add(signature)
         self.compile_count += 1
 
-    def warm_up(self, manifest: WarmupManifest, on_progress: ProgressCallback | None = None) -> None:
-        """Compile every program, allocate every workspace, then capture every trace, largest first.
+    @property
+    def compiles_programs(self) -> bool:
+        """Whether an eager run of a new shape builds a program on this runtime's backend."""
+        return getattr(self.runtime.backend, "compiles_programs", True)
 
-        ``on_progress`` gets stages ``"compile"``, ``"allocate"`` and
-        ``"capture"`` in that order, each done 0..total (``prefill_shell.engine.progress``).
+    def cost(self, manifest: WarmupManifest, *, capture: bool = True) -> WarmupCost:
+        """What ``warm_up(manifest)`` (``capture=False``: ``compile_programs``) will run and keep, before it runs."""
+        config = self.runtime.config
+        spec, dtype = config.model.spec, config.model.dtype
+        model = ModelGeometry(spec.hidden_size, spec.vocab_size, dtype.itemsize, config.policy.max_logprobs)
+        bill = manifest if capture else WarmupManifest(manifest.program_signatures)
+        return warmup_cost(bill, model, compiles_programs=self.compiles_programs)
+
+    def compile_programs(self, manifest: WarmupManifest, on_progress: ProgressCallback | None = None) -> None:
+        """The compile stage of ``warm_up`` alone (the plugin's ``enable_trace=False`` phase)."""
+        self._check_open()
+        ProgressCounter(on_progress, "cost", 0).start(str(self.cost(manifest, capture=False)))
+        with self.runtime.hold():
+            self._compile_stage(manifest, on_progress)
+
+    def _compile_stage(self, manifest: WarmupManifest, on_progress) -> None:
+        to_run = programs_to_compile(manifest, self.compiles_programs)
+        # Where nothing is built per shape, a program is ready without a run: serving it is no late compile.
+        self.compiled.update(s for s in manifest.program_signatures if s not in to_run)
+        progress = ProgressCounter(on_progress, "compile", len(to_run)).start()
+        for signature in to_run:
+            self.compile(signature)
+            progress.advance(signature.key)
+
+    def warm_up(self, manifest: WarmupManifest, on_progress: ProgressCallback | None = None) -> None:
+        """Compile every program (where the backend builds any), allocate every workspace, then capture every
+        trace, largest first.
+
+        ``on_progress`` gets stage ``"cost"`` (its detail the ``WarmupCost``),
+        then ``"compile"``, ``"allocate"`` and ``"capture"`` in that order,
+        each done 0..total (``prefill_shell.engine.progress``).
         """
         self._check_open()
-        captured = set(manifest.trace_signatures)
-        aliases = [s for s in manifest.program_signatures if s.body in captured]
-        bodies = sorted(captured, key=lambda s: (s.padded_batch * s.chunk_length, s.key), reverse=True)
+        ProgressCounter(on_progress, "cost", 0).start(str(self.cost(manifest)))
+        bodies = sorted(manifest.trace_signatures, key=lambda s: (s.padded_batch * s.chunk_length, s.key), reverse=True)
         stages = (
-            ("compile", manifest.program_signatures, self.compile),
-            ("allocate", aliases, self.runtime.allocate_workspace),
+            ("allocate", aliases_to_allocate(manifest), self.runtime.allocate_workspace),
             ("capture", bodies, self.runtime.capture),
         )
         with self.runtime.hold():
+            self._compile_stage(manifest, on_progress)
             for stage, signatures, run in stages:
                 progress = ProgressCounter(on_progress, stage, len(signatures)).start()
                 for signature in signatures:
@@ -117,20 +152,26 @@ class PrefillExecutor:
         on_progress: ProgressCallback | None = None,
         *,
         batched: bool = False,
+        group_page_tables=None,
+        null_block: int | None = None,
     ) -> list[PrefillResult] | BatchResult:
         """prepare + (traced or eager) invoke + streaming assemble, in caller row order.
 
         ``batched=True``: the outputs as caller-ordered tensors
         (``BatchResult``, ``PrefillRuntime.assemble_batch``), no per-row
         result built; a row asking top or prompt log-probs then raises
-        ``InvalidSamplingError`` before anything runs.
+        ``InvalidSamplingError`` before anything runs. ``group_page_tables``
+        and ``null_block``: a hybrid model's tables (``PrefillRuntime.prepare``).
         """
         call = (tokens, page_table, prompt_lengths, cached_lengths, slots, sampling)
-        return self._prefill(call, mode, on_progress, batched=batched)
+        groups = {} if group_page_tables is None else {"group_page_tables": group_page_tables, "null_block": null_block}
+        return self._prefill(call, mode, on_progress, batched=batched, groups=groups)
 
-    def _prefill(self, call: tuple, mode: ExecutionMode | str, on_progress, *, batched: bool):
+    def _prefill(
+        self, call: tuple, mode: ExecutionMode | str, on_progress, *, batched: bool, groups: dict | None = None
+    ):
         with self.runtime.hold():
-            batch = self.runtime.prepare(*call, mode=mode)
+            batch = self.runtime.prepare(*call, mode=mode, **(groups or {}))
             if not batched:
                 return self.runtime.assemble(self.invocations(batch, mode, on_progress), batch.num_rows)
             for prepared in batch.requests:

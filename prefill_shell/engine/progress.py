@@ -3,9 +3,11 @@
 A long operation takes an optional ``on_progress`` callback and calls it
 with a frozen ``Progress(stage, done, total, detail)`` value:
 
-* ``PrefillExecutor.warm_up``: stages ``"compile"`` (program signatures of the
-  manifest), ``"allocate"`` (alias workspaces) and ``"capture"`` (traces),
-  one stage after the other;
+* ``PrefillExecutor.warm_up``: stage ``"cost"`` (total 0, its detail the
+  ``prefill_core.warmup.WarmupCost``: bodies, positions and persistent bytes,
+  before anything runs), then ``"compile"`` (program signatures the backend
+  builds), ``"allocate"`` (alias workspaces) and ``"capture"`` (traces),
+  one stage after the other (``compile_programs``: ``"cost"`` and ``"compile"``);
 * ``PrefillRuntime.prefill`` / ``invocations`` and ``PrefillExecutor.prefill`` /
   ``invocations``: stage ``"prefill"``, one unit per model-body step (a chunk
   of a request) of the whole call, eager or traced.
@@ -50,9 +52,9 @@ class ProgressCounter:
         self.total = total
         self.done = 0
 
-    def start(self) -> ProgressCounter:
-        """Reports ``done = 0``; returns self."""
-        self._report("")
+    def start(self, detail: str = "") -> ProgressCounter:
+        """Reports ``done = 0`` (with ``detail``: what the stage is about to do); returns self."""
+        self._report(detail)
         return self
 
     def advance(self, detail: str = "") -> None:

@@ -42,6 +42,8 @@ from prefill_core.errors import CleanupError, PrefillStateError
 from prefill_shell.device.contract import (
     CHUNK_START,
     FILL_TABLE,
+    GROUP_FILL_TABLES,
+    GROUPED_INPUTS,
     INPUT_TOKENS,
     PACKED_INPUTS,
     READ_TABLE,
@@ -54,6 +56,7 @@ from prefill_shell.engine.config import PrefillRuntimeConfig
 from prefill_shell.engine.progress import ProgressCallback, ProgressCounter
 from prefill_shell.engine.result import BatchResult, InvocationResult, PrefillResult
 from prefill_shell.engine.steps.assembler import PrefillResultAssembler
+from prefill_shell.engine.steps.grouped_inputs import grouped_call
 from prefill_shell.engine.steps.inputs import DeviceStep, PrefillInputStager, build_host_steps
 from prefill_shell.engine.steps.packed_inputs import build_packed_host_steps
 from prefill_shell.engine.steps.partial_writes import StepLog, note_partial_writes
@@ -140,6 +143,11 @@ class PrefillRuntime:
     def _run_body(self, step: DeviceStep) -> Any:
         if step.kind is RequestKind.PACKED:  # packed step (prefill_core.packed): segments end to end
             return self.config.model.forward_packed(*(step[spec].value for spec in PACKED_INPUTS), self.config.kv)
+        if GROUP_FILL_TABLES in step:  # a hybrid model: each KV group's tables (steps/grouped_inputs.py)
+            values = (None if spec not in step else step[spec].value for spec in GROUPED_INPUTS)
+            return self.config.model.forward_grouped(
+                step[INPUT_TOKENS].value, step[CHUNK_START].value, *values, self.config.kv
+            )
         read = step.get(READ_TABLE)
         return self.config.model.forward_hidden(
             step[INPUT_TOKENS].value,
@@ -164,6 +172,8 @@ class PrefillRuntime:
         sampling: SamplingParams | Sequence[SamplingParams | None] | None = None,
         *,
         mode: ExecutionMode | str = ExecutionMode.AUTO,
+        group_page_tables: Sequence | None = None,
+        null_block: int | None = None,
     ) -> PreparedBatch:
         """Validates and plans a call; builds every step's host input values once.
 
@@ -178,6 +188,11 @@ class PrefillRuntime:
         decides its plan: packed steps where the config runs them and the
         call will not replay traces, else the padded waves a trace serves.
         It plans only: ``invoke`` / ``invocations`` take the mode they run in.
+        ``group_page_tables``: a hybrid model's table per KV group
+        (``page_table`` is group 0's, as vLLM numbers them); ``null_block``
+        the caller's never-written block, which no column a step reads or
+        writes may name (``prefill_core.prepare_grouped``). Hybrid calls plan
+        padded waves in every mode.
         """
         self._check_open()
         mode = execution_mode(mode)
@@ -187,7 +202,9 @@ class PrefillRuntime:
         batch = build_batch(matrix, table, prompt_lengths, cached_lengths, slots, sampling, config.layout)
         check_token_ids(matrix, batch, config.model.spec.vocab_size)
         max_position = config.model.spec.max_position
-        if plans_packed(config.packed_steps, mode, bool(self._traces.traces)):
+        if group_page_tables is not None or getattr(config.model, "attention", None) is not None:
+            requests, steps = grouped_call(config, matrix, batch, group_page_tables, null_block)
+        elif plans_packed(config.packed_steps, mode, bool(self._traces.traces)):
             requests = prepare_packed(
                 batch, config.policy, config.layout, max_position=max_position, whole_call_lane=slots is None
             )
@@ -239,7 +256,8 @@ class PrefillRuntime:
             def finished(step: int) -> None:
                 progress.advance(f"rows {rows} chunk {step + 1}/{num_steps}")
 
-        log = StepLog(prepared.request, finished)
+        # A hybrid request's steps write through every KV group: its plan names them all (GroupedRequest).
+        log = StepLog(getattr(batch.steps[index], "grouped", None) or prepared.request, finished)
         traced = replays(mode, self._traces.gap(prepared) is None)
         runner, generation = self._traces.mode_for(prepared) if traced else (self._eager, 0)
         seeds = self._resolve_seeds(prepared)

@@ -20,7 +20,7 @@ from prefill_shell.reference.config import LlamaSpec, read_config_json
 from prefill_shell.reference.llama import PagedLlama, llama_weight_shapes, rope_inv_freq
 from prefill_shell.reference.rope import Llama3RopeScaling
 
-__all__ = ["PRESETS", "load_hf_folder", "random_llama", "save_hf_folder"]
+__all__ = ["PRESETS", "load_hf_folder", "load_weights", "random_llama", "save_hf_folder"]
 
 _INDEX = "model.safetensors.index.json"
 _SINGLE = "model.safetensors"
@@ -116,8 +116,13 @@ def load_hf_folder(folder: str | Path, device: torch.device | str = "cpu", dtype
 
     ``dtype`` (e.g. ``"float32"``) overrides the checkpoint's stored dtype.
     """
-    folder = Path(folder)
-    spec = read_config_json(folder)
+    return load_weights(Path(folder), read_config_json(folder), device, dtype)
+
+
+def load_weights(
+    folder: Path, spec: LlamaSpec, device: torch.device | str = "cpu", dtype: str | None = None
+) -> PagedLlama:
+    """The folder's safetensors as a ``PagedLlama`` of ``spec`` (every tensor placed; ``dtype`` overrides)."""
     if dtype is not None:
         spec = attrs.evolve(spec, dtype=dtype)
     weights: dict[str, torch.Tensor] = {}

@@ -10,12 +10,15 @@ layer reading and writing through its group's tables
 
 What a windowed layer reads: the queries of ``[start, start + S)`` see keys
 ``k`` with ``q - window < k <= q`` (transformers' rule). The pool is gathered
-only at the columns ``prefill_core.windows.prefix_columns`` names, which the
-core guarantees map the row's real blocks; positions gathered there that lie
-before ``window_floor(start)`` or at or past ``start`` are zeroed, not only
-masked (a masked NaN is still NaN). Every other table entry, whatever it
-holds (the null block, a stale id of a block another request now owns), is
-never read, and only the fill table's blocks are written.
+only at the columns ``prefill_core.windows.read_columns`` names (the window,
+clipped at the row's floor ``read_from``), which the core guarantees map the
+row's real blocks; positions gathered there that lie before
+``window_floor(start)`` or at or past ``start`` are zeroed, not only masked
+(a masked NaN is still NaN). A first step starting inside a cached block
+takes the K/V of its ``reused`` positions from the pool, so the block is
+rewritten with its own bytes. Every other table entry, whatever it holds
+(the null block, a stale id of a block another request now owns), is never
+read, and only the fill table's blocks are written.
 
 Eager only: the gather width follows the host value of ``start``, so this
 step is not capture-safe under CUDA graphs (a CPU replay re-runs it).
@@ -39,10 +42,23 @@ __all__ = ["GroupedKVCache", "GroupTensors", "forward_grouped"]
 
 
 class GroupTensors(NamedTuple):
-    """One group's tables for a step: ``fill`` int ``[B, Wf]``, ``read`` int ``[B, Wr]`` (chunked steps)."""
+    """One group's staged step (``prefill_core.GroupStepTables`` as tensors and host ints).
+
+    ``fill`` int ``[B, Wf]``; ``read`` int ``[B, Wr]`` (chunked steps);
+    ``read_from`` each row's first readable column; ``reused`` each row's
+    positions ``(lo, hi)`` whose K/V come from the pool.
+    """
 
     fill: torch.Tensor
     read: torch.Tensor | None
+    read_from: tuple[int, ...]
+    reused: tuple[tuple[int, int], ...]
+
+    @classmethod
+    def of(cls, tables) -> GroupTensors:
+        """The tensors of a core ``GroupStepTables``."""
+        read = None if tables.read is None else torch.tensor(tables.read, dtype=torch.int32)
+        return cls(torch.tensor(tables.fill, dtype=torch.int32), read, tables.read_from, tables.reused)
 
 
 class GroupedKVCache:
@@ -67,6 +83,10 @@ class GroupedKVCache:
         self._where = {
             layer: (g, i) for g, group in enumerate(attention.groups) for i, layer in enumerate(group.layers)
         }
+        # What the runtime's config checks a pool against (engine/config.py).
+        self.block_size = max(g.block_size for g in attention.groups)  # the planning block: chunk starts align to it
+        self.num_layers, self.num_kv_heads, self.head_dim = attention.num_layers, num_kv_heads, head_dim
+        self.dtype = dtype
 
     def of_layer(self, layer: int) -> tuple[PagedKVCache, int, KVGroup, int]:
         """``(pool, layer within it, group, group index)`` of model layer ``layer``."""
@@ -100,12 +120,29 @@ def _key_mask(
     return (readable[:, None, :, None] if columns else None), visible[:, None]
 
 
+def _reuse_cached(pool: PagedKVCache, local: int, x: torch.Tensor, which: int, starts, tables: GroupTensors):
+    """``x`` (``[B, Hkv, S, D]`` keys or values) with each row's reused positions read from the pool."""
+    bs, out = pool.block_size, None
+    for b, ((lo, hi), start) in enumerate(zip(tables.reused, starts)):
+        if lo >= hi:
+            continue
+        first = lo // bs
+        old = pool.gather(local, tables.read[b : b + 1, first : ceil_div(hi, bs)])[which]  # [1, Hkv, P, D]
+        out = x.clone() if out is None else out
+        out[b, :, lo - start : hi - start] = old[0, :, lo - first * bs : hi - first * bs].to(x.dtype)
+    return x if out is None else out
+
+
 def _windowed_attention(model: PagedLlama, layer: int, q, k, v, starts: list[int], tables: GroupTensors, kv):
     """SDPA of one layer over its group's window; ``q [B, H, S, D]``, ``k, v [B, Hkv, S, D]``."""
     pool, local, group, _ = kv.of_layer(layer)
+    if any(lo < hi for lo, hi in tables.reused):
+        k = _reuse_cached(pool, local, k, 0, starts, tables)
+        v = _reuse_cached(pool, local, v, 1, starts, tables)
     pool.fill(local, k, v, tables.fill)
     seq, bs = q.shape[2], group.block_size
-    first = min(window_floor(s, group.window) for s in starts) // bs
+    floors = [max(window_floor(s, group.window) // bs, f) for s, f in zip(starts, tables.read_from)]
+    first = min(floors)
     columns = max(0, max(ceil_div(s, bs) for s in starts) - first) if tables.read is not None else 0
     readable, mask = _key_mask(starts, seq, first, columns, bs, group.window, q.device)
     if columns:

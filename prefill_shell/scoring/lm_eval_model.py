@@ -26,13 +26,17 @@ dtype it resolved to and why.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
+import attrs
 import torch
 
 from prefill_core import ExecutionMode
 from prefill_core.dtype import canonical_dtype
-from prefill_core.errors import PrefillConfigError
+from prefill_core.errors import PrefillConfigError, PrefillError
+from prefill_core.options import OptionError, block_size_option, count_option
+from prefill_shell.backends import TorchBackend
 from prefill_shell.extras import LM_EVAL_PYTHONS, requires_extra
 from prefill_shell.reference.text import load_model, load_tokenizer, model_dtype
 from prefill_shell.scoring.scorer import Scorer, window_length
@@ -44,31 +48,78 @@ with requires_extra("lm-eval", __name__, pythons=LM_EVAL_PYTHONS):
     from lm_eval.api.registry import register_model
     from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
-__all__ = ["PrefillRuntimeLM"]
+__all__ = ["ModelOptions", "PrefillRuntimeLM", "check_model_arguments"]
+
+T = TypeVar("T")
 
 _TRUE = ("1", "true", "yes")
 _FALSE = ("0", "false", "no", "")
 
 
-def _model_int(name: str, value: Any, default: int | None) -> int | None:
-    """A ``--model_args`` count: an int >= 1, given as an int or a string of digits; None or "" is ``default``."""
+def _model_option(name: str, value: Any, check: Callable[[Any], T], default: T | None) -> T | None:
+    """A ``--model_args`` value by ``prefill_core.options``' ``check`` (the command lines' own); None or "" is
+    ``default``; a value the check refuses names the argument."""
     if value is None or value == "":
         return default
-    if isinstance(value, str) and value.strip().isdecimal():  # isdigit() also takes "²", which int() refuses
-        value = int(value)
-    if type(value) is not int or value < 1:
-        raise PrefillConfigError(f"prefill-runtime model argument {name}={value!r} is invalid: must be an int >= 1")
-    return value
+    try:
+        return check(value)
+    except OptionError as error:
+        raise PrefillConfigError(f"prefill-runtime model argument {name}={value!r} is invalid: {error}") from None
 
 
-def _model_flag(name: str, value: Any) -> bool:
-    """A ``--model_args`` switch: a bool, or one of true/false, yes/no, 1/0 in any case."""
+def _flag_option(value: Any) -> bool:
+    """A switch: a bool, or one of true/false, yes/no, 1/0 in any case."""
     if isinstance(value, bool):
         return value
     text = str(value).strip().lower()
     if text not in _TRUE + _FALSE:
-        raise PrefillConfigError(f"prefill-runtime model argument {name}={value!r} is invalid: must be true or false")
+        raise OptionError("must be true or false")
     return text in _TRUE
+
+
+def _device_option(value: Any) -> str:
+    """A torch device this process can use; lm-eval's command line passes ``cuda`` unless told otherwise, and on
+    a machine without CUDA that default is not a request the caller made, so the CPU serves it."""
+    device = str(value)
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        return "cpu"
+    try:
+        TorchBackend(device)
+    except PrefillError as error:
+        raise OptionError(f"cannot be used: {str(error).split(': ', 1)[-1]}") from None
+    return device
+
+
+@attrs.frozen
+class ModelOptions:
+    """prefill-runtime's model arguments, checked (``check_model_arguments``) before any model loads."""
+
+    max_length: int | None
+    block_size: int
+    max_chunk: int
+    num_blocks: int | None
+    traced: bool
+    device: str
+
+
+def check_model_arguments(
+    max_length: Any = None,
+    block_size: Any = 16,
+    max_chunk: Any = 2048,
+    num_blocks: Any = None,
+    traced: Any = False,
+    device: Any = None,
+    **_ignored: Any,
+) -> ModelOptions:
+    """The model arguments as values; the first one that breaks its rule is a ``PrefillConfigError`` naming it."""
+    return ModelOptions(
+        _model_option("max_length", max_length, count_option, None),
+        _model_option("block_size", block_size, block_size_option, 16),
+        _model_option("max_chunk", max_chunk, count_option, 2048),
+        _model_option("num_blocks", num_blocks, count_option, None),
+        _model_option("traced", traced, _flag_option, False),
+        _model_option("device", device, _device_option, "cpu"),
+    )
 
 
 def _model_ref(model: str | None) -> str | None:
@@ -94,30 +145,29 @@ class PrefillRuntimeLM(TemplateLM):
         **_ignored: Any,
     ):
         super().__init__()
+        options = check_model_arguments(max_length, block_size, max_chunk, num_blocks, traced, device)
         ref = _model_ref(model)
-        # lm-eval's command line passes device="cuda" unless told otherwise; on a machine without CUDA
-        # that default is not a request the caller made, so the CPU serves it.
-        device = device if device == "cpu" or (device and torch.cuda.is_available()) else "cpu"
         request = canonical_dtype(
             "float32" if dtype in (None, "") else str(dtype), "prefill-runtime model argument dtype"
         )
-        self.dtype_choice = model_dtype(ref, request, device)
-        self.model = load_model(ref, dtype=self.dtype_choice.dtype, device=device)
+        self.dtype_choice = model_dtype(ref, request, options.device)
+        self.model = load_model(ref, dtype=self.dtype_choice.dtype, device=options.device)
         self.tokenizer = load_tokenizer(ref)
         self._model_name = model
         spec = self.model.spec
-        given = _model_int("max_length", max_length, None)
-        self._max_length = window_length(given, spec.max_position, "prefill-runtime model argument max_length")
+        self._max_length = window_length(
+            options.max_length, spec.max_position, "prefill-runtime model argument max_length"
+        )
         runtime = scoring_runtime(
             self.model,
-            device,
+            options.device,
             max_length=self._max_length,
-            block_size=_model_int("block_size", block_size, 16),
-            max_chunk=_model_int("max_chunk", max_chunk, 2048),
-            num_blocks=_model_int("num_blocks", num_blocks, None),
+            block_size=options.block_size,
+            max_chunk=options.max_chunk,
+            num_blocks=options.num_blocks,
         )
         rows = int(batch_size) if str(batch_size).isdecimal() else 32
-        mode = ExecutionMode.TRACED if _model_flag("traced", traced) else ExecutionMode.AUTO
+        mode = ExecutionMode.TRACED if options.traced else ExecutionMode.AUTO
         self.scorer = Scorer(runtime, max_length=self._max_length, max_rows=max(rows, 1), mode=mode)
 
     # -- what TemplateLM asks for ----------------------------------------

@@ -41,6 +41,7 @@ each composes (``OneLane``, ``lane_facade.LaneGroupLanes``):
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -50,12 +51,14 @@ import torch
 
 from prefill_core import PageTableLayout, PrefillPolicy, SamplingPath, can_trace, ceil_div, manifest_for
 from prefill_core.errors import KVCacheMismatchError, PrefillConfigError, PrefillStateError
+from prefill_core.warmup import limited_to
 from prefill_shell.backends.base import Backend
 from prefill_shell.device.model import PrefillModel
 from prefill_shell.device.notes import add_note
 from prefill_shell.engine.batch_builder import as_token_matrix
 from prefill_shell.engine.config import PrefillRuntimeConfig
 from prefill_shell.engine.executor import PrefillExecutor
+from prefill_shell.engine.progress import ProgressCallback
 from prefill_shell.engine.result import BatchResult
 from prefill_shell.engine.runtime import PrefillRuntime
 from prefill_shell.sampling.penalties import sample_penalised
@@ -70,6 +73,7 @@ IGNORED_KEYWORDS = frozenset(
 """The plugin's keywords a text-only model accepts (``output_tokens`` feeds the penalties)."""
 
 _PROVISIONAL_BLOCK_SIZE = 32
+_LOG = logging.getLogger(__name__)
 _NO_POOL_NOTE = (
     "allocate_kv_cache released the previous KV pool and its runtime before this build failed: "
     "no pool is allocated now; call allocate_kv_cache again (a smaller pool, or after freeing memory)"
@@ -105,6 +109,7 @@ class PluginFacade:
         kv_dtype: torch.dtype | None,
         prefill_traces: bool,
         seed: int,
+        warmup_lengths: Sequence[int] | None = None,
     ):
         for name, value in (("max_seq_len", max_seq_len), ("max_batch_size", max_batch_size)):
             if type(value) is not int or value <= 0:
@@ -117,6 +122,7 @@ class PluginFacade:
         self.max_batch_size = max_batch_size
         self.policy = policy
         self.prefill_traces = prefill_traces
+        self.warmup_lengths = None if warmup_lengths is None else tuple(warmup_lengths)
         if kv_dtype is not None and kv_dtype != getattr(model, "dtype", None):
             rule = (
                 f"must be None or the model's dtype {getattr(model, 'dtype', None)}: the KV pool is built in, and "
@@ -185,11 +191,22 @@ class PluginFacade:
                 raise PrefillConfigError(f"vLLM's KV {name}={got!r} is invalid: the model needs {want}")
         return num_blocks, block_size
 
-    def warmup_model_prefill(self, *, kv_cache: Any, can_sample_on_device: bool, enable_trace: bool) -> None:
+    def warmup_model_prefill(
+        self,
+        *,
+        kv_cache: Any,
+        can_sample_on_device: bool,
+        enable_trace: bool,
+        on_progress: ProgressCallback | None = None,
+    ) -> None:
         """Compiles every program the layout can plan (and captures every trace when ``enable_trace``).
 
         The logits and host paths always; the argmax and device top-k paths
-        when ``can_sample_on_device``. Every lane, in lane order.
+        when ``can_sample_on_device``; only ``warmup_lengths`` when given.
+        Every lane, in lane order. Where the backend builds nothing per shape
+        (the CPU) the compile phase runs only the smallest body. Before each
+        lane starts, its cost (bodies, positions, persistent bytes) is logged
+        and reported to ``on_progress`` as stage ``"cost"`` (``PrefillExecutor.warm_up``).
         """
         self._check_call(kv_cache, enable_trace)
         if not isinstance(can_sample_on_device, bool):
@@ -197,14 +214,19 @@ class PluginFacade:
         paths = [SamplingPath.LOGITS, SamplingPath.HOST]
         if can_sample_on_device:
             paths += [SamplingPath.ARGMAX, SamplingPath.TOPK]
-        for executor in self.lanes.executors():
+        for lane, executor in enumerate(self.lanes.executors()):
             config = executor.runtime.config
-            manifest = manifest_for(config.policy, config.layout, paths)
+            manifest = manifest_for(
+                config.policy, config.layout, paths, attention=getattr(self.model, "attention", None)
+            )
+            if self.warmup_lengths is not None:
+                manifest = limited_to(manifest, self.warmup_lengths)
+            cost = executor.cost(manifest, capture=enable_trace)
+            _LOG.info("warmup_model_prefill lane %d (enable_trace=%s): %s", lane, enable_trace, cost)
             if enable_trace:
-                executor.warm_up(manifest)
+                executor.warm_up(manifest, on_progress)
             else:
-                for signature in manifest.program_signatures:
-                    executor.compile(signature)
+                executor.compile_programs(manifest, on_progress)
 
     # -- the call -------------------------------------------------------
     def can_trace(self, *, tokens, prompt_lens=None, start_pos=None) -> bool:
@@ -258,15 +280,22 @@ class PluginFacade:
             prompt_lens = [len(row) for row in tokens]
         mode = "traced" if enable_trace else "eager"
         target = self.lanes.target()
+        plan = self._plan_keywords(compatibility_kwargs, num_rows)
         if sampling_params is None:
-            out = target.prefill(tokens, page_table, prompt_lens, start_pos, empty_slots, None, mode=mode, batched=True)
+            out = target.prefill(
+                tokens, page_table, prompt_lens, start_pos, empty_slots, None, mode=mode, batched=True, **plan
+            )
             return out.logits.unsqueeze(1)  # [B, 1, V]
         plugin = rows_from_plugin(sampling_params, num_rows, self.model.spec.vocab_size)
         prompts, outputs = self._penalty_state(compatibility_kwargs, tokens, prompt_lens, empty_slots, plugin)
         out = target.prefill(
-            tokens, page_table, prompt_lens, start_pos, empty_slots, plugin.core, mode=mode, batched=True
+            tokens, page_table, prompt_lens, start_pos, empty_slots, plugin.core, mode=mode, batched=True, **plan
         )
         return self._sampled(out, plugin, prompts, outputs)
+
+    def _plan_keywords(self, kwargs: dict, num_rows: int) -> dict:
+        """Planning keywords a call adds to the prefill (none here; a hybrid model's tables: ``hybrid_facade``)."""
+        return {}
 
     def _penalty_state(self, kwargs: dict, tokens, prompt_lens, empty_slots, plugin: PluginRows):
         """Each penalised row's prompt and output ids (``penalty_state``), checked before anything runs."""
@@ -372,7 +401,10 @@ class ServingFacade(PluginFacade):
     at vLLM's block size, so nothing runs before it. ``max_batch_size`` is
     vLLM's ``max_num_seqs``: the lane's slots (the runtime's
     ``policy.lane_size`` is set to it), so an ``empty_slots`` entry at or
-    past it is an ``InvalidSlotError`` at its row. ``kv_dtype`` is None or
+    past it is an ``InvalidSlotError`` at its row. ``warmup_lengths`` limits
+    both warm-up phases to those invocation lengths (tt-transformers'
+    ``WarmupConfig.prefill_seq_lens``; ``prefill_core.warmup.limited_to``):
+    a traced call of another length is then a ``TraceCoverageError``. ``kv_dtype`` is None or
     the model's dtype (the pool is built in it and the model runs on it);
     any other is a ``PrefillConfigError`` here, before any pool exists.
     """
@@ -388,6 +420,7 @@ class ServingFacade(PluginFacade):
         kv_factory: Callable[[int, int], Any] | None = None,
         kv_dtype: torch.dtype | None = None,
         prefill_traces: bool = True,
+        warmup_lengths: Sequence[int] | None = None,
         seed: int = 0,
     ):
         lane = OneLane(model, backend, kv_factory, max_batch_size, seed)
@@ -399,6 +432,7 @@ class ServingFacade(PluginFacade):
             kv_dtype=kv_dtype,
             prefill_traces=prefill_traces,
             seed=seed,
+            warmup_lengths=warmup_lengths,
         )
 
     @property

@@ -131,6 +131,7 @@ class LaneGroupFacade(PluginFacade):
         policy: PrefillPolicy | None = None,
         kv_dtype=None,
         prefill_traces: bool = True,
+        warmup_lengths=None,
         threaded: bool = False,
         seed: int = 0,
     ):
@@ -151,6 +152,7 @@ class LaneGroupFacade(PluginFacade):
             policy=policy,
             kv_dtype=kv_dtype,
             prefill_traces=prefill_traces,
+            warmup_lengths=warmup_lengths,
             seed=seed,
         )
 

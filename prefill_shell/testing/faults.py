@@ -86,6 +86,7 @@ class FaultInjectingBackend:
         self.max_device_top_k = inner.max_device_top_k
         self.max_sampled_wave = inner.max_sampled_wave
         self.packed_steps = inner.packed_steps
+        self.compiles_programs = inner.compiles_programs
 
     def preferred_policy(self, block_size: int):
         return self.inner.preferred_policy(block_size)

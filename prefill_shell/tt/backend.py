@@ -91,6 +91,7 @@ class TtnnBackend:
     max_device_top_k = ttnn_staging.MAX_DEVICE_TOP_K
     max_sampled_wave = SAMPLING_CANDIDATES  # ttnn.sampling serves at most 32 users per call
     packed_steps = False  # fixed-shape programs and traces: padded waves only
+    compiles_programs = True  # a program per shape, built on its first run
 
     def __init__(self, mesh_device: Any, *, replica: int = 0, logits_composer: Any = None, ttnn_module: Any = None):
         if ttnn_module is None:

@@ -16,6 +16,7 @@ from prefill_core import (
     RepeatedBlockError,
     WindowTableError,
     from_json,
+    manifest_for,
     to_json,
 )
 from prefill_core.attention_layout import AttentionKind, AttentionLayout, KVGroup
@@ -23,10 +24,18 @@ from prefill_core.computed_positions import computed_start, written_columns
 from prefill_core.group_tables import OUTSIDE, prepare_grouped
 from prefill_core.intmath import ceil_div
 from prefill_core.signatures import PrefillTraceSignature
-from prefill_core.windows import hit_blocks_needed, kept_columns, positions_read, read_span, window_floor
+from prefill_core.windows import (
+    hit_blocks_needed,
+    kept_columns,
+    positions_read,
+    read_columns,
+    read_span,
+    reused_span,
+    window_floor,
+)
 from tests.strategies import policies
 
-from .vllm_sliding import longest_sliding_hit, sliding_table_after_hit
+from .vllm_sliding import first_kept_after, longest_sliding_hit, sliding_table_after_hit
 
 NULL = 0  # vLLM's null block: never written, never a real block of a row
 FOREIGN = 10_000  # ids at and past it stand for blocks freed from a row and now held by another request
@@ -58,8 +67,29 @@ def test_a_sliding_hit_needs_the_blocks_vllm_keeps(window, bs, blocks):
     """``hit_blocks_needed`` is vLLM's ``sliding_window_contiguous_blocks``: ceil((window - 1) / block_size)."""
     assert hit_blocks_needed(window, bs) == blocks
     cached = 40 * bs
-    kept = kept_columns(cached, cached + 1, window, bs)
+    kept = kept_columns(cached + 1, cached, window, bs)
     assert cached // bs - kept.start == min(blocks, cached // bs)
+
+
+@given(st.integers(1, 400), st.data(), st.integers(1, 70), st.sampled_from((4, 8, 16, 32)))
+def test_a_row_keeps_exactly_the_blocks_vllm_has_not_freed(length, data, window, bs):
+    """The first kept column is vLLM's ``remove_skipped_blocks`` line at ``num_computed_tokens = cached``."""
+    cached = data.draw(st.integers(0, length - 1))
+    assert kept_columns(length, cached, window, bs).start == first_kept_after(cached, window, bs)
+    assert kept_columns(length, cached, None, bs) == range(0, ceil_div(length, bs))
+
+
+@given(st.integers(2, 400), st.data(), st.integers(1, 70), st.sampled_from((8, 16)))
+def test_a_step_starting_inside_a_cached_block_reuses_its_cached_positions_above_the_floor(length, data, window, bs):
+    """A padded step from ``computed_start`` takes ``[start, cached)`` above the floor from the pool."""
+    cached = data.draw(st.integers(1, length - 1))
+    start = computed_start(length, cached, bs)
+    floor = kept_columns(length, cached, window, bs).start
+    span = reused_span(start, start + 64, cached, floor, bs)
+    assert span == range(max(start, floor * bs), cached)
+    assert all(p // bs >= floor for p in span)
+    later = reused_span(start + 64, start + 128, cached, floor, bs)
+    assert not later or start + 64 < cached
 
 
 # ---------------------------------------------------------------- the attention layout
@@ -150,7 +180,7 @@ def hybrid_cases(draw, max_rows: int = 4) -> HybridCase:
     for group in attention.groups:
         rows, spans = [], []
         for n, c in zip(lengths, cached):
-            keep = kept_columns(computed_start(n, c, bs), n, group.window, group.block_size)
+            keep = kept_columns(n, c, group.window, group.block_size)
             need = ceil_div(n, group.block_size)
             row = [next(fresh) if j in keep else draw(junk) for j in range(need)]
             rows.append(tuple(row) + tuple(draw(st.lists(junk, max_size=2))))  # a stale tail past the prompt
@@ -176,8 +206,9 @@ def test_no_step_reads_a_column_outside_its_window(case):
                 continue
             bs = group.block_size
             for b, row in enumerate(grouped.request.source_rows):
-                stop = ceil_div(min(chunk.end, case.lengths[row]), bs)
-                read = range(window_floor(chunk.start, group.window) // bs, stop)
+                floor = case.kept[g][row].start
+                assert step.read_from[b] == floor
+                read = read_columns(chunk.start, min(chunk.end, case.lengths[row]), floor, group.window, bs)
                 table = case.tables[g][row]
                 expected = [table[j] if j in read else 0 for j in range(len(step.read[b]))]
                 assert list(step.read[b]) == expected
@@ -312,3 +343,11 @@ def test_every_hit_vllms_rule_returns_plans_and_reads_no_null_block(cached_flags
         chunk = grouped.request.chunk(index)
         read = range(window_floor(chunk.start, window) // bs, ceil_div(min(chunk.end, length), bs))
         assert step.read is None or all(step.read[0][j] != NULL for j in read)
+
+
+@given(hybrid_cases())
+def test_the_hybrid_manifest_covers_every_grouped_request(case):
+    """``manifest_for(attention=)`` lists every program and trace ``prepare_grouped`` plans (warm-up is complete)."""
+    manifest = manifest_for(case.policy, case.layout, attention=case.attention)
+    for grouped in case.prepare():
+        assert manifest.covers(grouped.prepared), grouped.prepared.program_signature

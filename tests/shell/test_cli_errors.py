@@ -6,6 +6,7 @@ import json
 import shutil
 
 import pytest
+import torch
 
 from prefill_shell.cli.main import main
 from prefill_shell.reference import random_llama, save_hf_folder
@@ -15,6 +16,7 @@ pytest.importorskip("gguf")
 from tests.shell.test_gguf import write_llama_gguf
 
 TINY = ["run", "--model", "random:tiny"]
+SCORE = ["score", "--model", "random:tiny", "--pairs", "{pairs}"]
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +37,7 @@ def files(tmp_path_factory):
     weights = (folder / "model.safetensors").read_bytes()
     return {
         "ids": put("ids.txt", "1 2 3\n"),
+        "pairs": put("pairs.jsonl", '{"context": "a", "continuation": "b"}\n'),
         "ids2": put("ids2.txt", "4 5 6 7\n"),
         "empty": put("empty.txt", ""),
         "blank": put("blank.txt", "\n   \n\t\n"),
@@ -103,6 +106,10 @@ CASES = [
     (TINY + ["--seed", "99999999999999999999999"], 2, "--seed"),
     (TINY + ["--device", "foo"], 2, "--device"),
     (TINY + ["--device", "mps"], 2, "--device"),
+    (SCORE + ["--device", "foo"], 2, "argument --device: 'foo' cannot be used"),
+    (SCORE + ["--block-size", "3"], 2, "argument --block-size: '3' must be a power of two"),
+    (SCORE + ["--block-size", "1024"], 2, "argument --block-size"),
+    (SCORE + ["--model", ""], 2, "argument --model"),
     (TINY + ["--dtype", "int8"], 2, "--dtype"),
     (["score", "--model", "random:tiny", "--pairs", "{ids}", "--dtype", "float64"], 2, "--dtype"),
     (TINY + ["--prompts", "{empty}"], 1, "{empty}"),
@@ -197,3 +204,11 @@ def test_text_files_repeated_bom_stripped_and_jsonl_by_suffix_case(files, capsys
     main(["run", "--model", files["hf"], "--prompts", files["bom"], "--prompts", files["jsonl_upper"]])
     rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
     assert [(r[0], r[1]) for r in rows] == [("0", "2"), ("1", "3")]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+@pytest.mark.parametrize("command", [TINY, SCORE], ids=["run", "score"])
+def test_cuda_on_a_machine_without_it_is_a_usage_error_naming_device(files, capsys, command):
+    """score --device cuda without CUDA printed 'unexpected RuntimeError ... report it' and exit 1; now as run."""
+    code, _, err = _run(_fill(command + ["--device", "cuda"], files), capsys)
+    assert code == 2 and "argument --device: 'cuda' cannot be used" in err, err

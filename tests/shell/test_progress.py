@@ -58,20 +58,28 @@ def test_runtime_prefill_takes_the_same_callback(tiny_model):
     assert _counts(events, "prefill") == [(i, 4) for i in range(5)]
 
 
-def test_warm_up_reports_compile_allocate_and_capture_stages(tiny_model):
-    """Warm-up reports each stage 0..total over the manifest's programs, workspaces and traces, stage by stage."""
+@pytest.mark.parametrize("compiles", [True, False], ids=["device", "cpu"])
+def test_warm_up_reports_its_cost_then_compile_allocate_and_capture_stages(tiny_model, compiles):
+    """Warm-up reports its cost first, then each stage 0..total over the programs it compiles (one where the
+    backend builds nothing per shape, but the smallest), the workspaces and traces, stage by stage."""
     rt = build_runtime(tiny_model, num_blocks=NUM_BLOCKS, block_size=BS, policy=SMALL_POLICY)
+    rt.backend.compiles_programs = compiles
     tokens, table, lengths = _call()
     manifest = WarmupManifest().observe(rt.prepare(tokens, table, lengths).requests)
     events: list[Progress] = []
-    PrefillExecutor(rt).warm_up(manifest, on_progress=events.append)
-    programs, traces = len(manifest.program_signatures), len(manifest.trace_signatures)
+    executor = PrefillExecutor(rt)
+    executor.warm_up(manifest, on_progress=events.append)
+    programs = len(manifest.program_signatures) if compiles else 1
+    traces = len(manifest.trace_signatures)
+    assert events[0] == Progress("cost", 0, 0, str(executor.cost(manifest)))
+    assert f"compile {programs} bodies" in events[0].detail and f"capture {traces} traces" in events[0].detail
     assert _counts(events, "compile") == [(i, programs) for i in range(programs + 1)]
     assert _counts(events, "capture") == [(i, traces) for i in range(traces + 1)]
     workspaces = _counts(events, "allocate")
     assert workspaces[0] == (0, workspaces[-1][1]) and workspaces[-1][0] == workspaces[-1][1] >= 1
-    assert [e.stage for e in events] == sorted((e.stage for e in events), key=["compile", "allocate", "capture"].index)
-    assert len(rt.captured_traces()) == traces
+    order = ["cost", "compile", "allocate", "capture"]
+    assert [e.stage for e in events] == sorted((e.stage for e in events), key=order.index)
+    assert len(rt.captured_traces()) == traces and executor.compiled == set(manifest.program_signatures)
 
 
 class _Stop(Exception):

@@ -28,15 +28,22 @@ def test_a_pairs_file_that_is_not_utf8_is_named(tmp_path):
         read_pairs(path)
 
 
-@pytest.mark.parametrize("flag", ["--max-length", "--block-size", "--max-chunk"])
-def test_a_count_below_one_is_a_usage_error_naming_the_flag(tmp_path, capsys, flag):
+@pytest.mark.parametrize(
+    "flag, rule",
+    [
+        ("--max-length", "must be an integer >= 1"),
+        ("--block-size", "must be a power of two"),
+        ("--max-chunk", "must be an integer >= 1"),
+    ],
+)
+def test_a_count_below_one_is_a_usage_error_naming_the_flag(tmp_path, capsys, flag, rule):
     """--max-length 0 silently meant the model's length and --block-size 0 divided by zero: now exit 2 naming it."""
     path = tmp_path / "pairs.jsonl"
     path.write_text(json.dumps({"context": "a", "continuation": "b"}) + "\n")
     with pytest.raises(SystemExit) as exit_info:
         main(["score", "--model", "random:tiny", "--pairs", str(path), flag, "0"])
     assert exit_info.value.code == 2
-    assert f"argument {flag}: '0' must be an integer >= 1" in capsys.readouterr().err
+    assert f"argument {flag}: '0' {rule}" in capsys.readouterr().err
 
 
 def test_a_max_length_past_the_models_positions_is_named_before_a_pool_is_sized(tmp_path, capsys):

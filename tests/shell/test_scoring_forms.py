@@ -18,6 +18,7 @@ import torch
 from prefill_core import PageTableLayout
 from prefill_core.errors import CapacityError, InvalidScoringRequestError, PrefillConfigError
 from prefill_shell.backends import TorchBackend
+from prefill_shell.cli import model_dtype
 from prefill_shell.cli import score as score_cli
 from prefill_shell.engine.config import PrefillRuntimeConfig
 from prefill_shell.engine.runtime import PrefillRuntime
@@ -113,14 +114,21 @@ def _score_args(tmp_path, text: str) -> argparse.Namespace:
     path = tmp_path / "doc.txt"
     path.write_text(text, encoding="utf-8")
     return argparse.Namespace(
-        pairs=None, document=str(path), model="random:tiny", device="cpu", max_length=32, block_size=16, max_chunk=64
+        pairs=None,
+        document=str(path),
+        model="random:tiny",
+        device="cpu",
+        dtype="float32",
+        max_length=32,
+        block_size=16,
+        max_chunk=64,
     )
 
 
 @pytest.mark.parametrize("text", ["", "\ufeff"], ids=["empty", "byte-order mark only"])
 def test_an_empty_document_scores_zero_not_a_division_by_zero(tiny_model, tmp_path, monkeypatch, capsys, text):
     """score --document on an empty file divided by its 0 tokens (ZeroDivisionError): now 0 tokens, log-likelihood 0."""
-    monkeypatch.setattr(score_cli, "load_model", lambda ref, device: tiny_model)
+    monkeypatch.setattr(model_dtype, "load_model", lambda ref, dtype, device: tiny_model)
     monkeypatch.setattr(score_cli, "load_tokenizer", lambda ref: _Tokenizer())
     score_cli.run_score(_score_args(tmp_path, text))
     out = capsys.readouterr().out

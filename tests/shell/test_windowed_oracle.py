@@ -1,17 +1,18 @@
 """Hybrid models on the reference Llama against transformers: sliding windows through chunks and cached prefixes.
 
-The oracles are transformers' own: ``MistralForCausalLM`` (every layer
-slides) and ``MinistralForCausalLM`` (``layer_types`` mixing sliding and full
-layers, the Llama architecture otherwise), holding the reference model's
-random weights. A prompt is prefilled in two calls, as vLLM would send it: a
-first call computes a prefix, the caller then frees the prefix's blocks that
-left the window (vLLM's ``remove_skipped_blocks``), fills them with NaN and
-points their table entries at the NaN-filled null block or at blocks of
-another live request, and a second call computes the rest from the cached
+The oracles are transformers' own ``MistralForCausalLM`` (every layer slides)
+and ``MinistralForCausalLM`` (``layer_types`` mixing sliding and full layers,
+the Llama architecture otherwise) on the reference model's random weights
+(``window_kit``). A prompt is prefilled in two calls, as vLLM sends it: a
+first call computes a prefix; the caller then frees the blocks that left the
+window at vLLM's line (``remove_skipped_blocks``), which here fills them with
+NaN and points their table entries at the NaN-filled null block or at blocks
+of another live request; a second call computes the rest from the cached
 offset in padded chunks (``prepare_grouped``, then ``forward_grouped`` on each
 step's per-group tables). Checked: last-token logits and the in-window KV
-within 1e-4 of transformers, and the null block and the other request's
-blocks byte-identical after every call.
+within 1e-4 of transformers, the null block and the other request's blocks
+byte-identical, and every block id a gather or a fill touches inside the
+group's kept columns.
 """
 
 from __future__ import annotations
@@ -19,60 +20,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from prefill_core import AttentionLayout, PageTableLayout, PrefillBatch, PrefillPolicy, prepare_grouped
-from prefill_core.computed_positions import computed_start
+from prefill_core import PageTableLayout, PrefillBatch, prepare_grouped
 from prefill_core.intmath import ceil_div
 from prefill_core.windows import kept_columns
-from prefill_shell.reference import random_llama
+from prefill_shell.reference import save_hf_folder
+from prefill_shell.reference.hybrid import load_hybrid_folder
 from prefill_shell.reference.windowed import GroupedKVCache, GroupTensors, forward_grouped
+from tests.shell import window_kit as kit
 
-transformers = pytest.importorskip("transformers")
+pytest.importorskip("transformers")
 
-TOL = 1e-4
-NULL = 0
 POOL = 160
-POLICY = PrefillPolicy(length_ladder=(32, 64), max_chunk_length=64, chunk_quantum=64, waves=(1, 2, 4), lane_size=4)
-LAYER_TYPES = {
-    "mistral": ("sliding_attention",) * 2,
-    "ministral": ("sliding_attention", "full_attention", "sliding_attention"),
-}
-
-
-def _model_and_oracle(kind: str, window: int):
-    types = LAYER_TYPES[kind]
-    model = random_llama(5, "tiny", rope_scaling=None, num_layers=len(types))
-    cfg = model.config.to_hf_dict()
-    common = dict(
-        vocab_size=cfg["vocab_size"],
-        hidden_size=cfg["hidden_size"],
-        intermediate_size=cfg["intermediate_size"],
-        num_hidden_layers=cfg["num_hidden_layers"],
-        num_attention_heads=cfg["num_attention_heads"],
-        num_key_value_heads=cfg["num_key_value_heads"],
-        head_dim=cfg["head_dim"],
-        rms_norm_eps=cfg["rms_norm_eps"],
-        max_position_embeddings=cfg["max_position_embeddings"],
-        rope_parameters={"rope_type": "default", "rope_theta": cfg["rope_theta"]},
-        sliding_window=window,
-        tie_word_embeddings=False,
-    )
-    if kind == "mistral":
-        hf = transformers.MistralForCausalLM(transformers.MistralConfig(**common))
-    else:
-        hf = transformers.MinistralForCausalLM(transformers.MinistralConfig(layer_types=list(types), **common))
-    hf.load_state_dict(model.state_dict(), strict=True)
-    return model, hf.eval().float(), types
-
-
-@pytest.fixture(scope="module")
-def models():
-    return {}
-
-
-def _get(models, kind, window):
-    if (kind, window) not in models:
-        models[kind, window] = _model_and_oracle(kind, window)
-    return models[kind, window]
 
 
 def _run_call(model, kv, attention, layout, tokens, lengths, cached, tables):
@@ -80,7 +38,7 @@ def _run_call(model, kv, attention, layout, tokens, lengths, cached, tables):
     n = len(lengths)
     batch = PrefillBatch(tuple(lengths), tuple(cached), tuple(range(n)), tables[0], (None,) * n)
     logits = {}
-    for grouped in prepare_grouped(batch, POLICY, layout, attention, tables, null_block=NULL):
+    for grouped in prepare_grouped(batch, kit.POLICY, layout, attention, tables, null_block=kit.NULL):
         request = grouped.request
         for index in range(request.num_chunks):
             chunk = request.chunk(index)
@@ -89,13 +47,7 @@ def _run_call(model, kv, attention, layout, tokens, lengths, cached, tables):
                 piece = tokens[row][chunk.start : min(chunk.end, lengths[row])]
                 step[b, : len(piece)] = piece
             start = torch.full((request.padded_batch,), chunk.start, dtype=torch.int64)
-            staged = [
-                GroupTensors(
-                    torch.tensor(t.fill, dtype=torch.int32),
-                    None if t.read is None else torch.tensor(t.read, dtype=torch.int32),
-                )
-                for t in grouped.step_tables(index)
-            ]
+            staged = [GroupTensors.of(t) for t in grouped.step_tables(index)]
             hidden = forward_grouped(model, step, start, staged, kv)
             if chunk.is_final:
                 for b, row in enumerate(request.source_rows):
@@ -103,32 +55,12 @@ def _run_call(model, kv, attention, layout, tokens, lengths, cached, tables):
     return [logits[row] for row in range(n)]
 
 
-def _fresh_tables(attention, lengths, first_id):
-    """Disjoint consecutive blocks per group and row (one block-id space), from ``first_id``."""
-    tables, next_id = [], first_id
-    for group in attention.groups:
-        rows = []
-        for n in lengths:
-            need = ceil_div(n, group.block_size)
-            rows.append(tuple(range(next_id, next_id + need)))
-            next_id += need
-        tables.append(tuple(rows))
-    return tuple(tables), next_id
-
-
-def _hf_kv(hf, tokens):
-    with torch.no_grad():
-        out = hf(tokens[None], use_cache=True)
-    cache = out.past_key_values
-    return out.logits[0, -1], [(layer.keys[0], layer.values[0]) for layer in cache.layers]
-
-
 def _record_touches(kv) -> list[set[int]]:
     """Per group, every block id a gather or a fill of the pool reads or writes from now on (-1 aside)."""
     touched: list[set[int]] = [set() for _ in kv.pools]
     for g, pool in enumerate(kv.pools):
 
-        def gather(layer, table, _pool=pool, _seen=touched[g], _inner=pool.gather):
+        def gather(layer, table, _seen=touched[g], _inner=pool.gather):
             _seen.update(table.flatten().tolist())
             return _inner(layer, table)
 
@@ -140,6 +72,22 @@ def _record_touches(kv) -> list[set[int]]:
     return touched
 
 
+def check_in_window_kv(kv, rows, hf_kv, length: int, window: int) -> None:
+    """Each layer's KV at the positions transformers keeps (and the window sees) equals it within 1e-4."""
+    for layer in range(len(hf_kv)):
+        pool, local, group, g = kv.of_layer(layer)
+        hf_k, hf_v = hf_kv[layer]
+        offset = length - hf_k.shape[1]  # a sliding layer's cache keeps only the last positions
+        first = max(offset, length - (window - 1) if group.is_sliding else 0)
+        for p in range(first, length):
+            block, slot = rows[g][p // group.block_size], p % group.block_size
+            assert torch.allclose(pool.keys[local][block, :, slot], hf_k[:, p - offset], rtol=kit.TOL, atol=kit.TOL), (
+                layer,
+                p,
+            )
+            assert torch.allclose(pool.values[local][block, :, slot], hf_v[:, p - offset], rtol=kit.TOL, atol=kit.TOL)
+
+
 CASES = [
     # kind, window, sliding block size, prompt length, cached offset, out-of-window entries
     ("mistral", 40, 16, 150, 64, "null"),
@@ -147,65 +95,68 @@ CASES = [
     ("ministral", 24, 8, 130, 50, "null"),
     ("ministral", 33, 16, 190, 112, "other"),
     ("ministral", 16, 16, 97, 80, "other"),
+    ("mistral", 32, 16, 140, 63, "other"),  # vLLM frees column 1, which a recompute from 48 would read
+    ("ministral", 2, 8, 90, 50, "null"),  # position 48 left the window: its block is rewritten with its bytes
+    ("qwen3", 20, 16, 160, 77, "other"),  # group 0 full, Q/K norms
+    ("qwen3", 40, 8, 120, 64, "null"),
 ]
 
 
 @pytest.mark.parametrize(("kind", "window", "sliding_bs", "length", "cached", "outside"), CASES)
-def test_a_prompt_cached_past_its_window_equals_transformers(models, kind, window, sliding_bs, length, cached, outside):
+def test_a_prompt_cached_past_its_window_equals_transformers(kind, window, sliding_bs, length, cached, outside):
     """Two calls over NaN-filled freed blocks and foreign entries: logits and in-window KV equal transformers."""
-    model, hf, types = _get(models, kind, window)
-    attention = AttentionLayout.from_layer_types(
-        types, sliding_window=window, block_size=16, sliding_block_size=sliding_bs
-    )
+    model, hf, types = kit.model_and_oracle(kind, window)
+    attention = kit.attention_of(types, window, sliding_bs)
     layout = PageTableLayout(16, 32, POOL)
-    spec = model.spec
-    kv = GroupedKVCache(attention, POOL, spec.num_kv_heads, spec.head_dim)
+    kv = GroupedKVCache(attention, POOL, model.spec.num_kv_heads, model.spec.head_dim)
     for pool in kv.pools:  # the null block is NaN: reading it anywhere would show
-        for t in pool.keys + pool.values:
-            t[NULL] = float("nan")
+        for tensor in pool.keys + pool.values:
+            tensor[kit.NULL] = float("nan")
     gen = torch.Generator().manual_seed(length)
-    prompt = torch.randint(0, spec.vocab_size, (length,), generator=gen)
-    other = torch.randint(0, spec.vocab_size, (120,), generator=gen)
-    tables, _ = _fresh_tables(attention, [length, 120], first_id=1)
-    # The other live request: computed whole, its blocks then fixed.
+    prompt = torch.randint(0, model.spec.vocab_size, (length,), generator=gen)
+    other = torch.randint(0, model.spec.vocab_size, (120,), generator=gen)
+    tables = kit.fresh_tables(attention, [length, 120])
     _run_call(model, kv, attention, layout, [other], [120], [0], tuple((t[1],) for t in tables))
-    other_bytes = {b: kv.block_bytes(b) for t in tables for b in t[1]}
-    null_bytes = kv.block_bytes(NULL)
-    # First call: the prefix [0, cached).
+    fixed = {b: kv.block_bytes(b) for t in tables for b in t[1]} | {kit.NULL: kv.block_bytes(kit.NULL)}
     prefix = tuple((t[0][: ceil_div(cached, g.block_size)],) for t, g in zip(tables, attention.groups))
     _run_call(model, kv, attention, layout, [prompt], [cached], [0], prefix)
-    # The caller frees what left the window: NaN in those blocks, null or another request's ids in the table.
-    second = []
-    for g, (t, group) in enumerate(zip(tables, attention.groups)):
-        row, pool = list(t[0]), kv.pools[g]
-        keep = kept_columns(computed_start(length, cached, 16), length, group.window, group.block_size)
-        for column in range(keep.start):
-            for tensor in pool.keys + pool.values:
-                tensor[row[column]] = float("nan")
-            row[column] = NULL if outside == "null" else t[1][column % len(t[1])]
-        second.append((tuple(row),))
+    rows = kit.free_left_window(kv, attention, [t[0] for t in tables], [t[1] for t in tables], cached, outside)
     touched = _record_touches(kv)
-    (logits,) = _run_call(model, kv, attention, layout, [prompt], [length], [cached], tuple(second))
+    (logits,) = _run_call(model, kv, attention, layout, [prompt], [length], [cached], tuple((r,) for r in rows))
     for g, group in enumerate(attention.groups):
-        keep = kept_columns(computed_start(length, cached, 16), length, group.window, group.block_size)
-        own = {second[g][0][c] for c in keep}
+        own = {rows[g][c] for c in kept_columns(length, cached, group.window, group.block_size)}
         assert touched[g] and touched[g] <= own, (g, sorted(touched[g] - own))
-    expected, hf_kv = _hf_kv(hf, prompt)
-    assert torch.allclose(logits, expected, rtol=TOL, atol=TOL), (logits - expected).abs().max()
-    assert torch.equal(kv.block_bytes(NULL), null_bytes)
-    for block, before in other_bytes.items():
-        assert torch.equal(kv.block_bytes(block), before), f"block {block} of the other request changed"
-    for layer in range(len(types)):
-        pool, local, group, g = kv.of_layer(layer)
-        bs, row = group.block_size, second[g][0]
-        hf_k, hf_v = hf_kv[layer]
-        first = max(0, length - (window - 1 if group.is_sliding else length))
-        positions = range(max(first, length - hf_k.shape[1]), length)
-        for p in positions:
-            block, offset = row[p // bs], p % bs
-            got = pool.keys[local][block, :, offset]
-            want = hf_k[:, p - (length - hf_k.shape[1])]
-            assert torch.allclose(got, want, rtol=TOL, atol=TOL), (layer, p)
-            assert torch.allclose(
-                pool.values[local][block, :, offset], hf_v[:, p - (length - hf_k.shape[1])], rtol=TOL, atol=TOL
-            )
+    expected, hf_kv = kit.hf_logits_and_kv(hf, prompt)
+    assert torch.allclose(logits, expected, rtol=kit.TOL, atol=kit.TOL), (logits - expected).abs().max()
+    for block, before in fixed.items():
+        assert torch.equal(kv.block_bytes(block), before), f"block {block} (null or the other request's) changed"
+    check_in_window_kv(kv, rows, hf_kv, length, window)
+
+
+@pytest.mark.parametrize("kind", ["mistral", "qwen3"])
+def test_a_windowed_hf_folder_loads_as_its_hybrid_model(kind, tmp_path):
+    """``load_hybrid_folder`` reads the window and sliding layers as transformers does; logits equal its model's."""
+    import json
+
+    import transformers
+
+    base, _, types = kit.model_and_oracle(kind, 24)
+    folder = save_hf_folder(base, tmp_path)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["sliding_window"] = 24
+    if kind == "qwen3":
+        cfg.update(use_sliding_window=True, layer_types=list(types))
+    else:  # the kit's Mistral is the Llama architecture: name it Mistral, whose window slides every layer
+        cfg.update(model_type="mistral", architectures=["MistralForCausalLM"])
+    (folder / "config.json").write_text(json.dumps(cfg))
+    model = load_hybrid_folder(folder, block_size=16, sliding_block_size=8)
+    by_layer = {layer: g.kind.value for g in model.attention.groups for layer in g.layers}
+    assert [by_layer[i] for i in range(len(types))] == list(types)
+    assert all(g.window == (24 if g.is_sliding else None) for g in model.attention.groups)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    prompt = torch.randint(0, base.spec.vocab_size, (100,), generator=torch.Generator().manual_seed(1))
+    kv = model.new_kv_cache(POOL)
+    tables = kit.fresh_tables(model.attention, [100])
+    (logits,) = _run_call(model.model, kv, model.attention, PageTableLayout(16, 32, POOL), [prompt], [100], [0], tables)
+    expected, _ = kit.hf_logits_and_kv(hf, prompt)
+    assert torch.allclose(logits, expected, rtol=kit.TOL, atol=kit.TOL), (logits - expected).abs().max()

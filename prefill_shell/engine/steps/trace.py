@@ -38,6 +38,9 @@ from prefill_shell.backends.base import Backend, TraceHandle
 from prefill_shell.device.contract import (
     BODY_INPUTS,
     FILL_TABLE,
+    GROUP_FILL_TABLES,
+    GROUP_READ_TABLES,
+    GROUPED_INPUTS,
     HIDDEN,
     LAST_TOKEN_INDEX,
     READ_TABLE,
@@ -63,7 +66,7 @@ __all__ = [
 ]
 
 # Entries that make a step write nothing: no KV block, no slot.
-_NO_WRITE = {FILL_TABLE: -1, SLOTS: -1}
+_NO_WRITE = {FILL_TABLE: -1, GROUP_FILL_TABLES: -1, SLOTS: -1}
 # A workspace's K, P and T start as the greedy triple (K=1, P=1, T=1): zeros
 # are no valid sampling values (a device stages T as 1/T), and every
 # postprocess refreshes them before reading.
@@ -144,8 +147,11 @@ def warmup_step(body: PrefillTraceSignature, hidden_size: int) -> HostStep:
     """A step of ``body``'s geometry that writes no KV: zero tokens, every fill entry and slot -1."""
     geometry = body_geometry(body, hidden_size)
     values = {}
+    grouped = bool(body.groups)  # a hybrid body reads its groups' tables, not the single ones
     for spec in STEP_INPUTS:
-        if spec is READ_TABLE and not body.read_table_width:
+        if spec in GROUPED_INPUTS and not grouped or spec in (FILL_TABLE, READ_TABLE) and grouped:
+            continue
+        if spec is READ_TABLE and not body.read_table_width or spec is GROUP_READ_TABLES and not geometry["Wgr"]:
             continue
         values[spec] = torch.full(spec.shape(geometry), _NO_WRITE.get(spec, 0), dtype=spec.host_dtype)
     return HostStep(None, values, body.variant)

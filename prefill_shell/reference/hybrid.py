@@ -1,0 +1,109 @@
+"""``HybridLlama``: the reference Llama with its layers in KV groups, as the runtime drives a hybrid model.
+
+It implements the model protocol with grouped steps: the runtime plans a
+hybrid call with ``prefill_core.prepare_grouped`` and hands each step's
+``contract.GROUPED_INPUTS`` to ``forward_grouped`` (``windowed.py`` runs
+them). Its pool is a ``GroupedKVCache``; ``forward_hidden`` (one table for
+every layer) is refused, since no single table is right for every group.
+
+Eager on the host only: each step reads its starts, first columns and reused
+spans on the host (a CPU "replay" re-runs the body, which is fine); under
+CUDA graph capture that is a sync, so a capture is refused by name.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from prefill_core import AttentionLayout
+from prefill_core.errors import PrefillConfigError
+from prefill_shell.reference.config import FAMILIES, LlamaSpec, _int, _windowed_layers, check_computed
+from prefill_shell.reference.llama import PagedLlama
+from prefill_shell.reference.weights import load_weights
+from prefill_shell.reference.windowed import GroupedKVCache, GroupTensors, forward_grouped
+
+__all__ = ["HybridLlama", "load_hybrid_folder"]
+
+
+class HybridLlama:
+    """A ``PagedLlama`` whose layers fall into ``attention``'s KV groups (windows, block sizes)."""
+
+    def __init__(self, model: PagedLlama, attention: AttentionLayout):
+        if attention.num_layers != model.spec.num_layers:
+            msg = f"attention has {attention.num_layers} layers, the model {model.spec.num_layers}"
+            raise PrefillConfigError(msg)
+        self.model, self.attention = model, attention
+        self.spec, self.dtype = model.spec, model.dtype
+
+    def new_kv_cache(self, num_blocks: int, device: torch.device | str | None = None) -> GroupedKVCache:
+        """Zeroed pools, one per group at its block size, ``num_blocks`` each (one block-id space)."""
+        spec = self.spec
+        return GroupedKVCache(
+            self.attention,
+            num_blocks,
+            spec.num_kv_heads,
+            spec.head_dim,
+            dtype=self.dtype,
+            device=self.model.device if device is None else device,
+        )
+
+    def forward_hidden(self, tokens, start, fill_table, read_table, kv):
+        raise PrefillConfigError("a hybrid model reads one table per KV group: pass group_page_tables to prepare")
+
+    def forward_grouped(self, tokens, start, fill_tables, read_tables, read_from, reused, kv: GroupedKVCache):
+        """One padded step; the tables are ``[G, B, W]`` (``contract.GROUPED_INPUTS``). Returns ``[B, S, H]``."""
+        if tokens.is_cuda and torch.cuda.is_current_stream_capturing():
+            raise PrefillConfigError("HybridLlama steps read their window geometry on the host: not capturable")
+        firsts, spans = read_from.tolist(), reused.tolist()
+        tables = [
+            GroupTensors(
+                fill_tables[g],
+                None if read_tables is None else read_tables[g],
+                tuple(firsts[g]),
+                tuple(map(tuple, spans[g])),
+            )
+            for g in range(len(self.attention.groups))
+        ]
+        return forward_grouped(self.model, tokens, start, tables, kv)
+
+    def lm_head(self, hidden_rows: torch.Tensor) -> torch.Tensor:
+        return self.model.lm_head(hidden_rows)
+
+
+def load_hybrid_folder(
+    folder: str | Path,
+    *,
+    block_size: int,
+    sliding_block_size: int | None = None,
+    device: torch.device | str = "cpu",
+    dtype: str | None = None,
+) -> HybridLlama:
+    """A Hugging Face folder whose config slides layers, as transformers reads it, as a ``HybridLlama``.
+
+    The window and the sliding layers are transformers' (``config._windowed_layers``:
+    Mistral's ``sliding_window`` on every layer, Qwen2/Qwen3's with
+    ``use_sliding_window`` on the layers ``layer_types`` or
+    ``max_window_layers`` mark); the rest of the config is read as
+    ``load_hf_folder`` reads it. A config that slides no layer is a
+    ``PrefillConfigError`` (load it with ``load_hf_folder``).
+    """
+    folder = Path(folder)
+    cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    family = FAMILIES[check_computed(cfg)]
+    layers = _int(cfg, "num_hidden_layers")
+    window, windowed = _windowed_layers(
+        cfg, family, layers, _int(cfg, "max_position_embeddings", family.default_max_position)
+    )
+    if not windowed:
+        raise PrefillConfigError(f"{folder}/config.json slides no layer: load it with load_hf_folder")
+    plain = {key: value for key, value in cfg.items() if key not in ("layer_types", "use_sliding_window")}
+    plain["sliding_window"] = None  # read as full attention; the window lives in the attention layout
+    model = load_weights(folder, LlamaSpec.from_hf_dict(plain), device, dtype)
+    types = ["sliding_attention" if i in windowed else "full_attention" for i in range(layers)]
+    attention = AttentionLayout.from_layer_types(
+        types, sliding_window=window, block_size=block_size, sliding_block_size=sliding_block_size
+    )
+    return HybridLlama(model, attention)
