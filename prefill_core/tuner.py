@@ -38,6 +38,7 @@ import math
 import attrs
 
 from .batch import PrefillBatch, PrefillRow
+from .computed_positions import computed_start
 from .errors import PrefillInputError, TraceBudgetError, field_error
 from .histogram import HistogramEntry
 from .intmath import ceil_div, round_up
@@ -96,7 +97,8 @@ def _work(entry: HistogramEntry, block_size: int) -> tuple[int, bool]:
     """``(tokens of work, runs chunked)`` of an entry's prompts."""
     if entry.cached == entry.length:
         return block_size, True
-    return entry.length - entry.cached, entry.cached > 0
+    # A padded step starts at the block holding the cached offset (rule 5), as the planner computes it.
+    return entry.length - computed_start(entry.length, entry.cached, block_size), entry.cached > 0
 
 
 def _short_work(

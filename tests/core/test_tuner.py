@@ -39,9 +39,25 @@ def test_a_budget_of_the_defaults_trace_count_never_computes_more_positions(data
 def test_no_ladder_of_candidate_rungs_beats_the_tuner_within_its_budget(data):
     """Every ladder made of the works' rounded values (max chunk fixed) computes at least the tuner's positions."""
     bs = data.draw(st.sampled_from(BLOCK_SIZES))
-    default = PrefillPolicy(max_chunk_length=1024)
     entries = data.draw(histograms(bs, max_length=1024, max_entries=5))
-    budget = data.draw(st.integers(2, 5))
+    _assert_no_subset_ladder_beats_the_tuner(bs, entries, data.draw(st.integers(2, 5)))
+
+
+@pytest.mark.parametrize(
+    ("entries", "budget"),
+    [
+        (((1024, 0), (353, 1), (16, 16)), 2),
+        (((128, 16), (1024, 0), (353, 1), (1, 0)), 3),
+    ],
+)
+def test_rows_cached_inside_a_block_are_tuned_for_the_block_they_recompute(entries, budget):
+    """Fuzz seed 4275241592 found these: the tuner counted a row cached at 1 as 352 tokens of work where the
+    planner recomputes its first block (353), so it missed a 2-trace ladder and over-spent another."""
+    _assert_no_subset_ladder_beats_the_tuner(16, tuple(HistogramEntry(n, 1, c) for n, c in entries), budget)
+
+
+def _assert_no_subset_ladder_beats_the_tuner(bs: int, entries: tuple, budget: int) -> None:
+    default = PrefillPolicy(max_chunk_length=1024)
     unit = max(bs, default.tile_size)
     works = {max(e.length - e.cached, 1) if e.cached < e.length else bs for e in entries}
     values = sorted({-(-w // unit) * unit for w in works})
