@@ -22,7 +22,7 @@ from prefill_core.errors import InvalidDtypeError
 
 __all__ = ["choose_dtype", "matmul_gflops", "probe_numerics", "torch_dtype"]
 
-_PROBE_SHAPE = (256, 512, 1024)  # rows x inner x out: a small model's MLP; about 1 ms at bfloat16 on AMX
+_PROBE_SHAPE = (256, 512, 1024)  # rows x inner x out: a small model's MLP, short enough to probe at start-up
 _PROBE_CALLS = 7
 
 

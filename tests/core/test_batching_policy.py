@@ -164,7 +164,7 @@ _POLICIES = {
     "sampled_singles": PrefillPolicy(max_sampled_wave=1, min_active_rows=3, max_wave_length=1024, lane_size=64),
     "cached_waves": PrefillPolicy(batch_cached_rows=True, lane_size=64),
 }
-"""Every policy holds the 64 rows ``_galaxy_rows`` may draw (fuzz seed 4275241603 drew 33 at lane_size 32)."""
+"""Every policy holds the 64 rows ``_galaxy_rows`` may draw (the default lane of 32 would refuse row 32)."""
 _LAYOUT = PageTableLayout(BS, 4096 // BS, 1 << 16)
 _MANIFESTS = {name: manifest_for(policy, _LAYOUT) for name, policy in _POLICIES.items()}
 

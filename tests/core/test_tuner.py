@@ -51,8 +51,8 @@ def test_no_ladder_of_candidate_rungs_beats_the_tuner_within_its_budget(data):
     ],
 )
 def test_rows_cached_inside_a_block_are_tuned_for_the_block_they_recompute(entries, budget):
-    """Fuzz seed 4275241592 found these: the tuner counted a row cached at 1 as 352 tokens of work where the
-    planner recomputes its first block (353), so it missed a 2-trace ladder and over-spent another."""
+    """A row cached inside a block costs the work the planner gives it (from that block's start), not
+    length - cached: counted short, the tuner missed a 2-trace ladder and over-spent another (make fuzz-core)."""
     _assert_no_subset_ladder_beats_the_tuner(16, tuple(HistogramEntry(n, 1, c) for n, c in entries), budget)
 
 
