@@ -23,7 +23,7 @@ from prefill_core import PageTableLayout, PrefillBatch, SamplingParams
 from prefill_core.errors import PrefillInputError
 from prefill_core.intmath import ceil_div_column
 
-__all__ = ["build_batch", "as_token_matrix", "check_token_ids", "host_page_table"]
+__all__ = ["build_batch", "as_token_matrix", "check_token_ids", "host_page_table", "host_rows"]
 
 _INT_DTYPES = frozenset((torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8))
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
@@ -155,6 +155,20 @@ def host_page_table(page_table, num_rows: int) -> torch.Tensor:
     if table.shape[0] != num_rows:
         raise _fail("page_table", f"<{table.shape[0]} rows>", f"must have one row per prompt ({num_rows})")
     return table
+
+
+def host_rows(matrix: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
+    """Rows of a matrix ``as_token_matrix`` or ``host_page_table`` returned, as the same kind of matrix.
+
+    A matrix built from the caller's list rows keeps each picked row's own
+    width, so a runtime handed it (a lane of a ``LaneGroup``) checks the rows
+    as the caller's lists without converting them a second time.
+    """
+    picked = matrix[list(rows)]
+    widths = getattr(matrix, _LIST_WIDTHS, None)
+    if widths is not None:
+        setattr(picked, _LIST_WIDTHS, [widths[row] for row in rows])
+    return picked
 
 
 def _check_list_widths(matrix: torch.Tensor, field: str, needed: list[int], what: str) -> None:

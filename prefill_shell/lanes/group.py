@@ -45,7 +45,7 @@ from prefill_core.errors import (
 )
 from prefill_shell.device.model import model_difference
 from prefill_shell.device.notes import add_note
-from prefill_shell.engine.batch_builder import as_token_matrix, host_page_table
+from prefill_shell.engine.batch_builder import as_token_matrix, host_page_table, host_rows
 from prefill_shell.engine.call_guard import CallGuard, exclusive
 from prefill_shell.engine.executor import PrefillExecutor
 from prefill_shell.engine.progress import ProgressCallback
@@ -105,13 +105,6 @@ def _per_row(value: Any, field: str, num_rows: int) -> list | None:
 
 def _pick(items: list | None, rows: tuple[int, ...]) -> list | None:
     return None if items is None else [items[row] for row in rows]
-
-
-def _rows_of(value: Any, matrix: torch.Tensor, rows: tuple[int, ...]) -> Any:
-    """The caller's own rows (list rows keep their widths, which the lane checks); tensors as host rows."""
-    if isinstance(value, torch.Tensor):
-        return matrix[list(rows)]
-    return [value[row] for row in rows]
 
 
 def _in_caller_rows(error: PrefillInputError, lane: int, rows: tuple[int, ...]) -> PrefillInputError:
@@ -216,8 +209,8 @@ class LaneGroup:
             rows = route.source_rows
             try:
                 batch = runtime.prepare(
-                    _rows_of(tokens, matrix, rows),
-                    _rows_of(page_table, table, rows),
+                    host_rows(matrix, rows),  # converted once, here: list rows keep their widths
+                    host_rows(table, rows),
                     _pick(lengths, rows),
                     _pick(cached, rows),
                     list(route.slots),
