@@ -1,6 +1,10 @@
 """Features meeting in one call, against transformers on the same weights: packed, padded or traced steps, a
-cached prefix written by an earlier call, prompt log-probs, one lane or two, block sizes 1-128, float32 and
-bfloat16.
+cached prefix written by an earlier call, prompt log-probs, vLLM's penalties, one lane or two, block sizes 1-128,
+float32 and bfloat16.
+
+A penalised row goes as the serving facade sends it: without core sampling (its logits come back, beside rows
+sampled in the same call), then ``apply_penalties`` over its whole prompt, cached prefix included, and its output
+ids; the oracle is ``tests.penalty_reference`` over transformers' logits.
 
 One hypothesis property draws the combination; the ci profile runs a sixth of its usual example count, the
 fuzz profile 50 times that (``HYPOTHESIS_PROFILE=fuzz``).
@@ -18,7 +22,9 @@ from prefill_core import PageTableLayout, PrefillPolicy, SamplingParams, WarmupM
 from prefill_shell.engine.executor import PrefillExecutor
 from prefill_shell.lanes.group import LaneGroup
 from prefill_shell.reference import random_llama, save_hf_folder
+from prefill_shell.sampling.penalties import apply_penalties
 from tests.helpers import build_runtime, make_tokens, token_matrix
+from tests.penalty_reference import reference_penalties
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -26,6 +32,9 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 EXAMPLES = max(1, settings().max_examples // 6)
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 0.25}
 """Logit and log-prob agreement: float32 as the other oracle tests; bfloat16 kernels round differently."""
+REPETITION = (0.5, 2.0)
+"""Drawn repetition penalties: dividing by at most 2 doubles a logit's error, so penalised rows get 2x tolerance."""
+VOCAB = 256  # the tiny preset's
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +55,22 @@ def _log_softmax(hf, tokens: list[int]) -> torch.Tensor:
 
 
 @st.composite
+def penalties(draw):
+    """One row's (repetition, presence, frequency, output ids), as vLLM's sampling params and output tokens."""
+    return (
+        draw(st.floats(*REPETITION)),
+        draw(st.floats(-2, 2)),
+        draw(st.floats(-2, 2)),
+        draw(st.lists(st.integers(0, VOCAB - 1), max_size=6)),
+    )
+
+
+def _row_sampling(asked: bool, penalty) -> SamplingParams | None:
+    """What the row sends: none for a penalised row (the facade samples it from its logits), else greedy top 3."""
+    return None if penalty is not None else SamplingParams.greedy(3, prompt_logprobs=0 if asked else None)
+
+
+@st.composite
 def combinations(draw):
     block = draw(st.sampled_from([1, 2, 4, 8, 16, 32, 64, 128]))
     prefix = draw(st.integers(0, 48)) if block <= 16 else draw(st.sampled_from([0, block]))
@@ -58,6 +83,7 @@ def combinations(draw):
         lanes=1 if mode == "traced" else draw(st.sampled_from([1, 2])),  # lanes plan per lane: warmed per call
         dtype=draw(st.sampled_from([torch.float32, torch.bfloat16])),
         prompt_logprobs=draw(st.lists(st.booleans(), min_size=len(own), max_size=len(own))),
+        penalties=draw(st.lists(st.none() | penalties(), min_size=len(own), max_size=len(own))),
         seed=draw(st.integers(0, 10_000)),
     )
 
@@ -82,7 +108,9 @@ def _runtime(model, block: int, mode: str, num_blocks: int):
 def test_features_meet_as_transformers_computes(models, case):
     """Every row's last-token logits and asked prompt log-probs equal transformers' on its whole prompt."""
     model, hf = models[case["dtype"]]
+    penalised = any(p is not None for p in case["penalties"])
     event(f"{case['mode']}, {case['lanes']} lane(s), cached {bool(case['prefix'])}, {case['dtype']}")
+    event(f"penalised rows: {penalised}")
     block, prefix_len = case["block"], case["prefix"]
     prefix = make_tokens(prefix_len, case["seed"]).tolist()
     rows = [prefix + make_tokens(n, case["seed"] + 1 + i).tolist() for i, n in enumerate(case["own"])]
@@ -102,7 +130,7 @@ def test_features_meet_as_transformers_computes(models, case):
         page_table=_table(tables),
         prompt_lengths=[len(r) for r in rows],
         cached_lengths=[prefix_len] * len(rows),
-        sampling=[SamplingParams.greedy(3, prompt_logprobs=0 if asked else None) for asked in case["prompt_logprobs"]],
+        sampling=[_row_sampling(a, p) for a, p in zip(case["prompt_logprobs"], case["penalties"])],
     )
     mode = "eager"
     if case["mode"] == "traced":
@@ -115,7 +143,10 @@ def test_features_meet_as_transformers_computes(models, case):
     else:
         results = executor.prefill(**call, mode=mode)
     tolerance = TOLERANCE[case["dtype"]]
-    for row, result, asked in zip(rows, results, case["prompt_logprobs"]):
+    for row, result, asked, penalty in zip(rows, results, case["prompt_logprobs"], case["penalties"]):
+        if penalty is not None:
+            _check_penalised(hf, row, result.logits, penalty, 2 * tolerance, case)
+            continue
         logp = _log_softmax(hf, row)
         want = logp[-1].topk(3).values
         got = torch.tensor([value for _, value in result.top_logprobs])
@@ -127,3 +158,20 @@ def test_features_meet_as_transformers_computes(models, case):
                 assert abs(entry.logprob - logp[p, row[p + 1]].item()) <= tolerance, case
     for lane in lanes:
         lane.close()
+
+
+def _check_penalised(hf, row: list[int], logits: torch.Tensor, penalty, tolerance: float, case) -> None:
+    """The row's penalised logits (whole prompt, cached prefix included) equal the reference's on transformers'."""
+    repetition, presence, frequency, output = penalty
+    with torch.no_grad():
+        raw = hf(torch.tensor(row)[None]).logits[0, -1].double()
+    want = torch.tensor(reference_penalties(raw, set(row), output, repetition, presence, frequency))
+    got = apply_penalties(
+        logits,
+        torch.tensor(row),
+        torch.tensor(output, dtype=torch.int64),
+        repetition=repetition,
+        presence=presence,
+        frequency=frequency,
+    )
+    assert (got.double() - want).abs().max().item() <= tolerance, case
