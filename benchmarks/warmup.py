@@ -8,9 +8,19 @@ Rows (``python benchmarks/warmup.py [--quick]``; needs the SmolLM2 GGUF, ``scrip
    nothing per shape, so the phase runs one smallest body (the process's
    one-time start-up); the note is its stated cost (stage ``"cost"``).
 2. ``first_over_warm.<shape>``: after that warm-up, the first eager call of
-   each shape against the median of three warm calls of the same shape,
-   target 1.0 (the first call must be no slower; measured side by side in one
-   run, so machine load is shared).
+   a shape against warm calls of the same shape, target 1.0 (no slower).
+   Rounds interleave the shapes; in round ``k`` each shape's rows are ``k``
+   tokens longer than its base, a shape this process has never run, so every
+   round has a genuine first call (round 0's are the first calls of any
+   shape after the warm-up). Each (round, shape) is timed as first call, then
+   two warm calls; its ratio is the first over their median (one sample
+   against the typical one, not the luckiest). Times are the process's CPU
+   seconds (``time.process_time``, ``--threads`` torch threads, default 1):
+   on a shared machine a call's wall time mostly measures
+   preemption (oneDNN's verbose log showed one GEMM taking 2 to 15 ms within
+   one call). The row is the median CPU ratio over rounds, its note the
+   spread (min-max), round 0's ratio and the same figures in wall time;
+   ``first_over_warm.all`` is the median over every pair.
 3. ``limited_traced``: ``warmup_lengths=(128, 1024)``; the traced phase
    captures only bodies of those lengths (``captured_other_lengths``, target 0)
    and its stated persistent bytes over the ledger's measured trace and
@@ -40,11 +50,17 @@ from prefill_shell.serving.facade import ServingFacade
 MAX_SEQ_LEN, MAX_BATCH = 8192, 32
 SHAPES = {"1x100": [100], "1x700": [700], "8x60": [60] * 8, "1x2000": [2000]}
 QUICK_SHAPES = {"1x100": [100], "4x60": [60] * 4}
+ROUNDS, QUICK_ROUNDS = 5, 3
 LIMITED = (128, 1024)
 
 
 def _call(facade: ServingFacade, lengths: list[int], seed: int, enable_trace: bool = False) -> float:
     """Seconds of one prefill_forward of rows of ``lengths`` over disjoint blocks of the provisional pool."""
+    return _timed_call(facade, lengths, seed, enable_trace)[0]
+
+
+def _timed_call(facade: ServingFacade, lengths: list[int], seed: int, enable_trace: bool = False):
+    """``(wall seconds, this process's CPU seconds)`` of one such call."""
     block = facade.runtime.config.layout.block_size
     gen = torch.Generator().manual_seed(seed)
     width = max(-(-n // block) for n in lengths)
@@ -56,12 +72,47 @@ def _call(facade: ServingFacade, lengths: list[int], seed: int, enable_trace: bo
         blocks = -(-n // block)
         table[row, :blocks] = torch.arange(next_block, next_block + blocks, dtype=torch.int32)
         next_block += blocks
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     facade.prefill_forward(tokens, table, enable_trace=enable_trace, prompt_lens=lengths, kv_cache=facade.kv)
-    return time.perf_counter() - start
+    return time.perf_counter() - start, time.process_time() - cpu
 
 
-def _compile_only(model, shapes: dict) -> list[Metric]:
+def _first_over_warm(facade: ServingFacade, shapes: dict, rounds: int) -> list[Metric]:
+    """First-call over warm-call ratios of every shape, rounds interleaved (see module doc, row 2)."""
+    cpu: dict[str, list[float]] = {name: [] for name in shapes}
+    wall: dict[str, list[float]] = {name: [] for name in shapes}
+    seed = 1
+    for k in range(rounds):
+        for name, base in shapes.items():
+            lengths = [n + k for n in base]  # never run before in this process
+            first = _timed_call(facade, lengths, seed)
+            warm = [_timed_call(facade, lengths, seed + 1), _timed_call(facade, lengths, seed + 2)]
+            seed += 3
+            cpu[name].append(first[1] / statistics.median(w[1] for w in warm))
+            wall[name].append(first[0] / statistics.median(w[0] for w in warm))
+            shown = ", ".join(f"{w:.3f}/{c:.3f}" for w, c in [first, *warm])
+            print(f"round {k} {name} (wall/CPU s, first then warm): {shown}; CPU ratio {cpu[name][-1]:.3f}")
+    rows = []
+    for name in shapes:
+        note = (
+            f"CPU: {_spread(cpu[name])}, round 0 {cpu[name][0]:.2f}; "
+            f"wall: median {statistics.median(wall[name]):.2f}, {_spread(wall[name])}"
+        )
+        rows.append(Metric(f"first_over_warm.{name}", statistics.median(cpu[name]), "ratio", 1.0, note))
+    every = [r for values in cpu.values() for r in values]
+    walls = [r for values in wall.values() for r in values]
+    note = (
+        f"CPU: {_spread(every)} over {len(every)} pairs; wall: median {statistics.median(walls):.2f}, {_spread(walls)}"
+    )
+    rows.append(Metric("first_over_warm.all", statistics.median(every), "ratio", 1.0, note))
+    return rows
+
+
+def _spread(values: list[float]) -> str:
+    return f"spread {min(values):.2f}-{max(values):.2f}"
+
+
+def _compile_only(model, shapes: dict, rounds: int) -> list[Metric]:
     facade = ServingFacade(model, TorchBackend(), max_seq_len=MAX_SEQ_LEN, max_batch_size=MAX_BATCH)
     facade.allocate_kv_cache()
     events: list[Progress] = []
@@ -73,10 +124,7 @@ def _compile_only(model, shapes: dict) -> list[Metric]:
     cost = events[0].detail
     print(f"compile-only warm-up cost as stated: {cost}")
     rows = [Metric("compile_only_s", seconds, "s", 10.0, cost.split(",")[0])]
-    for name, lengths in shapes.items():
-        first = _call(facade, lengths, seed=1)
-        warm = statistics.median(_call(facade, lengths, seed=2 + i) for i in range(3))
-        rows.append(Metric(f"first_over_warm.{name}", first / warm, "ratio", 1.0, f"first {first:.3f} s"))
+    rows += _first_over_warm(facade, shapes, rounds)
     facade.executor.close()
     return rows
 
@@ -112,10 +160,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="two small shapes only")
     parser.add_argument("--compile-only", action="store_true", help="rows 1 and 2 only (row 3 takes minutes)")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: steady on a shared machine)")
     args = parser.parse_args()
-    torch.set_num_threads(max(torch.get_num_threads(), 1))
+    torch.set_num_threads(args.threads)
     model = load_gguf(smollm2_path(), dtype=torch.float32)
-    rows = _compile_only(model, QUICK_SHAPES if args.quick else SHAPES)
+    rows = _compile_only(model, QUICK_SHAPES if args.quick else SHAPES, QUICK_ROUNDS if args.quick else ROUNDS)
     if args.compile_only:
         report("warmup_compile_only", rows)
         return
