@@ -13,11 +13,20 @@
    projects onto the vocabulary (the runtime scores only the continuation
    positions and each row's last token).
    Goal: the runtime at least 2x faster, shared contexts computed once.
-2. Peak RSS, each in a fresh process: a 4096-token document scored over
+2. The MMLU-shaped local task (``evals/prefill_mmlu.yaml``: a subject
+   description and five few-shot examples, ~300 shared tokens, over 100
+   documents) through the same ``simple_evaluate`` with ``prefill-runtime`` on
+   a 40-block pool (one row fits, a round of ``--batch-size`` rows sharing the
+   preamble does not) and with ``hf``, float32: every request's
+   log-likelihood within 1e-4 of hf's (``mmlu_max_abs_ll_diff``), every
+   is_greedy equal, accuracy equal; the scorer's rounds (prefill calls) and
+   their largest row count show the pool, not ``max_rows``, cut them.
+3. Peak RSS, each in a fresh process: a 4096-token document scored over
    rolling windows (one window: max_length 4096) vs a 4096-token last-token
    prefill on the same runtime set-up. Goal: under 1.5x.
 
     python benchmarks/scoring.py [--threads N] [--batch-size N] [--max-length N] [--dtype D,...] [--no-rss]
+    python benchmarks/scoring.py --mmlu-only   # row 2 alone; the JSON keeps the other rows of its last run
 
 Needs Python 3.12 (lm-eval) and the pinned model (``make model``).
 """
@@ -25,6 +34,7 @@ Needs Python 3.12 (lm-eval) and the pinned model (``make model``).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import subprocess
@@ -37,12 +47,15 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks._report import Metric, report  # noqa: E402
+from benchmarks._report import RESULTS, Metric, report, table, write_json  # noqa: E402
 from benchmarks.prefill_throughput import bench_dtypes, key_prefix  # noqa: E402
 from prefill_shell.backends.numerics import matmul_gflops, probe_numerics  # noqa: E402
 from prefill_shell.reference.smollm2 import smollm2_path  # noqa: E402
 
 DOCUMENT_TOKENS = 4096
+MMLU_POOL_BLOCKS = 40
+"""prefill-runtime's pool for the MMLU task: one row (about 23 blocks of 16) fits, a round of 8 (about 60) does not."""
+MMLU_MAX_LENGTH = 512
 
 
 def _count_runtime_positions(lm) -> list[int]:
@@ -145,6 +158,89 @@ def compare_with_hf(args: argparse.Namespace, dtype: str = "float32") -> list[Me
     ]
 
 
+def _mmlu_responses(results) -> list[list[tuple[float, bool]]]:
+    """Per document (doc_id order), each choice's (log-likelihood, is_greedy)."""
+    samples = sorted(results["samples"]["prefill_mmlu"], key=lambda s: s["doc_id"])
+    return [[(float(r[0][0]), bool(r[0][1])) for r in s["resps"]] for s in samples]
+
+
+def mmlu_with_hf(args: argparse.Namespace) -> list[Metric]:
+    """prefill_mmlu on SmolLM2 through lm-eval: prefill-runtime on a pool smaller than a round against hf."""
+    os.environ.update({"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"})
+    from lm_eval import evaluator
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    from prefill_shell.scoring.lm_eval_model import PrefillRuntimeLM
+
+    gguf = smollm2_path()
+    ours = PrefillRuntimeLM(
+        model=str(gguf),
+        max_length=MMLU_MAX_LENGTH,
+        block_size=16,
+        num_blocks=MMLU_POOL_BLOCKS,
+        batch_size=args.batch_size,
+    )
+    rounds, prefill = [], ours.scorer._prefill
+    ours.scorer._prefill = lambda tokens, *rest: rounds.append(tokens.shape[0]) or prefill(tokens, *rest)
+    theirs = HFLM(
+        pretrained=str(gguf.parent),
+        gguf_file=gguf.name,
+        tokenizer=ours.tokenizer,  # the same GGUF's tokenizer, rebuilt once
+        device="cpu",
+        dtype="float32",
+        max_length=MMLU_MAX_LENGTH,
+        batch_size=args.batch_size,
+    )
+    tasks = TaskManager(include_path=str(REPO / "evals"), include_defaults=False)  # our task alone: a quick index
+    seconds, runs = {}, {}
+    for name, lm in (("prefill_runtime", ours), ("hf", theirs)):
+        start = time.perf_counter()
+        runs[name] = evaluator.simple_evaluate(
+            model=lm, tasks=["prefill_mmlu"], task_manager=tasks, batch_size=args.batch_size, log_samples=True
+        )
+        seconds[name] = time.perf_counter() - start
+    mine, hf = _mmlu_responses(runs["prefill_runtime"]), _mmlu_responses(runs["hf"])
+    if [len(doc) for doc in mine] != [len(doc) for doc in hf]:
+        raise SystemExit("prefill_mmlu: the two runs scored different requests")
+    pairs = [(a, b) for doc_a, doc_b in zip(mine, hf) for a, b in zip(doc_a, doc_b)]
+    worst = max(abs(a[0] - b[0]) for a, b in pairs)
+    greedy_differ = sum(a[1] != b[1] for a, b in pairs)
+    acc = {name: run["results"]["prefill_mmlu"]["acc,none"] for name, run in runs.items()}
+    context = runs["prefill_runtime"]["samples"]["prefill_mmlu"][0]["arguments"][0][0]
+    shared = len(ours.tok_encode(context))
+    note = f"{len(mine)} docs, {len(pairs)} requests, context {shared} tokens"
+    return [
+        Metric("mmlu_max_abs_ll_diff", worst, "nats", 1e-4, note),
+        Metric("mmlu_greedy_flags_differ", greedy_differ, "requests", None, "must be 0"),
+        Metric("mmlu_acc_prefill_runtime", acc["prefill_runtime"], "fraction", note=f"hf {acc['hf']:.3f}"),
+        Metric("mmlu_acc_hf", acc["hf"], "fraction"),
+        Metric("mmlu_pool_blocks", MMLU_POOL_BLOCKS, "blocks", note=f"free after: {ours.scorer.pool.available}"),
+        Metric("mmlu_rounds", len(rounds), "calls", note=f"largest {max(rounds)} rows, max_rows {args.batch_size}"),
+        Metric("mmlu_seconds_prefill_runtime", seconds["prefill_runtime"], "s"),
+        Metric("mmlu_seconds_hf", seconds["hf"], "s"),
+        Metric("mmlu_hf_over_runtime", seconds["hf"] / seconds["prefill_runtime"], "x"),
+    ]
+
+
+def _mmlu_only(args: argparse.Namespace) -> None:
+    """Runs the MMLU rows and writes them into scoring.json beside the rows of its last full run."""
+    rows = mmlu_with_hf(args)
+    print(table(rows))
+    path = RESULTS / "scoring.json"
+    old = json.loads(path.read_text()) if path.exists() else {"metrics": {}, "units": {}}
+    metrics = {**old["metrics"], **{m.key: m.value for m in rows}}
+    units = {**old["units"], **{m.key: m.unit for m in rows}}
+    write_json("scoring", metrics, units, machine=old.get("machine"))
+    _check_mmlu(rows)
+
+
+def _check_mmlu(rows: list[Metric]) -> None:
+    values = {m.key: m.value for m in rows}
+    if values["mmlu_max_abs_ll_diff"] > 1e-4 or values["mmlu_greedy_flags_differ"]:
+        raise SystemExit("prefill_mmlu: prefill-runtime's log-likelihoods differ from hf's")
+
+
 def _child_rss(kind: str, threads: int) -> float:
     command = [sys.executable, __file__, "--rss-child", kind, "--threads", str(threads)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
@@ -188,13 +284,18 @@ def main() -> None:
     parser.add_argument("--rss-child", choices=("rolling", "last"), help=argparse.SUPPRESS)
     parser.add_argument("--dtype", default="all", help="comma list of dtypes; all: float32, and bfloat16 where native")
     parser.add_argument("--no-rss", action="store_true", help="skip the rolling-document memory comparison")
+    parser.add_argument("--mmlu-only", action="store_true", help="the MMLU rows alone, merged into the last JSON")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.rss_child:
         rss_child(args.rss_child)
         return
     os.chdir(REPO)  # the task files name their data relative to the repository root
+    if args.mmlu_only:
+        _mmlu_only(args)
+        return
     metrics = [m for dtype in bench_dtypes(args.dtype) for m in compare_with_hf(args, dtype)]
+    metrics += mmlu_with_hf(args)
     if not args.no_rss:
         rolling, last = _child_rss("rolling", args.threads), _child_rss("last", args.threads)
         metrics += [
@@ -203,6 +304,7 @@ def main() -> None:
             Metric("rss_rolling_over_last_token", rolling / last, "x", target=1.5),
         ]
     report("scoring", metrics, machine=probe_numerics("cpu").as_dict())
+    _check_mmlu(metrics)
 
 
 if __name__ == "__main__":
