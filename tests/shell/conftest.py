@@ -115,3 +115,66 @@ def smollm2_hf(smollm2_file):
     return transformers.AutoModelForCausalLM.from_pretrained(
         smollm2_file.parent, gguf_file=smollm2_file.name, dtype=torch.float32
     ).eval()
+
+
+# -- lm-eval (3.12 only): imported once a session, with a task index of this repository's evals alone --------
+
+
+@pytest.fixture(scope="session")
+def lm_eval_harness():
+    """``(lm_eval.evaluator, TaskManager)`` with prefill-runtime registered, shared by every lm-eval test.
+
+    The task index holds ``evals/`` only (``include_defaults=False``): indexing lm-eval's thousands of bundled
+    task files is its slowest start-up step, and these tests run the repository's own tasks.
+    """
+    from tests.shell.lm_eval_kit import LM_EVAL_OFFLINE, REPO
+
+    os.environ.update(LM_EVAL_OFFLINE)
+    try:
+        from lm_eval import evaluator
+    except ImportError as error:  # lm-eval imports; its evaluator needs datasets -> pyarrow, which may want numpy 2
+        pytest.skip(f"lm-eval's evaluator does not import in this environment: {error}")
+    from lm_eval.tasks import TaskManager
+
+    import prefill_shell.scoring.lm_eval_model  # noqa: F401 (registers prefill-runtime)
+
+    return evaluator, TaskManager(include_path=str(REPO / "evals"), include_defaults=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_smollm2_vocab(smollm2_tokenizer, tmp_path_factory):
+    """A seeded random transformers Llama with SmolLM2's vocabulary, saved with SmolLM2's tokenizer: ``(folder,
+    model)``. Tiny, so an lm-eval task of a hundred ~300-token documents runs in seconds on both sides."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(34)
+    config = transformers.LlamaConfig(
+        vocab_size=len(smollm2_tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        initializer_range=0.2,  # far from uniform log-probs, so a wrong position or mask shows in the numbers
+        bos_token_id=smollm2_tokenizer.bos_token_id,
+        eos_token_id=smollm2_tokenizer.eos_token_id,
+    )
+    hf = transformers.LlamaForCausalLM(config).eval()
+    folder = tmp_path_factory.mktemp("tiny_smollm2_vocab")
+    hf.save_pretrained(folder)
+    smollm2_tokenizer.save_pretrained(folder)
+    return folder, hf
+
+
+@pytest.fixture(scope="session")
+def mmlu_hf_reference(lm_eval_harness, tiny_smollm2_vocab, smollm2_tokenizer):
+    """lm-eval's ``hf`` model's prefill_mmlu results on ``tiny_smollm2_vocab``: the reference every prefill-runtime
+    run of the task is compared with, computed once."""
+    from lm_eval.models.huggingface import HFLM
+
+    from tests.shell.lm_eval_kit import BATCH_SIZE, MMLU_MAX_LENGTH, mmlu_evaluate
+
+    evaluator, task_manager = lm_eval_harness
+    _, model = tiny_smollm2_vocab
+    hf = HFLM(pretrained=model, tokenizer=smollm2_tokenizer, max_length=MMLU_MAX_LENGTH, batch_size=BATCH_SIZE)
+    return mmlu_evaluate(evaluator, task_manager, hf)
