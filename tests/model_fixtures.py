@@ -1,4 +1,6 @@
-"""Fixtures of the runtime's end-to-end tests: the tiny model and its HF oracle (shared helpers: tests/helpers.py).
+"""Fixtures of the shell's tests: the tiny model, its HF oracle and the real SmolLM2 (helpers: tests/helpers.py).
+
+Registered for every folder by ``tests/conftest.py``, so each session-scoped value is built once per run.
 
 The oracle is ``transformers.LlamaForCausalLM`` loaded in float32 from the
 very weights the reference model holds; each row is run through it alone,
@@ -17,6 +19,17 @@ from prefill_shell.reference import random_llama, save_hf_folder
 from prefill_shell.reference.gguf import load_gguf
 from prefill_shell.reference.smollm2 import ENV_VAR, ModelFileMissingError, smollm2_path
 from tests import helpers
+
+__all__ = [
+    "kit",
+    "one_torch_thread",
+    "oracle",
+    "smollm2",
+    "smollm2_file",
+    "smollm2_hf",
+    "smollm2_tokenizer",
+    "tiny_model",
+]
 
 
 @pytest.fixture(scope="session")

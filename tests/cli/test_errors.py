@@ -13,7 +13,7 @@ from prefill_shell.reference import random_llama, save_hf_folder
 from prefill_shell.reference.text import read_prompt_file
 
 pytest.importorskip("gguf")
-from tests.shell.test_gguf import write_llama_gguf
+from tests.reference.test_gguf import write_llama_gguf
 
 TINY = ["run", "--model", "random:tiny"]
 SCORE = ["score", "--model", "random:tiny", "--pairs", "{pairs}"]

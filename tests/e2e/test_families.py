@@ -28,8 +28,8 @@ from hypothesis import strategies as st
 from prefill_core import PageTableLayout, SamplingParams, WarmupManifest
 from prefill_shell.engine.executor import PrefillExecutor
 from prefill_shell.reference import load_hf_folder
+from tests.family_kit import FamilyOracle, family_checkpoint, hf_model, relative_error
 from tests.helpers import SMALL_POLICY, assign_blocks, build_runtime, make_tokens, page_table, row_kv, token_matrix
-from tests.shell.family_kit import FamilyOracle, family_checkpoint, hf_model, relative_error
 
 pytest.importorskip("transformers")
 

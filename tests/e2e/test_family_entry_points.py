@@ -11,9 +11,9 @@ import torch
 
 from prefill_shell.cli.main import main
 from prefill_shell.reference import load_hf_folder
-from tests.shell.family_kit import FamilyOracle, family_checkpoint, hf_model, relative_error
-from tests.shell.test_scheduler_serving import make_requests, run, serving_facade
-from tests.shell.test_scoring import _hf_score, _pairs, _scorer
+from tests.e2e.test_scheduler import make_requests, run, serving_facade
+from tests.family_kit import FamilyOracle, family_checkpoint, hf_model, relative_error
+from tests.scoring.test_scorer import _hf_score, _pairs, _scorer
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

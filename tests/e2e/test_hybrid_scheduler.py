@@ -23,8 +23,8 @@ from prefill_shell.engine.executor import PrefillExecutor
 from prefill_shell.engine.runtime import PrefillRuntime
 from prefill_shell.reference.hybrid import HybridLlama
 from tests.core.vllm_sliding import first_kept_after
-from tests.shell.hybrid_scheduler import HybridPool, Request, admit, finish, grow, register_full_blocks, remove_skipped
-from tests.shell.window_kit import NULL, attention_of, hf_logits_and_kv, model_and_oracle, nan_fill
+from tests.e2e.hybrid_scheduler import HybridPool, Request, admit, finish, grow, register_full_blocks, remove_skipped
+from tests.window_kit import NULL, attention_of, hf_logits_and_kv, model_and_oracle, nan_fill
 
 pytest.importorskip("transformers")
 

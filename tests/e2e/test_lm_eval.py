@@ -236,7 +236,7 @@ def test_an_mmlu_shaped_task_on_a_pool_smaller_than_a_round_equals_hf(lm_eval_mo
 def qwen3_folder(tmp_path_factory, smollm2_tokenizer):
     """A random Qwen3 checkpoint (tiny, tied head, odd vocabulary covering SmolLM2's ids) with SmolLM2's
     tokenizer saved into it, so that both models load the folder offline."""
-    from tests.shell.family_kit import family_checkpoint
+    from tests.family_kit import family_checkpoint
 
     folder = family_checkpoint("qwen3", tmp_path_factory.mktemp("qwen3_lm_eval"), vocab_size=49157)
     smollm2_tokenizer.save_pretrained(folder)
@@ -248,7 +248,7 @@ def test_qwen3_folder_log_likelihoods_equal_hf_request_by_request(lm_eval_module
     the same folder, each is_greedy equal; chunked (max_chunk 64 < max_length) like the SmolLM2 run."""
     from lm_eval.models.huggingface import HFLM
 
-    from tests.shell.family_kit import hf_model
+    from tests.family_kit import hf_model
 
     evaluator, task_manager = lm_eval_modules
     common = dict(tasks=["prefill_mc"], batch_size=BATCH_SIZE, task_manager=task_manager, log_samples=True, limit=10)

@@ -16,7 +16,7 @@ import torch
 from prefill_core import PrefillPolicy
 from prefill_shell.backends import TorchBackend
 from prefill_shell.serving.facade import ServingFacade
-from tests.shell.vllm_like_scheduler import BlockPool, Scheduler, SimRequest, drive
+from tests.e2e.vllm_like_scheduler import BlockPool, Scheduler, SimRequest, drive
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # many small steps: see the fixture
 

@@ -4,7 +4,7 @@ The prompts are prefixes of one real-text document, so they share cached
 blocks, and a 64-token budget cuts them at unaligned positions. Each
 request's final-chunk logits, eager and traced, equal a one-shot prefill of
 its whole prompt and transformers loading the same file (within 1e-4 of the
-largest logit magnitude, as tests/shell/test_smollm2.py); no KV byte outside
+largest logit magnitude, as tests/e2e/test_smollm2.py); no KV byte outside
 a step's own blocks changes.
 """
 
@@ -17,7 +17,7 @@ from prefill_core import PrefillPolicy
 from prefill_shell.backends import TorchBackend
 from prefill_shell.cli.demo import document
 from prefill_shell.serving.facade import ServingFacade
-from tests.shell.vllm_like_scheduler import BlockPool, Scheduler, SimRequest, drive
+from tests.e2e.vllm_like_scheduler import BlockPool, Scheduler, SimRequest, drive
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # many small steps: see the fixture
 

@@ -22,8 +22,8 @@ from prefill_shell.engine.config import PrefillRuntimeConfig
 from prefill_shell.engine.executor import PrefillExecutor
 from prefill_shell.engine.runtime import PrefillRuntime
 from prefill_shell.reference.hybrid import HybridLlama
-from tests.shell import window_kit as kit
-from tests.shell.test_windowed_oracle import check_in_window_kv
+from tests import window_kit as kit
+from tests.reference.test_windowed import check_in_window_kv
 
 pytest.importorskip("transformers")
 

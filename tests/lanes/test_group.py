@@ -13,7 +13,7 @@ from prefill_shell.engine.executor import PrefillExecutor
 from prefill_shell.lanes.group import LaneGroup
 from prefill_shell.reference import random_llama
 from prefill_shell.testing.sweep import single_threaded
-from tests.shell.lane_kit import (
+from tests.lane_kit import (
     BLOCK,
     PER_LANE,
     POOL,

@@ -26,7 +26,7 @@ from prefill_core.windows import kept_columns
 from prefill_shell.reference import save_hf_folder
 from prefill_shell.reference.hybrid import load_hybrid_folder
 from prefill_shell.reference.windowed import GroupedKVCache, GroupTensors, forward_grouped
-from tests.shell import window_kit as kit
+from tests import window_kit as kit
 
 pytest.importorskip("transformers")
 

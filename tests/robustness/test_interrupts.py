@@ -32,7 +32,7 @@ from tests.helpers import (
     randomize_pool,
     token_matrix,
 )
-from tests.shell.lane_kit import PER_LANE, changed_blocks, group_call, lane_runtime, pool_of
+from tests.lane_kit import PER_LANE, changed_blocks, group_call, lane_runtime, pool_of
 
 BS, POOL = 16, 64
 POLICY = PrefillPolicy(length_ladder=(32, 64), max_chunk_length=64, chunk_quantum=64, waves=(1, 2, 4), max_logprobs=3)

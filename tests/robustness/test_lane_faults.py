@@ -9,7 +9,7 @@ from prefill_core import SamplingParams, WarmupManifest
 from prefill_shell.reference import random_llama
 from prefill_shell.testing.faults import FaultPlan, InjectedFault
 from prefill_shell.testing.sweep import single_threaded
-from tests.shell.lane_kit import PER_LANE, changed_blocks, group_call, make_group, pool_of
+from tests.lane_kit import PER_LANE, changed_blocks, group_call, make_group, pool_of
 
 ROWS = [
     (40, 0, None),  # lane 0

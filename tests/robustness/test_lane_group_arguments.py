@@ -20,7 +20,7 @@ from prefill_shell.engine.executor import PrefillExecutor
 from prefill_shell.lanes.group import LaneGroup
 from prefill_shell.serving.lane_facade import LaneGroupFacade
 from tests.helpers import ParkingModel
-from tests.shell.lane_kit import PER_LANE, group_call, lane_runtime, make_group, pool_of
+from tests.lane_kit import PER_LANE, group_call, lane_runtime, make_group, pool_of
 
 ROWS = [(40, 0, None), (70, 0, None), (30, 0, None)]
 SLOTS = (PER_LANE + 1, 0, PER_LANE)  # lane 1, lane 0, lane 1

@@ -18,7 +18,7 @@ from prefill_core import PrefillConfigError, PrefillInputError
 from prefill_shell.backends.torch_backend import TorchBackend
 from prefill_shell.reference.hybrid import HybridLlama
 from prefill_shell.serving.hybrid_facade import HybridServingFacade
-from tests.shell import window_kit as kit
+from tests import window_kit as kit
 
 pytest.importorskip("transformers")
 

@@ -12,7 +12,7 @@ from prefill_core.errors import InvalidSlotError, KVCacheMismatchError, PrefillS
 from prefill_shell.backends import TorchBackend
 from prefill_shell.serving.facade import ServingFacade
 from prefill_shell.serving.lane_facade import LaneGroupFacade
-from tests.shell.lane_kit import changed_blocks
+from tests.lane_kit import changed_blocks
 
 BLOCK, POOL, PER_LANE, MAX_SEQ = 16, 48, 16, 128
 POLICY = PrefillPolicy(

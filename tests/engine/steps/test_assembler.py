@@ -12,7 +12,7 @@ from prefill_shell.backends import TorchBackend
 from prefill_shell.engine.executor import PrefillExecutor
 from prefill_shell.testing import FaultInjectingBackend, FaultPlan, InjectedFault
 from tests.helpers import SMALL_POLICY, assign_blocks, build_runtime, make_tokens, page_table, token_matrix
-from tests.shell.lane_kit import group_call, make_group
+from tests.lane_kit import group_call, make_group
 
 BS = 16
 NUM_BLOCKS = 96
