@@ -1,7 +1,7 @@
-"""What the shell and ttnn tests share: the small policy, one runtime builder, seeded rows, page tables, KV reads.
+"""What the shell and ttnn tests share: the one runtime builder, a 256-token-chunk policy, seeded rows, KV reads.
 
-Tests import what they use by name (``from tests.helpers import build_runtime``):
-``tests`` resolves as a namespace package from the repository root on ``PYTHONPATH``.
+Tests import what they use by name (``from tests.helpers import build_runtime``); ``tests`` is a package found
+from the repository root on ``PYTHONPATH``. The small policy is ``prefill_shell.testing.small.SMALL_POLICY``.
 """
 
 from __future__ import annotations
@@ -23,8 +23,13 @@ TOL = 1e-4
 
 VOCAB = 256
 
-SMALL_POLICY = PrefillPolicy(max_chunk_length=256, chunk_quantum=128, length_ladder=(128, 256))
-"""Chunks at 256 tokens, so rows longer than that are chunked at short, cheap lengths."""
+CHUNK_256_POLICY = PrefillPolicy(max_chunk_length=256, chunk_quantum=128, length_ladder=(128, 256))
+"""Chunks at 256 tokens, so rows longer than that are chunked at short, cheap lengths.
+
+Not the small policy: that one is ``prefill_shell.testing.small.SMALL_POLICY`` (block 16, 64-token chunks, 4-slot
+lanes), which the shipped test tools and the tests that drive them share. This one keeps the defaults' lane size
+and logprob cap, and the tests written against it count 128- and 256-token steps.
+"""
 
 
 def make_tokens(length: int, seed: int) -> torch.Tensor:

@@ -16,7 +16,7 @@ import torch
 from prefill_core import PrefillPolicy, SamplingParams
 from prefill_core.request import RequestKind
 from tests.helpers import (
-    SMALL_POLICY,
+    CHUNK_256_POLICY,
     TOL,
     assign_blocks,
     build_runtime,
@@ -41,7 +41,7 @@ def _plan_rows(batch) -> list[int]:
 
 def test_single_row_logits_match_oracle(tiny_model, oracle):
     """One 100-token row returns the oracle's last-token logits."""
-    rt = build_runtime(tiny_model, num_blocks=16, block_size=BS_SMALL, policy=SMALL_POLICY)
+    rt = build_runtime(tiny_model, num_blocks=16, block_size=BS_SMALL, policy=CHUNK_256_POLICY)
     tokens = make_tokens(100, seed=1)
     blocks = assign_blocks([100], BS_SMALL, 16, seed=1)
     (result,) = rt.prefill(tokens[None], page_table(blocks), [100])
@@ -52,7 +52,7 @@ def test_single_row_logits_match_oracle(tiny_model, oracle):
 
 def test_wave_of_15_rows_is_padded_to_16_and_each_row_matches_oracle(tiny_model, oracle):
     """Fifteen rows of mixed lengths run as one wave padded to 16, each row with its own oracle logits."""
-    rt = build_runtime(tiny_model, num_blocks=128, block_size=BS_SMALL, policy=SMALL_POLICY)
+    rt = build_runtime(tiny_model, num_blocks=128, block_size=BS_SMALL, policy=CHUNK_256_POLICY)
     lengths = [20 + (37 * i) % 109 for i in range(15)]
     rows = [make_tokens(n, seed=100 + i) for i, n in enumerate(lengths)]
     table = page_table(assign_blocks(lengths, BS_SMALL, 128, seed=2))
@@ -127,7 +127,7 @@ def test_row_with_2048_of_3000_tokens_cached_matches_full_oracle(tiny_model, ora
 
 def test_several_prefix_cached_rows_in_one_call_match_oracle(tiny_model, oracle):
     """Rows with different cached prefixes in one call (small policy, tails chunked) each match the full-row oracle."""
-    rt = build_runtime(tiny_model, num_blocks=96, block_size=BS_SMALL, policy=SMALL_POLICY)
+    rt = build_runtime(tiny_model, num_blocks=96, block_size=BS_SMALL, policy=CHUNK_256_POLICY)
     lengths, cached = [300, 200, 530], [128, 64, 256]
     rows = [make_tokens(n, seed=310 + i) for i, n in enumerate(lengths)]
     blocks = assign_blocks(lengths, BS_SMALL, 96, seed=8)
@@ -157,7 +157,7 @@ def test_mixed_batch_in_shuffled_order_returns_results_in_caller_order(tiny_mode
     lengths = [n for n, _, _ in specs]
     cached = [c for _, c, _ in specs]
     rows = [make_tokens(n, seed=400 + n) for n in lengths]
-    rt = build_runtime(tiny_model, num_blocks=128, block_size=BS_SMALL, policy=SMALL_POLICY)
+    rt = build_runtime(tiny_model, num_blocks=128, block_size=BS_SMALL, policy=CHUNK_256_POLICY)
     blocks = assign_blocks(lengths, BS_SMALL, 128, seed=9)
     c = cached.index(64)
     rt.prefill(rows[c][None, :64], page_table([blocks[c][:4]]), [64])
@@ -176,7 +176,7 @@ def test_mixed_batch_in_shuffled_order_returns_results_in_caller_order(tiny_mode
 
 def test_fully_cached_row_returns_oracle_last_token_logits(tiny_model, oracle):
     """A row whose every token is cached (cached == length) still returns the oracle's last-token logits."""
-    rt = build_runtime(tiny_model, num_blocks=32, block_size=BS_SMALL, policy=SMALL_POLICY)
+    rt = build_runtime(tiny_model, num_blocks=32, block_size=BS_SMALL, policy=CHUNK_256_POLICY)
     tokens = make_tokens(160, seed=160)
     table = page_table(assign_blocks([160], BS_SMALL, 32, seed=10))
     rt.prefill(tokens[None], table, [160])
@@ -188,7 +188,7 @@ def test_fully_cached_row_returns_oracle_last_token_logits(tiny_model, oracle):
 
 def test_fully_cached_row_leaves_pool_bit_identical(tiny_model):
     """Re-running a fully cached row writes no KV block (the sink aside)."""
-    rt = build_runtime(tiny_model, num_blocks=32, block_size=BS_SMALL, policy=SMALL_POLICY)
+    rt = build_runtime(tiny_model, num_blocks=32, block_size=BS_SMALL, policy=CHUNK_256_POLICY)
     tokens = make_tokens(160, seed=161)
     table = page_table(assign_blocks([160], BS_SMALL, 32, seed=11))
     rt.prefill(tokens[None], table, [160])
@@ -213,7 +213,7 @@ def _assert_pool_holds_oracle_kv(kv, oracle, rows, blocks, first=0):
 
 def test_pool_holds_oracle_kv_after_regular_wave(tiny_model, oracle):
     """After a padded wave, every position each row wrote holds the oracle's key and value."""
-    rt = build_runtime(tiny_model, num_blocks=64, block_size=BS_SMALL, policy=SMALL_POLICY)
+    rt = build_runtime(tiny_model, num_blocks=64, block_size=BS_SMALL, policy=CHUNK_256_POLICY)
     randomize_pool(rt.config.kv, seed=12)
     lengths = [40, 128, 77, 5, 99, 64]
     rows = [make_tokens(n, seed=500 + i) for i, n in enumerate(lengths)]
@@ -226,7 +226,7 @@ def test_pool_holds_oracle_kv_after_regular_wave(tiny_model, oracle):
 
 def test_pool_holds_oracle_kv_after_chunked_row(tiny_model, oracle):
     """After a 600-token row runs in three 256-token chunks, its every position holds the oracle's key and value."""
-    rt = build_runtime(tiny_model, num_blocks=48, block_size=BS_SMALL, policy=SMALL_POLICY)
+    rt = build_runtime(tiny_model, num_blocks=48, block_size=BS_SMALL, policy=CHUNK_256_POLICY)
     randomize_pool(rt.config.kv, seed=13)
     tokens = make_tokens(600, seed=600)
     blocks = assign_blocks([600], BS_SMALL, 48, seed=13)
@@ -247,7 +247,7 @@ def _prefix_cached_430(tiny_model):
 
     Returns (runtime, tokens, blocks, prefix-block bytes after the first call).
     """
-    rt = build_runtime(tiny_model, num_blocks=48, block_size=BS_SMALL, policy=SMALL_POLICY)
+    rt = build_runtime(tiny_model, num_blocks=48, block_size=BS_SMALL, policy=CHUNK_256_POLICY)
     kv = rt.config.kv
     randomize_pool(kv, seed=14)
     tokens = make_tokens(430, seed=430)
@@ -278,7 +278,7 @@ def test_prefix_cached_row_does_not_rewrite_its_cached_blocks(tiny_model):
 def test_padding_rows_and_stale_page_table_tails_write_nothing(tiny_model):
     """With junk tails naming other rows' blocks and free ones, only mapped blocks change; others are bit-identical."""
     num_blocks = 192
-    rt = build_runtime(tiny_model, num_blocks=num_blocks, block_size=BS_SMALL, policy=SMALL_POLICY)
+    rt = build_runtime(tiny_model, num_blocks=num_blocks, block_size=BS_SMALL, policy=CHUNK_256_POLICY)
     kv = rt.config.kv
     randomize_pool(kv, seed=15)
     lengths = [20 + (29 * i) % 109 for i in range(15)] + [400]  # a wave of 15 (padded to 16) and a chunked row

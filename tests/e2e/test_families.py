@@ -29,7 +29,7 @@ from prefill_core import PageTableLayout, SamplingParams, WarmupManifest
 from prefill_shell.engine.executor import PrefillExecutor
 from prefill_shell.reference import load_hf_folder
 from tests.family_kit import FamilyOracle, family_checkpoint, hf_model, relative_error
-from tests.helpers import SMALL_POLICY, assign_blocks, build_runtime, make_tokens, page_table, row_kv, token_matrix
+from tests.helpers import CHUNK_256_POLICY, assign_blocks, build_runtime, make_tokens, page_table, row_kv, token_matrix
 
 pytest.importorskip("transformers")
 
@@ -109,7 +109,7 @@ def check_case(case: Case, checkpoints, seed: int = 0) -> None:
     bs = case.block_size
     layout = PageTableLayout(bs, 512 // bs, 2048 // bs)
     packed, mode = EXECUTION[case.mode]
-    runtime = build_runtime(model, layout=layout, policy=attrs.evolve(SMALL_POLICY, packed_steps=packed))
+    runtime = build_runtime(model, layout=layout, policy=attrs.evolve(CHUNK_256_POLICY, packed_steps=packed))
     table = page_table(assign_blocks(lengths, bs, layout.num_blocks, seed=seed))
     tokens = token_matrix([make_tokens(n, seed * 10 + i) for i, n in enumerate(lengths)])
     executor = PrefillExecutor(runtime)

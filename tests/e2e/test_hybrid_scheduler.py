@@ -17,13 +17,11 @@ import torch
 
 from prefill_core import PageTableLayout, PrefillPolicy, SamplingPath, manifest_for
 from prefill_core.computed_positions import written_columns
-from prefill_shell.backends.torch_backend import TorchBackend
-from prefill_shell.engine.config import PrefillRuntimeConfig
 from prefill_shell.engine.executor import PrefillExecutor
-from prefill_shell.engine.runtime import PrefillRuntime
 from prefill_shell.reference.hybrid import HybridLlama
 from tests.core.vllm_sliding import first_kept_after
 from tests.e2e.hybrid_scheduler import HybridPool, Request, admit, finish, grow, register_full_blocks, remove_skipped
+from tests.helpers import build_runtime
 from tests.window_kit import NULL, attention_of, hf_logits_and_kv, model_and_oracle, nan_fill
 
 pytest.importorskip("transformers")
@@ -79,7 +77,7 @@ def test_the_hybrid_scheduler_equals_one_shot_prefills_and_writes_only_its_block
     model = HybridLlama(base, attention)
     kv = model.new_kv_cache(NUM_BLOCKS)
     nan_fill(kv, [[NULL]] * len(attention.groups))
-    executor = PrefillExecutor(PrefillRuntime(PrefillRuntimeConfig.resolve(model, TorchBackend(), kv, LAYOUT, POLICY)))
+    executor = PrefillExecutor(build_runtime(model, kv=kv, layout=LAYOUT, policy=POLICY))
     if mode == "traced":
         executor.warm_up(manifest_for(POLICY, LAYOUT, (SamplingPath.LOGITS,), attention=attention))
     pool = HybridPool(attention, NUM_BLOCKS)

@@ -10,7 +10,7 @@ from prefill_core import PageTableLayout, SamplingParams
 from prefill_shell.reference import save_hf_folder
 from prefill_shell.reference.llama import PagedLlama
 from prefill_shell.sampling.torch_sampling import top_logprobs
-from tests.helpers import SMALL_POLICY, assign_blocks, build_runtime, make_tokens, page_table, token_matrix
+from tests.helpers import CHUNK_256_POLICY, assign_blocks, build_runtime, make_tokens, page_table, token_matrix
 
 BS = 16
 LAYOUT = PageTableLayout(BS, 32, 64)
@@ -68,7 +68,7 @@ def test_tied_top_lists_are_the_lowest_ids_whatever_rides_in_the_call(tied, pack
     model, ids = tied
     row = torch.cat((PROMPT, TAIL))
     mate = make_tokens(30, 9)
-    policy = attrs.evolve(SMALL_POLICY, packed_steps=packed)
+    policy = attrs.evolve(CHUNK_256_POLICY, packed_steps=packed)
     asked = SamplingParams.greedy(num_logprobs=3, prompt_logprobs=3, prompt_start=len(PROMPT) - 1)
     for mates in (0, 1):
         rows = [row] + [mate] * mates
@@ -93,7 +93,7 @@ def test_host_sampled_row_top_list_does_not_depend_on_wave_mates(tied):
     lists = []
     for mate_logprobs in (0, 5):
         rows = [PROMPT, make_tokens(30, 9)]
-        runtime = build_runtime(model, layout=LAYOUT, policy=SMALL_POLICY)
+        runtime = build_runtime(model, layout=LAYOUT, policy=CHUNK_256_POLICY)
         table = page_table(assign_blocks([40, 30], BS, LAYOUT.num_blocks, seed=2))
         mate = SamplingParams(temperature=0.5, top_k=0, seed=4, num_logprobs=mate_logprobs)
         results = runtime.prefill(token_matrix(rows), table, [40, 30], sampling=[own, mate])
@@ -109,7 +109,7 @@ def _run_with_noise(tiny_model, mode: str, noise_end) -> tuple[list, list[torch.
     """Fills each row's cache, then runs it with tokens ``[0, noise_end(length, cached))`` replaced by noise."""
     rows = [make_tokens(length, 60 + length) for length, _ in TRUST_ROWS]
     lengths, cached = [length for length, _ in TRUST_ROWS], [c for _, c in TRUST_ROWS]
-    policy = attrs.evolve(SMALL_POLICY, packed_steps=mode == "packed")
+    policy = attrs.evolve(CHUNK_256_POLICY, packed_steps=mode == "packed")
     runtime = build_runtime(tiny_model, layout=LAYOUT, policy=policy)
     table = page_table(assign_blocks(lengths, BS, LAYOUT.num_blocks, seed=2))
     tokens = token_matrix(rows)

@@ -7,12 +7,10 @@ import pytest
 import torch
 
 from prefill_core import PageTableLayout, PrefillPolicy, RequestKind, SamplingParams, WarmupManifest, ceil_div
-from prefill_shell.backends import TorchBackend
-from prefill_shell.engine.config import PrefillRuntimeConfig
 from prefill_shell.engine.executor import PrefillExecutor
-from prefill_shell.engine.runtime import PrefillRuntime
 from prefill_shell.reference import random_llama, save_hf_folder
 from prefill_shell.reference.packed_attention import segment_reads
+from tests.helpers import build_runtime
 
 transformers = pytest.importorskip("transformers")
 
@@ -58,7 +56,7 @@ class Call:
             pool.copy_(torch.randn(pool.shape, generator=gen))
         layout = PageTableLayout(bs, max(need), len(order))
         policy = attrs.evolve(PrefillPolicy(), max_chunk_length=BUDGET, packed_steps=True)
-        self.runtime = PrefillRuntime(PrefillRuntimeConfig.resolve(model, TorchBackend(), self.kv, layout, policy))
+        self.runtime = build_runtime(model, kv=self.kv, layout=layout, policy=policy)
         prefixed = [i for i, c in enumerate(self.cached) if c]
         self.runtime.prefill(
             self.tokens[prefixed], self.table[prefixed], [self.cached[i] for i in prefixed]
@@ -158,9 +156,7 @@ def test_equal_length_rows_batched_in_one_attention_call_match_transformers(mode
     tokens = torch.randint(1, VOCAB, (len(lengths), max(lengths)), generator=torch.Generator().manual_seed(3))
     layout = PageTableLayout(bs, max(need), sum(need))
     policy = attrs.evolve(PrefillPolicy(), max_chunk_length=256, packed_steps=True)
-    runtime = PrefillRuntime(
-        PrefillRuntimeConfig.resolve(model, TorchBackend(), model.new_kv_cache(sum(need), bs), layout, policy)
-    )
+    runtime = build_runtime(model, layout=layout, policy=policy)
     runtime.prefill(tokens[4:5], table[4:5], [16])
     (step,) = [s for p in runtime.prepare(tokens, table, lengths, cached).requests for s in p.request.steps]
     segments = torch.tensor([[s.offset, s.length, s.start] for s in step.segments])

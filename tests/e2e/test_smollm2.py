@@ -26,8 +26,6 @@ import torch
 from prefill_core import PageTableLayout, PrefillPolicy, RequestKind, SamplingParams
 from prefill_shell.backends import TorchBackend
 from prefill_shell.cli.demo import document
-from prefill_shell.engine.config import PrefillRuntimeConfig
-from prefill_shell.engine.runtime import PrefillRuntime
 from tests.helpers import build_runtime
 
 transformers = pytest.importorskip("transformers")
@@ -137,7 +135,7 @@ def run_case(
         policy = attrs.evolve(PrefillPolicy.fine_rungs(bs, max_chunk_length=max_chunk), packed_steps=True)
     if budget is not None:
         policy = attrs.evolve(policy, max_chunk_length=budget)
-    runtime = PrefillRuntime(PrefillRuntimeConfig.resolve(model, TorchBackend(), kv, layout, policy))
+    runtime = build_runtime(model, kv=kv, layout=layout, policy=policy)
     assert runtime.config.packed_steps
     starts = [sum(need[:i]) for i in range(len(lengths))]
     rows = [list(range(s, s + k)) for s, k in zip(starts, need)]
@@ -243,14 +241,7 @@ def test_prompt_logprobs_match_transformers_log_softmax(smollm2, smollm2_hf, doc
     with torch.no_grad():
         want = torch.log_softmax(smollm2_hf(tokens[None]).logits[0].float(), dim=-1)  # [160, V]
     layout = PageTableLayout(16, 10, 10)
-    config = PrefillRuntimeConfig.resolve(
-        smollm2,
-        TorchBackend(),
-        smollm2.new_kv_cache(10, 16),
-        layout=layout,
-        policy=PrefillPolicy.fine_rungs(16, max_chunk_length=64),
-    )
-    runtime = PrefillRuntime(config)
+    runtime = build_runtime(smollm2, layout=layout, policy=PrefillPolicy.fine_rungs(16, max_chunk_length=64))
     table = torch.arange(10, dtype=torch.int32)[None]
     runtime.prefill(tokens[None, :64], table[:, :4], [64])  # the cached prefix
     sampling = [SamplingParams.greedy(prompt_logprobs=1, prompt_start=70)]

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from prefill_core import PrefillPolicy
-from tests.helpers import SMALL_POLICY, TOL, build_runtime, make_tokens, max_abs_diff, page_table, row_kv
+from tests.helpers import CHUNK_256_POLICY, TOL, build_runtime, make_tokens, max_abs_diff, page_table, row_kv
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # many small steps: see the fixture
 
@@ -245,7 +245,8 @@ def test_runtime_results_ignore_garbage_in_every_block_a_call_must_not_read(tiny
     """Through ``PrefillRuntime.prefill``, garbage outside cached prefixes changes no logits or written blocks."""
     cached_blocks, owned = call.pop("cached_blocks"), call.pop("owned")
     clean, dirty = (
-        build_runtime(tiny_model, num_blocks=RUNTIME_BLOCKS, block_size=MODEL_BS, policy=SMALL_POLICY) for _ in range(2)
+        build_runtime(tiny_model, num_blocks=RUNTIME_BLOCKS, block_size=MODEL_BS, policy=CHUNK_256_POLICY)
+        for _ in range(2)
     )
     for rt in (clean, dirty):
         _noise_fill(rt.config.kv, cached_blocks, seed=6)

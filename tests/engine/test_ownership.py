@@ -17,7 +17,7 @@ from prefill_core.errors import PrefillInputError, PrefillStateError
 from prefill_shell.backends import TorchBackend
 from prefill_shell.testing import FaultInjectingBackend, FaultInjectingModel, FaultPlan, InjectedFault
 from tests.helpers import (
-    SMALL_POLICY,
+    CHUNK_256_POLICY,
     TOL,
     assign_blocks,
     build_runtime,
@@ -66,7 +66,7 @@ def _faulty_runtime(tiny_model, plan):
     backend = _ReleaseRecorder(TorchBackend(), plan)
     model = FaultInjectingModel(tiny_model, plan)
     kv = tiny_model.new_kv_cache(NUM_BLOCKS, BS)
-    rt = build_runtime(model, num_blocks=NUM_BLOCKS, block_size=BS, policy=SMALL_POLICY, backend=backend, kv=kv)
+    rt = build_runtime(model, num_blocks=NUM_BLOCKS, block_size=BS, policy=CHUNK_256_POLICY, backend=backend, kv=kv)
     return rt, backend
 
 
@@ -105,7 +105,7 @@ def _mixed_request():
 
 def test_prefill_leaves_ledger_empty(tiny_model):
     """After a mixed prefill (wave, chunked row, every sampling path) every allocation has been released."""
-    rt = build_runtime(tiny_model, num_blocks=NUM_BLOCKS, block_size=BS, policy=SMALL_POLICY)
+    rt = build_runtime(tiny_model, num_blocks=NUM_BLOCKS, block_size=BS, policy=CHUNK_256_POLICY)
     tokens, table, lengths, sampling = _mixed_request()
     batch = rt.prepare(tokens, table, lengths, sampling=sampling)
     assert len({p.sampling_path for p in batch.requests}) == 4
@@ -118,7 +118,7 @@ def test_prefill_leaves_ledger_empty(tiny_model):
 
 def test_invocations_hold_outputs_until_assemble_then_cleanup_leaves_ledger_empty(tiny_model):
     """Invocations held by the caller keep only their outputs live; assemble releases them and cleanup finds nothing."""
-    rt = build_runtime(tiny_model, num_blocks=NUM_BLOCKS, block_size=BS, policy=SMALL_POLICY)
+    rt = build_runtime(tiny_model, num_blocks=NUM_BLOCKS, block_size=BS, policy=CHUNK_256_POLICY)
     tokens, table, lengths, sampling = _mixed_request()
     batch = rt.prepare(tokens, table, lengths, sampling=sampling)
     invocations = [rt.invoke(batch, i) for i in range(len(batch.requests))]
@@ -135,7 +135,7 @@ def test_non_final_chunk_hidden_is_released_before_next_chunk_runs(tiny_model):
     backend = TorchBackend()
     model = _LedgerObservingModel(tiny_model, backend.ledger)
     kv = tiny_model.new_kv_cache(NUM_BLOCKS, BS)
-    rt = build_runtime(model, num_blocks=NUM_BLOCKS, block_size=BS, policy=SMALL_POLICY, backend=backend, kv=kv)
+    rt = build_runtime(model, num_blocks=NUM_BLOCKS, block_size=BS, policy=CHUNK_256_POLICY, backend=backend, kv=kv)
     tokens = make_tokens(600, seed=1200)
     rt.prefill(tokens[None], page_table(assign_blocks([600], BS, NUM_BLOCKS, seed=12)), [600])
     assert len(model.live_at_body) == 3
@@ -292,7 +292,7 @@ BAD_INPUTS = {
 @pytest.mark.parametrize("case", list(BAD_INPUTS))
 def test_bad_input_raises_input_error_and_allocates_nothing(tiny_model, case):
     """Malformed caller input raises a named PrefillInputError before any allocation or KV write."""
-    rt = build_runtime(tiny_model, num_blocks=NUM_BLOCKS, block_size=BS, policy=SMALL_POLICY)
+    rt = build_runtime(tiny_model, num_blocks=NUM_BLOCKS, block_size=BS, policy=CHUNK_256_POLICY)
     rt.prefill(**_valid_call())  # the unmodified call is accepted
     call = _valid_call()
     BAD_INPUTS[case](call)

@@ -12,7 +12,7 @@ from prefill_core import WarmupManifest
 from prefill_shell.device.ledger import Ownership
 from prefill_shell.engine.executor import PrefillExecutor
 from prefill_shell.engine.progress import Progress
-from tests.helpers import SMALL_POLICY, assign_blocks, build_runtime, make_tokens, page_table, token_matrix
+from tests.helpers import CHUNK_256_POLICY, assign_blocks, build_runtime, make_tokens, page_table, token_matrix
 
 BS, NUM_BLOCKS = 16, 64
 
@@ -30,7 +30,7 @@ def _counts(events, stage):
 @pytest.mark.parametrize("mode", ["eager", "traced"])
 def test_prefill_reports_each_body_step_in_order(tiny_model, mode):
     """A call of 4 body steps reports prefill done 0..4 of 4, in order, eager and traced."""
-    rt = build_runtime(tiny_model, num_blocks=NUM_BLOCKS, block_size=BS, policy=SMALL_POLICY)
+    rt = build_runtime(tiny_model, num_blocks=NUM_BLOCKS, block_size=BS, policy=CHUNK_256_POLICY)
     executor = PrefillExecutor(rt)
     tokens, table, lengths = _call()
     executor.warm_up(WarmupManifest().observe(rt.prepare(tokens, table, lengths).requests))
@@ -52,7 +52,7 @@ def test_prefill_reports_each_body_step_in_order(tiny_model, mode):
 
 def test_runtime_prefill_takes_the_same_callback(tiny_model):
     """PrefillRuntime.prefill reports the same steps as the executor's eager mode."""
-    rt = build_runtime(tiny_model, num_blocks=NUM_BLOCKS, block_size=BS, policy=SMALL_POLICY)
+    rt = build_runtime(tiny_model, num_blocks=NUM_BLOCKS, block_size=BS, policy=CHUNK_256_POLICY)
     events: list[Progress] = []
     rt.prefill(*_call(), on_progress=events.append)
     assert _counts(events, "prefill") == [(i, 4) for i in range(5)]
@@ -62,7 +62,7 @@ def test_runtime_prefill_takes_the_same_callback(tiny_model):
 def test_warm_up_reports_its_cost_then_compile_allocate_and_capture_stages(tiny_model, compiles):
     """Warm-up reports its cost first, then each stage 0..total over the programs it compiles (one where the
     backend builds nothing per shape, but the smallest), the workspaces and traces, stage by stage."""
-    rt = build_runtime(tiny_model, num_blocks=NUM_BLOCKS, block_size=BS, policy=SMALL_POLICY)
+    rt = build_runtime(tiny_model, num_blocks=NUM_BLOCKS, block_size=BS, policy=CHUNK_256_POLICY)
     rt.backend.compiles_programs = compiles
     tokens, table, lengths = _call()
     manifest = WarmupManifest().observe(rt.prepare(tokens, table, lengths).requests)
@@ -89,7 +89,7 @@ class _Stop(Exception):
 @pytest.mark.parametrize("stop_at", [0, 2, 4])
 def test_an_error_in_the_callback_propagates_and_leaks_nothing(tiny_model, stop_at):
     """A callback raising at prefill done=stop_at reaches the caller unchanged, and every tensor is released."""
-    rt = build_runtime(tiny_model, num_blocks=NUM_BLOCKS, block_size=BS, policy=SMALL_POLICY)
+    rt = build_runtime(tiny_model, num_blocks=NUM_BLOCKS, block_size=BS, policy=CHUNK_256_POLICY)
 
     def on_progress(event: Progress) -> None:
         if event.done == stop_at:
@@ -103,7 +103,7 @@ def test_an_error_in_the_callback_propagates_and_leaks_nothing(tiny_model, stop_
 
 def test_an_error_in_a_warm_up_callback_leaks_nothing_after_close(tiny_model):
     """A callback raising during capture propagates; closing the executor releases every trace and workspace."""
-    rt = build_runtime(tiny_model, num_blocks=NUM_BLOCKS, block_size=BS, policy=SMALL_POLICY)
+    rt = build_runtime(tiny_model, num_blocks=NUM_BLOCKS, block_size=BS, policy=CHUNK_256_POLICY)
     executor = PrefillExecutor(rt)
     manifest = WarmupManifest().observe(rt.prepare(*_call()).requests)
 

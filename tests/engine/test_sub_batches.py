@@ -15,7 +15,7 @@ import torch
 from prefill_core import SamplingParams
 from prefill_core.errors import BlockConflictError, InvalidCachedLengthError, InvalidSlotError
 from tests.helpers import (
-    SMALL_POLICY,
+    CHUNK_256_POLICY,
     TOL,
     assign_blocks,
     build_runtime,
@@ -26,7 +26,7 @@ from tests.helpers import (
 )
 
 BS = 16
-SUB_BATCH_POLICY = attrs.evolve(SMALL_POLICY, lane_size=4)
+SUB_BATCH_POLICY = attrs.evolve(CHUNK_256_POLICY, lane_size=4)
 """Four slots per lane, so ten rows make three sub-batches (4, 4, 2)."""
 
 

@@ -17,12 +17,10 @@ import pytest
 import torch
 
 from prefill_core import PageTableLayout, PrefillInputError, WarmupManifest, WindowTableError
-from prefill_shell.backends.torch_backend import TorchBackend
-from prefill_shell.engine.config import PrefillRuntimeConfig
 from prefill_shell.engine.executor import PrefillExecutor
-from prefill_shell.engine.runtime import PrefillRuntime
 from prefill_shell.reference.hybrid import HybridLlama
 from tests import window_kit as kit
+from tests.helpers import build_runtime
 from tests.reference.test_windowed import check_in_window_kv
 
 pytest.importorskip("transformers")
@@ -46,7 +44,7 @@ def _setup():
     for pool in kv.pools:
         for tensor in pool.keys + pool.values:
             tensor[kit.NULL] = float("nan")
-    runtime = PrefillRuntime(PrefillRuntimeConfig.resolve(model, TorchBackend(), kv, LAYOUT, kit.POLICY))
+    runtime = build_runtime(model, kv=kv, layout=LAYOUT, policy=kit.POLICY)
     gen = torch.Generator().manual_seed(11)
     prompts = [torch.randint(0, base.spec.vocab_size, (n,), generator=gen) for n in LENGTHS]
     tokens = torch.zeros(2, max(LENGTHS), dtype=torch.int64)
@@ -132,7 +130,7 @@ def test_a_failed_hybrid_step_reports_every_groups_blocks_as_partial_writes():
     """A fault in a chunked row's second step names the blocks both started steps write, in every KV group."""
     runtime, kv, attention, _, _, tokens = _setup()
     model = _FailingSecondStep(runtime.config.model)
-    runtime = PrefillRuntime(PrefillRuntimeConfig.resolve(model, TorchBackend(), kv, LAYOUT, kit.POLICY))
+    runtime = build_runtime(model, kv=kv, layout=LAYOUT, policy=kit.POLICY)
     tables = kit.fresh_tables(attention, (150,))
     page_tables = [_table(t) for t in tables]
     batch = runtime.prepare(tokens[:1], page_tables[0], [150], [0], group_page_tables=page_tables, null_block=0)

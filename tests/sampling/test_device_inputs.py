@@ -20,7 +20,7 @@ from prefill_shell.device.ledger import Ownership
 from prefill_shell.engine.executor import PrefillExecutor
 from prefill_shell.reference import random_llama
 from prefill_shell.sampling.torch_sampling import sample_row
-from tests.helpers import SMALL_POLICY, build_runtime
+from tests.helpers import CHUNK_256_POLICY, build_runtime
 
 FIRST = SamplingParams(temperature=0.9, top_k=8, top_p=0.9, seed=5, num_logprobs=2)
 SECOND = SamplingParams(temperature=0.45, top_k=3, top_p=0.95, seed=6, num_logprobs=2)
@@ -29,7 +29,7 @@ SECOND = SamplingParams(temperature=0.45, top_k=3, top_p=0.95, seed=6, num_logpr
 @pytest.fixture(scope="module")
 def executor():
     model = random_llama(0, "tiny")
-    executor = PrefillExecutor(build_runtime(model, num_blocks=64, block_size=32, policy=SMALL_POLICY))
+    executor = PrefillExecutor(build_runtime(model, num_blocks=64, block_size=32, policy=CHUNK_256_POLICY))
     yield executor
     executor.close()
 
@@ -132,7 +132,7 @@ def test_every_sampling_input_reaches_backend_sample_by_key_and_has_a_ttnn_stagi
 
     model = random_llama(0, "tiny")
     backend = KeyRecordingBackend()
-    runtime = build_runtime(model, num_blocks=64, block_size=32, policy=SMALL_POLICY, backend=backend)
+    runtime = build_runtime(model, num_blocks=64, block_size=32, policy=CHUNK_256_POLICY, backend=backend)
     executor = PrefillExecutor(runtime)
     args = _args([FIRST, SECOND, FIRST])
     executor.warm_up(WarmupManifest().observe(runtime.prepare(**args).requests))

@@ -14,7 +14,7 @@ import torch
 
 from prefill_core import SamplingParams, SamplingPath
 from tests.helpers import (
-    SMALL_POLICY,
+    CHUNK_256_POLICY,
     TOL,
     VOCAB,
     assign_blocks,
@@ -59,7 +59,7 @@ class _Scenario:
 
 
 def _runtime(tiny_model, policy=None, seed=0):
-    policy = policy or SMALL_POLICY
+    policy = policy or CHUNK_256_POLICY
     return build_runtime(tiny_model, num_blocks=NUM_BLOCKS, block_size=BS, policy=policy, seed=seed)
 
 
@@ -191,7 +191,7 @@ def test_host_path_is_classified_host_and_samples_inside_support(tiny_model, ora
     sampling = [SamplingParams(**params, seed=2000 + s) for s in range(24)]
     rows = [prompts[s % 3] for s in range(24)]
     scenario = _Scenario(_runtime(tiny_model), rows, sampling)
-    assert params["top_k"] == 0 or params["top_k"] > SMALL_POLICY.device_top_k_cap
+    assert params["top_k"] == 0 or params["top_k"] > CHUNK_256_POLICY.device_top_k_cap
     assert [p.sampling_path for p in scenario.prepare().requests] == [SamplingPath.HOST]
     results = scenario.run()
     supports = [_support(oracle.logits(p), sampling[0]) for p in prompts]
@@ -215,7 +215,7 @@ def test_same_seeded_row_samples_same_token_on_device_and_host_paths(tiny_model,
     """With top_k 20, a device cap of 32 (TOPK) and of 16 (HOST) give every seeded row the same token."""
     sampling = [SamplingParams(temperature=1.1, top_k=20, top_p=0.9, seed=4000 + s) for s in range(12)]
     device = _Scenario(_runtime(tiny_model), [prompts[2]] * 12, sampling)
-    host_policy = attrs.evolve(SMALL_POLICY, device_top_k_cap=16)  # top_k 20 above the cap: the host path
+    host_policy = attrs.evolve(CHUNK_256_POLICY, device_top_k_cap=16)  # top_k 20 above the cap: the host path
     host = _Scenario(_runtime(tiny_model, policy=host_policy), [prompts[2]] * 12, sampling)
     assert [p.sampling_path for p in device.prepare().requests] == [SamplingPath.TOPK]
     assert [p.sampling_path for p in host.prepare().requests] == [SamplingPath.HOST]

@@ -11,7 +11,7 @@ from prefill_core.errors import InvalidSamplingError
 from prefill_shell.backends import TorchBackend
 from prefill_shell.engine.executor import PrefillExecutor
 from prefill_shell.testing import FaultInjectingBackend, FaultPlan, InjectedFault
-from tests.helpers import SMALL_POLICY, assign_blocks, build_runtime, make_tokens, page_table, token_matrix
+from tests.helpers import CHUNK_256_POLICY, assign_blocks, build_runtime, make_tokens, page_table, token_matrix
 from tests.lane_kit import group_call, make_group
 
 BS = 16
@@ -70,7 +70,7 @@ def _assert_bit_equal(batch, results) -> None:
 @pytest.mark.parametrize("sampling", [[None] * len(LENGTHS), SAMPLING], ids=["logits", "mixed"])
 def test_batched_prefill_equals_stacked_prefill_results_in_caller_order(tiny_model, sampling):
     """Several waves and a chunked row, caller order shuffled against plan order: the tensors equal stacked results."""
-    executor = PrefillExecutor(build_runtime(tiny_model, num_blocks=NUM_BLOCKS, block_size=BS, policy=SMALL_POLICY))
+    executor = PrefillExecutor(build_runtime(tiny_model, num_blocks=NUM_BLOCKS, block_size=BS, policy=CHUNK_256_POLICY))
     call = _call(sampling)
     batch = executor.runtime.prepare(*call)
     plan_order = [row for prepared in batch.requests for row in prepared.request.source_rows]
@@ -103,7 +103,7 @@ def test_read_failure_in_assemble_batch_releases_everything_and_keeps_primary_er
         tiny_model,
         num_blocks=NUM_BLOCKS,
         block_size=BS,
-        policy=SMALL_POLICY,
+        policy=CHUNK_256_POLICY,
         backend=FaultInjectingBackend(TorchBackend(), counter),
     )
     batch = counting.prepare(*call)
@@ -112,7 +112,7 @@ def test_read_failure_in_assemble_batch_releases_everything_and_keeps_primary_er
     assert len(reads) == len(batch.requests) > 1
     plan = FaultPlan(reads[0] if which == "first" else reads[-1], kinds=("readback", "release"), failing_releases=1)
     backend = FaultInjectingBackend(TorchBackend(), plan)
-    rt = build_runtime(tiny_model, num_blocks=NUM_BLOCKS, block_size=BS, policy=SMALL_POLICY, backend=backend)
+    rt = build_runtime(tiny_model, num_blocks=NUM_BLOCKS, block_size=BS, policy=CHUNK_256_POLICY, backend=backend)
     batch = rt.prepare(*call)
     with pytest.raises(InjectedFault, match=r"\(readback: ") as info:
         rt.assemble_batch(rt.invocations(batch), batch.num_rows)
@@ -126,7 +126,7 @@ def test_read_failure_in_assemble_batch_releases_everything_and_keeps_primary_er
 
 def test_a_row_asking_top_or_prompt_logprobs_is_refused_before_anything_runs(tiny_model):
     """Batched prefill names the row asking what a tensor per row cannot hold; no KV byte changes, nothing is live."""
-    executor = PrefillExecutor(build_runtime(tiny_model, num_blocks=NUM_BLOCKS, block_size=BS, policy=SMALL_POLICY))
+    executor = PrefillExecutor(build_runtime(tiny_model, num_blocks=NUM_BLOCKS, block_size=BS, policy=CHUNK_256_POLICY))
     kv = executor.runtime.config.kv
     before = [t.clone() for t in kv.keys + kv.values]
     for field, params in (
@@ -144,7 +144,7 @@ def test_a_row_asking_top_or_prompt_logprobs_is_refused_before_anything_runs(tin
 
 def test_assemble_batch_refuses_such_an_invocation_before_reading_it(tiny_model):
     """Called directly, assemble_batch leaves the refused invocation unread; cleanup releases it."""
-    rt = build_runtime(tiny_model, num_blocks=NUM_BLOCKS, block_size=BS, policy=SMALL_POLICY)
+    rt = build_runtime(tiny_model, num_blocks=NUM_BLOCKS, block_size=BS, policy=CHUNK_256_POLICY)
     tokens = make_tokens(50, seed=2200)
     batch = rt.prepare(
         tokens[None], page_table([[7, 8, 9, 10]]), [50], sampling=[SamplingParams.greedy(num_logprobs=1)]

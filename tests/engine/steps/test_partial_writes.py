@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import SMALL_POLICY, assign_blocks, build_runtime, make_tokens, page_table, token_matrix
+from tests.helpers import CHUNK_256_POLICY, assign_blocks, build_runtime, make_tokens, page_table, token_matrix
 
 BS, NUM_BLOCKS = 16, 64
 
@@ -41,7 +41,7 @@ class _FailsAtBody:
 
 def _fail(tiny_model, fail_at, lengths, cached):
     model = _FailsAtBody(tiny_model, fail_at)
-    rt = build_runtime(model, num_blocks=NUM_BLOCKS, block_size=BS, policy=SMALL_POLICY)
+    rt = build_runtime(model, num_blocks=NUM_BLOCKS, block_size=BS, policy=CHUNK_256_POLICY)
     blocks = assign_blocks(lengths, BS, NUM_BLOCKS, seed=21)
     rows = [make_tokens(n, seed=2100 + i) for i, n in enumerate(lengths)]
     with pytest.raises(_Boom) as info:
@@ -71,7 +71,7 @@ def test_cached_prefix_blocks_are_not_named(tiny_model):
 
 def test_a_failure_before_any_step_carries_no_partial_writes(tiny_model):
     """An input error raised while preparing writes nothing, and carries no partial_writes attribute."""
-    rt = build_runtime(tiny_model, num_blocks=NUM_BLOCKS, block_size=BS, policy=SMALL_POLICY)
+    rt = build_runtime(tiny_model, num_blocks=NUM_BLOCKS, block_size=BS, policy=CHUNK_256_POLICY)
     with pytest.raises(ValueError) as info:
         rt.prefill(make_tokens(40, seed=1)[None], page_table([[1, 2, 3]]), [40], [41])  # cached past the prompt
     assert not hasattr(info.value, "partial_writes")

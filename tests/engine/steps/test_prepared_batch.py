@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from prefill_core import RequestKind
-from tests.helpers import SMALL_POLICY, assign_blocks, build_runtime, make_tokens, page_table, token_matrix
+from tests.helpers import CHUNK_256_POLICY, assign_blocks, build_runtime, make_tokens, page_table, token_matrix
 
 BLOCK, NUM_BLOCKS = 16, 128
 # A wave of two short rows, and a row chunked at 256 with a cached prefix (chunks read the pool's prefix).
@@ -21,7 +21,7 @@ def test_overwriting_tokens_and_page_table_after_prepare_changes_nothing(tiny_mo
     table = page_table(assign_blocks(LENGTHS, BLOCK, NUM_BLOCKS, seed=1))
     results = []
     for reuse in (False, True):
-        policy = attrs.evolve(SMALL_POLICY, packed_steps=packed)
+        policy = attrs.evolve(CHUNK_256_POLICY, packed_steps=packed)
         runtime = build_runtime(tiny_model, num_blocks=NUM_BLOCKS, block_size=BLOCK, policy=policy)
         prefix = runtime.prepare(tokens[2:], table[2:], [CACHED[2]])  # the cached row's prefix, written first
         runtime.assemble(runtime.invocations(prefix), 1)

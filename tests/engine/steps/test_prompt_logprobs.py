@@ -7,10 +7,9 @@ import pytest
 import torch
 
 from prefill_core import PageTableLayout, PrefillPolicy, RequestKind, SamplingParams
-from prefill_shell.backends import TorchBackend
-from prefill_shell.engine.config import PrefillRuntimeConfig
 from prefill_shell.engine.runtime import PrefillRuntime
 from prefill_shell.engine.steps.prompt_logprobs import POSITIONS_PER_CALL
+from tests.helpers import build_runtime
 
 SMALL_CHUNKS = PrefillPolicy(max_chunk_length=256, chunk_quantum=128, length_ladder=(128, 256))
 """256-token chunks: a 300-token row runs in two steps, so requested ranges cross a chunk boundary."""
@@ -20,10 +19,7 @@ TOP_N = 3
 
 def _runtime(model, block_size: int, *, packed: bool = False) -> PrefillRuntime:
     layout = PageTableLayout(block_size, 512 // block_size, 2048 // block_size)
-    kv = model.new_kv_cache(layout.num_blocks, layout.block_size)
-    policy = attrs.evolve(SMALL_CHUNKS, packed_steps=packed)
-    config = PrefillRuntimeConfig.resolve(model, TorchBackend(), kv, layout=layout, policy=policy)
-    return PrefillRuntime(config)
+    return build_runtime(model, layout=layout, policy=attrs.evolve(SMALL_CHUNKS, packed_steps=packed))
 
 
 def _run(runtime: PrefillRuntime, tokens, table, lengths, cached, sampling, traced: bool):

@@ -20,7 +20,7 @@ from prefill_shell.device.ledger import Ownership
 from prefill_shell.engine.executor import PrefillExecutor
 from prefill_shell.engine.runtime import PrefillRuntime
 from prefill_shell.reference import random_llama
-from tests.helpers import SMALL_POLICY, build_runtime, randomize_pool
+from tests.helpers import CHUNK_256_POLICY, build_runtime, randomize_pool
 
 VOCAB = 256
 
@@ -173,7 +173,7 @@ def test_long_rows_at_every_cached_offset_share_one_chunk_trace(long_runs):
 def test_one_trace_serves_every_chunk_position(model):
     """A four-chunk request captures once and replays that trace at each of its chunk starts."""
     call = _call([1000], block_size=16, seed=4)
-    runtime = _runtime(model, SMALL_POLICY, SHORT_LAYOUT)
+    runtime = _runtime(model, CHUNK_256_POLICY, SHORT_LAYOUT)
     executor = _warmed(runtime, call)
     (prepared,) = runtime.prepare(**call).requests
     starts = [chunk.start for chunk in prepared.request.chunks]
