@@ -2,7 +2,8 @@
 
 Every accepted form of a field gives the same results as every other; every
 bad form raises a ``PrefillInputError`` naming the field (and the row where
-there is one) and leaves the KV pool byte for byte as it was.
+there is one) and leaves the KV pool byte for byte as it was. Tensors without
+dense data and invocations that are not an iterable are named too.
 """
 
 from __future__ import annotations
@@ -299,3 +300,47 @@ def test_a_caller_list_is_not_mutated(rt):
     copies = ([r[:] for r in tokens], [r[:] for r in table], lengths[:])
     rt.prefill(tokens, table, lengths)
     assert (tokens, table, lengths) == copies
+
+
+# ---------------------------------------------------------------- tensors without dense data, invocations
+
+DENSE_LENGTHS = [64, 50]
+DENSE_TABLE = [[1, 2, 3, 4], [5, 6, 7, 8]]
+
+
+@pytest.fixture
+def runtime(tiny_model):
+    """A fresh zeroed pool per test (``rt``'s seeded pool is shared by the module's comparisons)."""
+    return build_runtime(tiny_model, num_blocks=48, block_size=16)
+
+
+def _dense_tokens() -> torch.Tensor:
+    return token_matrix([make_tokens(64, seed=1), make_tokens(50, seed=2)])
+
+
+@pytest.mark.parametrize(
+    "field, make",
+    [
+        ("tokens", lambda t: t.to_sparse()),
+        ("tokens", lambda t: t.to("meta")),
+        ("page_table", lambda t: torch.tensor(DENSE_TABLE).to("meta")),
+        ("prompt_lengths", lambda t: torch.tensor(DENSE_LENGTHS).to("meta")),
+    ],
+    ids=["sparse tokens", "meta tokens", "meta page_table", "meta prompt_lengths"],
+)
+def test_a_tensor_without_dense_data_is_named(runtime, field, make):
+    """A sparse or meta tensor is a PrefillInputError naming the field (torch's aminmax/copy errors named nothing)."""
+    args = dict(tokens=_dense_tokens(), page_table=torch.tensor(DENSE_TABLE), prompt_lengths=DENSE_LENGTHS)
+    args[field] = make(args[field] if field == "tokens" else None)
+    with pytest.raises(PrefillInputError, match=f"{field}=<tensor .*dense tensor"):
+        runtime.prefill(**args)
+
+
+@pytest.mark.parametrize("entry", ["assemble", "assemble_batch"])
+def test_invocations_that_are_not_an_iterable_are_named(runtime, entry):
+    """assemble(None, n) or one invocation not in a list is a PrefillInputError naming invocations."""
+    (invocation,) = runtime.invocations(runtime.prepare(_dense_tokens()[:1], DENSE_TABLE[:1], DENSE_LENGTHS[:1]))
+    for wrong in (None, invocation):
+        with pytest.raises(PrefillInputError, match="invocations="):
+            getattr(runtime, entry)(wrong, 1)
+    assert getattr(runtime, entry)([invocation], 1) is not None  # refused before anything was read

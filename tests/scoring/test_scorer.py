@@ -6,19 +6,14 @@ import pytest
 import torch
 
 from prefill_core import PageTableLayout
-from prefill_core.errors import CapacityError, InvalidScoringRequestError
-from prefill_shell.backends import TorchBackend
-from prefill_shell.engine.config import PrefillRuntimeConfig
-from prefill_shell.engine.runtime import PrefillRuntime
 from prefill_shell.scoring.scorer import BlockPool, Scorer, rolling_windows
+from tests.helpers import build_runtime
 
 
 def _scorer(model, block_size: int, **kwargs) -> Scorer:
     """A scorer on the CPU backend's preferred policy (fine rungs: a short follow-up row computes little)."""
     layout = PageTableLayout(block_size, 512 // block_size, 1024 // block_size)
-    kv = model.new_kv_cache(layout.num_blocks, layout.block_size)
-    runtime = PrefillRuntime(PrefillRuntimeConfig.resolve(model, TorchBackend(), kv, layout=layout))
-    return Scorer(runtime, **kwargs)
+    return Scorer(build_runtime(model, layout=layout), **kwargs)
 
 
 def _hf_score(hf, context, continuation) -> tuple[float, bool]:
@@ -83,19 +78,6 @@ def test_rolling_scores_sum_the_windows(tiny_model, oracle, kit):
     windows = rolling_windows(document, 1, 40)
     assert len(windows) == 4 and [t for _, w in windows for t in w] == document
     assert abs(total - sum(_hf_score(oracle.hf, c, w)[0] for c, w in windows)) <= 1e-4
-
-
-def test_bad_pairs_and_small_pools_raise_named_errors_and_return_blocks(tiny_model, kit):
-    """An empty continuation or context names its row; a pool too small raises before anything runs."""
-    scorer = _scorer(tiny_model, 16)
-    with pytest.raises(InvalidScoringRequestError, match="row 1: continuation"):
-        scorer.score([([1, 2], [3]), ([1, 2], [])])
-    with pytest.raises(InvalidScoringRequestError, match="row 0: context"):
-        scorer.score([([], [3])])
-    small = _scorer(tiny_model, 16, pool=BlockPool([5, 6]))
-    with pytest.raises(CapacityError, match="row 0: it needs 4 KV blocks"):
-        small.score([(kit.make_tokens(60, 1).tolist(), [3])])
-    assert small.pool.available == 2
 
 
 def _calls(scorer: Scorer) -> list[int]:
