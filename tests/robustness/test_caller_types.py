@@ -2,7 +2,9 @@
 
 numpy scalars print like the numbers they hold, so an error about one names
 its type and the conversion to pass; a serving slot past ``max_batch_size``
-(vLLM's ``max_num_seqs``) is refused whatever the policy's ``lane_size``.
+(vLLM's ``max_num_seqs``) is refused whatever the policy's ``lane_size``; the
+runtime's ``sampling=`` takes None, one SamplingParams for every row, or one
+entry per row, and any other form is a named error.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import pytest
 import torch
 
 from prefill_core import PrefillPolicy, SamplingParams
-from prefill_core.errors import InvalidSamplingError, InvalidSlotError
+from prefill_core.errors import InvalidSamplingError, InvalidSlotError, PrefillInputError
 from prefill_shell.backends import TorchBackend
 from prefill_shell.serving.facade import ServingFacade
 from prefill_shell.serving.plugin_sampling import rows_from_plugin
@@ -205,3 +207,49 @@ def test_a_repetition_penalty_past_the_float_range_is_named_not_an_overflow(valu
     with pytest.raises(InvalidSamplingError, match=r"row 1: sampling_params\.repetition_penalty=") as caught:
         rows_from_plugin(sampling, 2, 256)
     assert caught.value.row == 1
+
+
+# ---------------------------------------------------------------- the runtime's sampling= argument
+
+ROWS, LENGTH = 3, 40
+PARAMS = SamplingParams(temperature=0.7, top_k=5, seed=3, num_logprobs=2)
+
+
+@pytest.fixture(scope="module")
+def sampling_runtime(tiny_model):
+    runtime = build_runtime(tiny_model, num_blocks=16, block_size=32)
+    yield runtime
+    runtime.close()
+
+
+def _sample(runtime, sampling):
+    tokens = torch.randint(1, 256, (ROWS, LENGTH), generator=torch.Generator().manual_seed(0))
+    table = torch.arange(ROWS * 2, dtype=torch.int32).reshape(ROWS, 2)
+    return runtime.prefill(tokens, table, [LENGTH] * ROWS, sampling=sampling)
+
+
+def test_one_params_applies_to_every_row(sampling_runtime):
+    """One SamplingParams gives exactly what the same params repeated per row give."""
+    one = _sample(sampling_runtime, PARAMS)
+    per_row = _sample(sampling_runtime, [PARAMS] * ROWS)
+    assert one == per_row
+    assert all(r.token is not None and len(r.top_logprobs) == 2 for r in one)
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [0.7, 1, "greedy", b"x", {"temperature": 1.0}, torch.zeros(ROWS), iter([None] * ROWS), object()],
+    ids=["float", "int", "str", "bytes", "dict", "tensor", "iterator", "object"],
+)
+def test_other_forms_are_named_errors(sampling_runtime, sampling):
+    """A number, string, dict, tensor or other non-sequence raises PrefillInputError on field `sampling`."""
+    with pytest.raises(PrefillInputError, match="sampling=") as caught:
+        _sample(sampling_runtime, sampling)
+    assert caught.value.field == "sampling"
+
+
+def test_wrong_row_count_is_named(sampling_runtime):
+    """A per-row list of the wrong length names `sampling` and the row count."""
+    with pytest.raises(PrefillInputError, match=r"one entry per row \(3\)") as caught:
+        _sample(sampling_runtime, [PARAMS] * 2)
+    assert caught.value.field == "sampling"
