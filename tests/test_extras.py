@@ -54,7 +54,7 @@ def test_the_first_missing_extra_is_kept_through_nested_blocks():
 def test_the_pythons_named_in_code_are_the_markers_of_pyproject():
     """``TTNN_PYTHONS`` and ``LM_EVAL_PYTHONS`` are exactly the ``python_version`` markers their extras carry."""
     tomllib = pytest.importorskip("tomllib")  # 3.11+; the check is static, one Python suffices
-    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
     extras = tomllib.loads(pyproject.read_text())["project"]["optional-dependencies"]
 
     def pythons(line: str) -> tuple[str, ...]:
