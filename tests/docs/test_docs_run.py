@@ -24,6 +24,7 @@ PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```([\w-]*)\n(.*?)^```", re.S | re.M)
 SHELL_FENCES = {"bash", "shell", "console", "zsh"}
 RUN_ELSEWHERE = "import ttnn"
+EMULATED_PAGE, EMULATED_SECTION = REPO / "docs" / "tenstorrent.md", "## Running on Tenstorrent hardware"
 
 NOT_RUN = {
     "make demo": "fetches the model and runs SmolLM2 (the demo is `make demo` itself)",
@@ -34,10 +35,11 @@ NOT_RUN = {
     "make test-tt": "needs a Tenstorrent device",
     "make bench": "every benchmark: minutes, and it rewrites benchmarks/results",
     "make explain": "the same as the `python -m prefill_core plan` line run here",
-    "python -m prefill_shell run --prompt": "needs the SmolLM2 file; tests/shell/test_cli.py runs the CLI on it",
+    "python -m prefill_shell run --prompt": "needs the SmolLM2 file; the block's random:tiny line runs the same CLI, "
+    "and tests/shell/test_smollm2.py prefills this prompt (' Paris')",
     "python -m prefill_shell run --chat": "needs the SmolLM2 file and its chat template",
     "python -m prefill_shell run --model path/to/model.gguf": "names a file the reader has",
-    "python -m prefill_shell score": "needs the SmolLM2 file; tests/shell runs the scorer's CLI",
+    "python -m prefill_shell score": "needs the SmolLM2 file; tests/shell/test_score_cli.py runs score on it",
     "HF_DATASETS_OFFLINE=1": "lm-eval on SmolLM2: tests/shell/test_lm_eval.py runs this line with --limit 4",
 }
 
@@ -94,6 +96,14 @@ def test_every_runnable_shell_block_of_the_page_runs(page, tmp_path):
             timeout=300,
         )
         assert done.returncode == 0, f"{_name(page)} sh block {number}:\n{script}\n{done.stdout}\n{done.stderr}"
+
+
+def test_the_one_ttnn_block_is_the_block_the_emulation_runs():
+    """The block skipped here for ttnn is the one tests/tt/test_readme_snippet.py runs: none is skipped unseen."""
+    ttnn_blocks = [block for page in PAGES for block in blocks(page, {"python"}) if RUN_ELSEWHERE in block]
+    section = EMULATED_PAGE.read_text().split(EMULATED_SECTION, 1)[1].split("\n## ", 1)[0]
+    first_python = [body for lang, body in FENCE.findall(section) if lang == "python"][:1]
+    assert ttnn_blocks == first_python
 
 
 def test_every_shell_block_is_fenced_sh():
