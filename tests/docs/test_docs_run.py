@@ -119,3 +119,29 @@ def test_every_line_not_run_is_named_with_its_reason_and_still_shown():
     lines = [line.strip() for page in PAGES for block in blocks(page, {"sh"}) for line in block.splitlines()]
     unused = [prefix for prefix in NOT_RUN if not any(line.startswith(prefix) for line in lines)]
     assert unused == []
+
+
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation but hyphens and underscores dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_every_relative_link_reaches_a_file_and_heading():
+    """A link to a page that moved, or to a heading that was renamed, fails here rather than for a reader."""
+    broken = []
+    for page in [*PAGES, REPO / "benchmarks" / "README.md"]:
+        for target in LINK.findall(page.read_text()):
+            if target.startswith(("http://", "https://")):
+                continue
+            path, _, anchor = target.partition("#")
+            linked = (page.parent / path).resolve() if path else page
+            if not linked.exists():
+                broken.append((_name(page), target))
+            elif anchor and linked.suffix == ".md":
+                headings = re.findall(r"^#+ (.*)$", linked.read_text(), flags=re.M)
+                if anchor not in {_anchor(h) for h in headings}:
+                    broken.append((_name(page), target))
+    assert broken == []
