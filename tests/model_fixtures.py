@@ -22,6 +22,8 @@ from tests import helpers
 
 __all__ = [
     "kit",
+    "lm_eval_harness",
+    "mmlu_hf_reference",
     "one_torch_thread",
     "oracle",
     "smollm2",
@@ -29,6 +31,7 @@ __all__ = [
     "smollm2_hf",
     "smollm2_tokenizer",
     "tiny_model",
+    "tiny_smollm2_vocab",
 ]
 
 
