@@ -38,7 +38,7 @@ from prefill_core.windows import window_floor
 from prefill_shell.reference.kv_cache import PagedKVCache
 from prefill_shell.reference.llama import PagedLlama, _rms_norm, _split_qkv
 
-__all__ = ["GroupedKVCache", "GroupTensors", "forward_grouped"]
+__all__ = ["GroupedKVCache", "GroupTensors", "forward_grouped", "windowed_attention"]
 
 
 class GroupTensors(NamedTuple):
@@ -133,8 +133,12 @@ def _reuse_cached(pool: PagedKVCache, local: int, x: torch.Tensor, which: int, s
     return x if out is None else out
 
 
-def _windowed_attention(model: PagedLlama, layer: int, q, k, v, starts: list[int], tables: GroupTensors, kv):
-    """SDPA of one layer over its group's window; ``q [B, H, S, D]``, ``k, v [B, Hkv, S, D]``."""
+def windowed_attention(model, layer: int, q, k, v, starts: list[int], tables: GroupTensors, kv):
+    """SDPA of one layer over its group's window; ``q [B, H, S, D]``, ``k, v [B, Hkv, S, D]``.
+
+    ``model._sdpa`` computes the attention itself (its grouped-query form and
+    its scale: ``PagedLlama``'s or ``PagedGemma3``'s).
+    """
     pool, local, group, _ = kv.of_layer(layer)
     if any(lo < hi for lo, hi in tables.reused):
         k = _reuse_cached(pool, local, k, 0, starts, tables)
@@ -164,7 +168,10 @@ def forward_grouped(
     """One padded step (``tokens [B, S]`` from ``start [B]``) of a hybrid model; returns hidden ``[B, S, H]``.
 
     ``tables[g]`` are group g's tables for the step, as the core staged them.
+    A model with its own layer (``PagedGemma3``) runs its ``grouped_hidden``.
     """
+    if not isinstance(model, PagedLlama):
+        return model.grouped_hidden(tokens, start, tables, kv)
     config, spec = model.config, model.spec
     batch, seq = tokens.shape
     starts = [int(s) for s in start.tolist()]
@@ -178,7 +185,7 @@ def forward_grouped(
         normed = _rms_norm(residual, layer.attn_norm, eps).view(batch, seq, -1)
         q, k, v = (t.transpose(1, 2) for t in _split_qkv(layer.qkv(normed), config, layer, cos, sin))
         _, _, _, g = kv.of_layer(i)
-        out = _windowed_attention(model, i, q, k, v, starts, tables[g], kv)
+        out = windowed_attention(model, i, q, k, v, starts, tables[g], kv)
         attn = out.transpose(1, 2).reshape(batch * seq, spec.num_heads * spec.head_dim)
         residual = layer.o.plus(attn, residual)
         residual = model._mlp(layer, _rms_norm(residual, layer.mlp_norm, eps), residual)
