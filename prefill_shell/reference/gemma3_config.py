@@ -27,62 +27,25 @@ import attrs
 from prefill_core.dtype import DTYPES
 from prefill_core.errors import PrefillConfigError
 from prefill_shell.device.model import ModelSpec
-from prefill_shell.reference.config import _int, _number, _positive
+from prefill_shell.reference.config import COMPUTED_KEYS, INERT_KEYS, _int, _number, _positive
 from prefill_shell.reference.rope import RopeScaling, read_rope
 
 __all__ = ["GEMMA3_COMPUTED_KEYS", "GEMMA3_INERT_KEYS", "GEMMA3_REFUSED_KEYS", "Gemma3Spec", "text_config_of"]
 
 _SLIDING, _FULL = "sliding_attention", "full_attention"
 
-GEMMA3_COMPUTED_KEYS = frozenset(
-    {
-        "model_type",
-        "architectures",
-        "vocab_size",
-        "hidden_size",
-        "intermediate_size",
-        "num_hidden_layers",
-        "num_attention_heads",
-        "num_key_value_heads",
-        "head_dim",
-        "rms_norm_eps",
-        "max_position_embeddings",
-        "tie_word_embeddings",
-        "query_pre_attn_scalar",
-        "sliding_window",
-        "layer_types",
-        "sliding_window_pattern",  # legacy: layer i is full when (i + 1) % pattern == 0
-        "rope_parameters",
-        "rope_theta",
-        "rope_scaling",
-        "rope_local_base_freq",
-        "final_logit_softcapping",
-        "dtype",
-        "torch_dtype",
-    }
-)
+GEMMA3_COMPUTED_KEYS = (COMPUTED_KEYS - {"attention_bias", "use_sliding_window", "max_window_layers"}) | {
+    "query_pre_attn_scalar",
+    "sliding_window_pattern",  # legacy: layer i is full when (i + 1) % pattern == 0
+    "rope_local_base_freq",
+    "final_logit_softcapping",
+}
 """Text-config keys the reference Gemma 3 reads and computes."""
 
-GEMMA3_INERT_KEYS = frozenset(
-    {
-        "transformers_version",
-        "output_hidden_states",
-        "return_dict",
-        "chunk_size_feed_forward",
-        "is_encoder_decoder",
-        "id2label",
-        "label2id",
-        "problem_type",
-        "initializer_range",
-        "use_cache",
-        "pad_token_id",
-        "bos_token_id",
-        "eos_token_id",
-        "attention_dropout",
-        "_sliding_window_pattern",  # written back by transformers 5 and not read on load (layer_types is)
-        "hidden_act",  # Gemma 2's spelling: Gemma 3's model reads hidden_activation only
-    }
-)
+GEMMA3_INERT_KEYS = (INERT_KEYS - {"pretraining_tp"}) | {
+    "_sliding_window_pattern",  # written back by transformers 5 and not read on load (layer_types is)
+    "hidden_act",  # Gemma 2's spelling: Gemma 3's model reads hidden_activation only
+}
 """Text-config keys that do not change an inference forward pass."""
 
 GEMMA3_REFUSED_KEYS: dict[str, object] = {

@@ -47,9 +47,7 @@ def test_a_gemma3_call_through_the_runtime_equals_transformers(mode):
     attention = kit.attention_of(types, WINDOW, 8)
     model = HybridLlama(base, attention)
     kv = model.new_kv_cache(LAYOUT.num_blocks)
-    for pool in kv.pools:
-        for tensor in pool.keys + pool.values:
-            tensor[kit.NULL] = float("nan")
+    kit.nan_fill(kv, [[kit.NULL]] * len(attention.groups))
     runtime = PrefillRuntime(PrefillRuntimeConfig.resolve(model, TorchBackend(), kv, LAYOUT, kit.POLICY))
     executor = PrefillExecutor(runtime)
     gen = torch.Generator().manual_seed(13)
