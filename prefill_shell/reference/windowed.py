@@ -1,4 +1,4 @@
-"""Hybrid models on the reference Llama: per-group KV pools and windowed attention in padded steps.
+"""Hybrid models on the reference decoders: per-group KV pools and windowed attention in padded steps.
 
 A hybrid model's layers fall into KV groups (``prefill_core.AttentionLayout``),
 each with its own block size and page table, all drawing block ids from one
