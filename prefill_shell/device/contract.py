@@ -103,6 +103,11 @@ __all__ = [
     "PACKED_INPUTS",
     "BODY_INPUTS",
     "GROUPED_INPUTS",
+    "GROUPED_PACKED_INPUTS",
+    "GROUP_PACKED_TABLES",
+    "GROUP_PREFIX_FROM",
+    "GROUP_PREFIX_TABLES",
+    "GROUP_WRITE_SLOTS",
     "GROUP_FILL_TABLES",
     "GROUP_READ_FROM",
     "GROUP_READ_TABLES",
@@ -265,8 +270,36 @@ GROUP_REUSED = TensorSpec(
     "positions [lo, hi) whose K/V a group takes from the pool",
     _GROUPED_BACKENDS,
 )
+GROUP_WRITE_SLOTS = TensorSpec(
+    "group_write_slots",
+    Stage.BODY_INPUT,
+    torch.int64,
+    ("K", "T"),
+    "packed hybrid steps: the slot each token writes in each KV group, -1 writes nothing",
+    _GROUPED_BACKENDS,
+)
+GROUP_PREFIX_TABLES = TensorSpec(
+    "group_prefix_tables",
+    Stage.BODY_INPUT,
+    torch.int32,
+    ("K", "G", "Wgp"),
+    "packed hybrid steps: each segment's prefix blocks per KV group from its first column, filler 0 past them",
+    _GROUPED_BACKENDS,
+)
+GROUP_PREFIX_FROM = TensorSpec(
+    "group_prefix_from",
+    Stage.BODY_INPUT,
+    torch.int64,
+    ("K", "G", "2"),
+    "packed hybrid steps: each segment's first prefix column and column count per KV group",
+    _GROUPED_BACKENDS,
+)
 GROUPED_INPUTS = (GROUP_FILL_TABLES, GROUP_READ_TABLES, GROUP_READ_FROM, GROUP_REUSED)
 """What a hybrid model's step reads instead of the fill and read tables (``prefill_core.GroupStepTables``)."""
+GROUP_PACKED_TABLES = (GROUP_WRITE_SLOTS, GROUP_PREFIX_TABLES, GROUP_PREFIX_FROM)
+"""What a hybrid model's packed step reads instead of the packed write slots and prefix table."""
+GROUPED_PACKED_INPUTS = (PACKED_TOKENS, PACKED_POSITIONS, PACKED_SEGMENTS, *GROUP_PACKED_TABLES)
+"""What a hybrid model's packed step reads (``prefill_core.GroupPackedTables``): eager only, never traced."""
 
 BODY_INPUTS = (INPUT_TOKENS, CHUNK_START, SLOTS, FILL_TABLE, READ_TABLE, *GROUPED_INPUTS)
 """What the model body reads, in the order a trace's persistent inputs are allocated."""
@@ -277,6 +310,7 @@ SAMPLING_INPUTS = (TOP_K, TOP_P, TEMPERATURE)
 ALL_SPECS = (
     *STEP_INPUTS,
     *PACKED_INPUTS,
+    *GROUP_PACKED_TABLES,
     *SAMPLING_INPUTS,
     HIDDEN,
     LAST_HIDDEN,

@@ -14,16 +14,17 @@ What it computes beyond the reference Llama (transformers' ``modeling_gemma3``):
 - a GELU (tanh approximation) gated MLP, and a tanh cap on the logits when
   the config has ``final_logit_softcapping``.
 
-Every Gemma 3 has sliding layers, so it runs only as a hybrid model: each
-step's attention is ``windowed.windowed_attention`` (the window rule, the
-gathers and the zeroing the Llama hybrid uses), through the tables of the
-layer's KV group. Weights are plain tensors keyed by ``Gemma3ForCausalLM``'s
+Every Gemma 3 has sliding layers, so it runs only as a hybrid model:
+``body`` is the decoder, and its caller's attention (``windowed.py`` for
+padded steps, ``packed_windowed.py`` for packed ones: the window rule, the
+gathers and the zeroing the Llama hybrid uses) reads and writes through
+the tables of each layer's KV group. Weights are plain tensors keyed by ``Gemma3ForCausalLM``'s
 names; ``text_weights`` maps the multimodal checkpoints' names onto them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import NamedTuple
 
 import torch
@@ -34,7 +35,6 @@ from prefill_shell.reference.gemma3_config import Gemma3Spec
 from prefill_shell.reference.llama import _apply_rope, _expand_kv
 from prefill_shell.reference.projection import Projection
 from prefill_shell.reference.rope import rope_inv_freq
-from prefill_shell.reference.windowed import GroupTensors, windowed_attention
 
 __all__ = ["PagedGemma3", "gemma3_weight_shapes", "text_weights"]
 
@@ -202,20 +202,17 @@ class PagedGemma3:
         v = qkv[..., (heads + kv_heads) * dim :].unflatten(-1, (kv_heads, dim))
         return qk[..., :heads, :].transpose(1, 2), qk[..., heads:, :].transpose(1, 2), v.transpose(1, 2)
 
-    @torch.inference_mode()
-    def grouped_hidden(self, tokens, start, tables: Sequence[GroupTensors], kv) -> torch.Tensor:
-        """One padded step (``tokens [B, S]`` from ``start [B]``) through per-group tables; hidden ``[B, S, H]``."""
-        config, eps = self.config, self.config.rms_norm_eps
+    def body(self, tokens: torch.Tensor, positions: torch.Tensor, attend) -> torch.Tensor:
+        """The decoder over ``tokens [B, S]`` at ``positions [B, S]``; ``attend(layer, q, k, v)`` (``q [B, H, S,
+        D]``, ``k, v [B, Hkv, S, D]``, normed and rotated) is each layer's attention. Returns hidden ``[B, S, H]``."""
+        eps = self.config.rms_norm_eps
         batch, seq = tokens.shape
-        starts = [int(s) for s in start.tolist()]
-        positions = start.to(torch.int64)[:, None] + torch.arange(seq, device=tokens.device)
-        positions = positions.clamp(max=config.max_position_embeddings - 1)  # padded tails feed no real query
+        positions = positions.clamp(max=self.config.max_position_embeddings - 1)  # padded tails feed no real query
         residual = (F.embedding(tokens, self._embed) * self._embed_scale).view(batch * seq, -1)
         for i, layer in enumerate(self._layers):
             pre_attn, post_attn, pre_mlp, post_mlp = layer.norms
             q, k, v = self._qkv(layer, _norm(residual, pre_attn, eps).view(batch, seq, -1), positions)
-            out = windowed_attention(self, i, q, k, v, starts, tables[kv.of_layer(i)[3]], kv)
-            attn = layer.o(out.transpose(1, 2).reshape(batch * seq, -1))
+            attn = layer.o(attend(i, q, k, v).transpose(1, 2).reshape(batch * seq, -1))
             residual = residual + _norm(attn, post_attn, eps)
             x = _norm(residual, pre_mlp, eps)
             mlp = layer.down(F.gelu(layer.gate(x), approximate="tanh") * layer.up(x))

@@ -30,14 +30,17 @@ from prefill_shell.reference.gemma3 import PagedGemma3, text_weights
 from prefill_shell.reference.gemma3_config import ARCHITECTURES as GEMMA3_TYPES
 from prefill_shell.reference.gemma3_config import Gemma3Spec
 from prefill_shell.reference.llama import PagedLlama
+from prefill_shell.reference.packed_windowed import PackedGroupStep, packed_windowed_attention
 from prefill_shell.reference.weights import _read_shard, _shard_files, load_weights
-from prefill_shell.reference.windowed import GroupedKVCache, GroupTensors, forward_grouped
+from prefill_shell.reference.windowed import GroupedKVCache, GroupTensors, forward_grouped, llama_body
 
 __all__ = ["HybridLlama", "load_hybrid_folder"]
 
 
 class HybridLlama:
     """A ``PagedLlama`` or ``PagedGemma3`` whose layers fall into ``attention``'s KV groups (windows, block sizes)."""
+
+    packed_steps = True  # forward_packed_grouped: segments end to end through each group's tables
 
     def __init__(self, model: PagedLlama | PagedGemma3, attention: AttentionLayout):
         if attention.num_layers != model.spec.num_layers:
@@ -76,6 +79,17 @@ class HybridLlama:
             for g in range(len(self.attention.groups))
         ]
         return forward_grouped(self.model, tokens, start, tables, kv)
+
+    def forward_packed_grouped(self, tokens, positions, segments, write_slots, prefix_tables, prefix_from, kv):
+        """One packed step (``contract.GROUPED_PACKED_INPUTS``: ``tokens, positions [T]``); returns ``[1, T, H]``."""
+        step = PackedGroupStep(segments, write_slots, prefix_tables, prefix_from, kv)
+
+        def attend(i, q, k, v):
+            return packed_windowed_attention(self.model, i, q, k, v, step, kv)
+
+        body = llama_body if isinstance(self.model, PagedLlama) else type(self.model).body
+        with torch.inference_mode():
+            return body(self.model, tokens[None], positions[None], attend)
 
     def lm_head(self, hidden_rows: torch.Tensor) -> torch.Tensor:
         return self.model.lm_head(hidden_rows)

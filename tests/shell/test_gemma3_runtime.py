@@ -1,20 +1,21 @@
-"""Gemma 3 through the runtime, eager and traced, with prompt log-probs, as vLLM would send two calls.
+"""Gemma 3 through the runtime, packed, padded and traced, with prompt log-probs, as vLLM would send two calls.
 
 ``HybridLlama(PagedGemma3)`` runs the windowed-runtime test's two calls
 (``test_windowed_runtime._calls``): each row's prefix first, then, after the
 blocks that left the window are freed (NaN, their entries the null block for
 row 0 and the other row's blocks for row 1), the rest from unaligned cached
-offsets. Logits, prompt log-probs of every computed position (and their
+offsets; packed, both rows' segments share steps. Logits, prompt log-probs of every computed position (and their
 top-2) and the in-window KV equal ``Gemma3ForCausalLM``'s within 1e-4; the
 NaN null block is byte-identical after each call.
 """
 
 from __future__ import annotations
 
+import attrs
 import pytest
 import torch
 
-from prefill_core import WarmupManifest
+from prefill_core import RequestKind, WarmupManifest
 from prefill_core.sampling import SamplingParams
 from prefill_shell.backends.torch_backend import TorchBackend
 from prefill_shell.engine.config import PrefillRuntimeConfig
@@ -40,7 +41,7 @@ def _check_prompt_logprobs(result, prompt: torch.Tensor, expected: torch.Tensor,
             assert abs(value - best) <= kit.TOL * max(1.0, abs(best)) and token in torch.topk(want, TOP + 1).indices
 
 
-@pytest.mark.parametrize("mode", ["eager", "traced"])
+@pytest.mark.parametrize("mode", ["packed", "eager", "traced"])
 def test_a_gemma3_call_through_the_runtime_equals_transformers(mode):
     """Both rows' logits, prompt log-probs and in-window KV equal ``Gemma3ForCausalLM``'s; the null block holds."""
     base, hf, types = kit.model_and_oracle("gemma3", WINDOW)
@@ -48,7 +49,8 @@ def test_a_gemma3_call_through_the_runtime_equals_transformers(mode):
     model = HybridLlama(base, attention)
     kv = model.new_kv_cache(LAYOUT.num_blocks)
     kit.nan_fill(kv, [[kit.NULL]] * len(attention.groups))
-    runtime = PrefillRuntime(PrefillRuntimeConfig.resolve(model, TorchBackend(), kv, LAYOUT, kit.POLICY))
+    policy = attrs.evolve(kit.POLICY, packed_steps=mode == "packed")
+    runtime = PrefillRuntime(PrefillRuntimeConfig.resolve(model, TorchBackend(), kv, LAYOUT, policy))
     executor = PrefillExecutor(runtime)
     gen = torch.Generator().manual_seed(13)
     prompts = [torch.randint(0, base.spec.vocab_size, (n,), generator=gen) for n in LENGTHS]
@@ -62,10 +64,11 @@ def test_a_gemma3_call_through_the_runtime_equals_transformers(mode):
         batch = runtime.prepare(
             tokens, page_tables[0], lengths, cached, sampling=sampling, group_page_tables=page_tables, null_block=0
         )
+        assert all((p.request.kind is RequestKind.PACKED) == (mode == "packed") for p in batch.requests)
         if mode == "traced":
             executor.warm_up(WarmupManifest().observe(batch.requests))
             assert runtime.captured_traces()
-        results = runtime.assemble(executor.invocations(batch, mode), batch.num_rows)
+        results = runtime.assemble(executor.invocations(batch, "traced" if mode == "traced" else "eager"), 2)
         assert torch.equal(kv.block_bytes(kit.NULL), null_bytes)
     for row, result in enumerate(results):
         with torch.no_grad():

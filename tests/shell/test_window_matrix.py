@@ -6,8 +6,8 @@ first, then the prompt's prefix (longer than the window), then, after the blocks
 freed (NaN) and their entries pointed at the NaN null block or at the other request's blocks, the rest
 from the cached offset with prompt log-probs. Checked against transformers within 1e-4: the last token's
 top-8 log-probs (its logits, normalised), every computed position's prompt log-prob and the in-window KV;
-the null block and the other request's blocks stay byte-identical. Hybrid calls plan padded waves in every
-mode, so there is no packed column yet.
+the null block and the other request's blocks stay byte-identical. Modes: packed steps (the policy packs),
+padded waves run eagerly, and padded waves replayed from traces.
 
 ``make test`` runs a pairwise-covering subset (every pair of levels of any two factors in some case);
 ``make fuzz`` (``HYPOTHESIS_PROFILE=fuzz``) runs the whole product.
@@ -18,10 +18,11 @@ from __future__ import annotations
 import itertools
 import os
 
+import attrs
 import pytest
 import torch
 
-from prefill_core import PageTableLayout, WarmupManifest
+from prefill_core import PageTableLayout, RequestKind, WarmupManifest
 from prefill_core.intmath import ceil_div
 from prefill_core.sampling import SamplingParams
 from prefill_shell.backends.torch_backend import TorchBackend
@@ -37,7 +38,7 @@ pytest.importorskip("transformers")
 
 FACTORS = {
     "family": ("mistral", "ministral", "qwen3", "gemma3"),
-    "mode": ("eager", "traced"),
+    "mode": ("packed", "eager", "traced"),  # eager: padded waves run eagerly
     "outside": ("null", "other"),
     "blocks": ((16, 8), (32, 16)),  # (planning block size, sliding group's block size)
     "cached": (70, 64),  # inside a block of either size, or on one; both past every window
@@ -88,7 +89,8 @@ def test_a_windowed_case_of_the_matrix_equals_transformers(family, mode, outside
     kv = model.new_kv_cache(POOL)
     layout = PageTableLayout(kv.block_size, 32, POOL)  # the largest group's: Mistral has only its sliding group
     kit.nan_fill(kv, [[kit.NULL]] * len(attention.groups))
-    runtime = PrefillRuntime(PrefillRuntimeConfig.resolve(model, TorchBackend(), kv, layout, kit.POLICY))
+    policy = attrs.evolve(kit.POLICY, packed_steps=mode == "packed")
+    runtime = PrefillRuntime(PrefillRuntimeConfig.resolve(model, TorchBackend(), kv, layout, policy))
     executor = PrefillExecutor(runtime)
     gen = torch.Generator().manual_seed(cached + window)
     prompt = torch.randint(0, base.spec.vocab_size, (LENGTH,), generator=gen)
@@ -101,9 +103,12 @@ def test_a_windowed_case_of_the_matrix_equals_transformers(family, mode, outside
             tokens[None], page_tables[0], [length], [done], sampling=sampling, group_page_tables=page_tables,
             null_block=kit.NULL,
         )  # fmt: skip
+        kinds = {p.request.kind for p in batch.requests}
+        assert kinds == {RequestKind.PACKED} if mode == "packed" else RequestKind.PACKED not in kinds
         if mode == "traced":
             executor.warm_up(WarmupManifest().observe(batch.requests))
-        return runtime.assemble(executor.invocations(batch, mode), batch.num_rows)[0]
+        run = "traced" if mode == "traced" else "eager"
+        return runtime.assemble(executor.invocations(batch, run), batch.num_rows)[0]
 
     call(other, OTHER, 0, [t[1] for t in tables])
     fixed = {b: kv.block_bytes(b) for t in tables for b in t[1]} | {kit.NULL: kv.block_bytes(kit.NULL)}
