@@ -34,6 +34,9 @@ temperature         postprocess input   float64   B          device sampling T p
 packed_*            body input          int64     T / G, .   packed steps only (``PACKED_INPUTS``): tokens,
                                                              positions, write slots, segments, prefix
                                                              tables; staged by the torch backend only
+group_*             body input          int32/64  K, ...     hybrid models: each KV group's tables,
+                                                             padded (``GROUPED_INPUTS``) or packed
+                                                             (``GROUP_PACKED_TABLES``); torch only
 hidden              body output         model     B, S, H    the body's output after the final norm
 last_hidden         output              model     B, H       each row's last-token hidden state
 logits              output              float32   B, V       LM head on ``last_hidden``

@@ -7,8 +7,11 @@ from the checkpoint's ``model_type``.
 It implements the model protocol with grouped steps: the runtime plans a
 hybrid call with ``prefill_core.prepare_grouped`` and hands each step's
 ``contract.GROUPED_INPUTS`` to ``forward_grouped`` (``windowed.py`` runs
-them). Its pool is a ``GroupedKVCache``; ``forward_hidden`` (one table for
-every layer) is refused, since no single table is right for every group.
+them); a packed call (``prefill_core.prepare_grouped_packed``) hands each
+step's ``contract.GROUPED_PACKED_INPUTS`` to ``forward_packed_grouped``
+(``packed_windowed.py``). Its pool is a ``GroupedKVCache``; ``forward_hidden``
+(one table for every layer) is refused, since no single table is right for
+every group.
 
 Eager on the host only: each step reads its starts, first columns and reused
 spans on the host (a CPU "replay" re-runs the body, which is fine); under
