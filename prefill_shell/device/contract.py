@@ -36,7 +36,8 @@ packed_*            body input          int64     T / G, .   packed steps only (
                                                              tables; staged by the torch backend only
 group_*             body input          int32/64  K, ...     hybrid models: each KV group's tables,
                                                              padded (``GROUPED_INPUTS``) or packed
-                                                             (``GROUP_PACKED_TABLES``); torch only
+                                                             (``GROUP_PACKED_TABLES``, torch only); ttnn
+                                                             stages the padded ones exactly, int32
 hidden              body output         model     B, S, H    the body's output after the final norm
 last_hidden         output              model     B, H       each row's last-token hidden state
 logits              output              float32   B, V       LM head on ``last_hidden``
@@ -245,7 +246,8 @@ PACKED_PREFIX_TABLE = TensorSpec(
 PACKED_INPUTS = (PACKED_TOKENS, PACKED_POSITIONS, PACKED_WRITE_SLOTS, PACKED_SEGMENTS, PACKED_PREFIX_TABLE)
 """What a packed step's body reads (eager only: never persistent, never traced)."""
 
-_GROUPED_BACKENDS = ("torch",)
+_GROUPED_BACKENDS = ("torch", "ttnn")  # padded hybrid steps: ttnn stages them too (tt/staging.py)
+_GROUPED_PACKED_BACKENDS = ("torch",)  # packed steps: eager torch only
 GROUP_FILL_TABLES = TensorSpec(
     "group_fill_tables",
     Stage.BODY_INPUT,
@@ -279,7 +281,7 @@ GROUP_WRITE_SLOTS = TensorSpec(
     torch.int64,
     ("K", "T"),
     "packed hybrid steps: the slot each token writes in each KV group, -1 writes nothing",
-    _GROUPED_BACKENDS,
+    _GROUPED_PACKED_BACKENDS,
 )
 GROUP_PREFIX_TABLES = TensorSpec(
     "group_prefix_tables",
@@ -287,7 +289,7 @@ GROUP_PREFIX_TABLES = TensorSpec(
     torch.int32,
     ("K", "G", "Wgp"),
     "packed hybrid steps: each segment's prefix blocks per KV group from its first column, filler 0 past them",
-    _GROUPED_BACKENDS,
+    _GROUPED_PACKED_BACKENDS,
 )
 GROUP_PREFIX_FROM = TensorSpec(
     "group_prefix_from",
@@ -295,7 +297,7 @@ GROUP_PREFIX_FROM = TensorSpec(
     torch.int64,
     ("K", "G", "2"),
     "packed hybrid steps: each segment's first prefix column and column count per KV group",
-    _GROUPED_BACKENDS,
+    _GROUPED_PACKED_BACKENDS,
 )
 GROUPED_INPUTS = (GROUP_FILL_TABLES, GROUP_READ_TABLES, GROUP_READ_FROM, GROUP_REUSED)
 """What a hybrid model's step reads instead of the fill and read tables (``prefill_core.GroupStepTables``)."""
