@@ -17,7 +17,7 @@ from prefill_shell.device.contract import GROUP_FILL_TABLES, GROUP_READ_TABLES, 
 from prefill_shell.engine.steps.grouped_inputs import GroupedSteps
 from prefill_shell.engine.steps.inputs import build_host_steps
 from prefill_shell.tt import staging as ttnn_staging
-from tests.shell import window_kit as kit
+from tests import window_kit as kit
 
 
 def _host_steps():

@@ -17,7 +17,7 @@ from prefill_core import PageTableLayout, PrefillBatch, prepare_grouped
 from prefill_core.windows import read_span
 from prefill_shell.tt.emulation import ReferenceEmulation
 from prefill_shell.tt.window_attention import group_chunked_attention
-from tests.shell import window_kit as kit
+from tests import window_kit as kit
 from tests.tt.test_conformance import pinned_ttnn  # noqa: F401 (fixture)
 from tests.tt.ttnn_signatures import call_sites, nonconforming
 
