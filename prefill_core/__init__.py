@@ -9,6 +9,7 @@ from .batch import PrefillBatch, PrefillRow
 from .errors import *  # noqa: F403 (the hierarchy is public API)
 from .errors import __all__ as _error_names
 from .execution import ExecutionMode, execution_mode, plans_packed, replays
+from .group_packed import GroupedPackedRequest, GroupPackedTables, prepare_grouped_packed
 from .group_tables import GroupedRequest, GroupStepTables, prepare_grouped
 from .lanes import LaneRoute, route_to_lanes
 from .layout import PageTableLayout
@@ -31,7 +32,9 @@ __all__ = [
     "AttentionLayout",
     "can_trace",
     "GREEDY_TEMPERATURE",
+    "GroupPackedTables",
     "GroupStepTables",
+    "GroupedPackedRequest",
     "GroupedRequest",
     "KVGroup",
     "LaneRoute",
@@ -68,6 +71,7 @@ __all__ = [
     "replays",
     "plan_prefill",
     "prepare_grouped",
+    "prepare_grouped_packed",
     "prepare_in_sub_batches",
     "prepare_packed",
     "prepare_prefill",

@@ -30,7 +30,7 @@ A hybrid model's call carries one page table per KV group
    window, block size, fill and read widths). Widths follow the chunk
    length and the layout only, so one trace serves every cached offset.
 
-Padded waves only: a hybrid call is not planned as packed steps yet.
+Packed steps of a hybrid call are ``group_packed.py``.
 """
 
 from __future__ import annotations
@@ -185,6 +185,24 @@ def _dependencies(requests, attention: AttentionLayout, masked, spans) -> list[s
     return [{writer[key] for key in read if key in writer} - {i} for i, read in enumerate(reads)]
 
 
+def judged_groups(batch, policy, layout, attention, group_blocks, null_block, max_position):
+    """``(scope, spans, masked)``: the call judged (inputs, fit, every group's table, rule 2) and its rows masked.
+
+    ``spans[g][row]`` are the row's kept and written columns in group g;
+    ``masked[g][row]`` its blocks with ``OUTSIDE`` at every column it never touches.
+    """
+    scope = checked_scope(batch, policy, layout, max_position=max_position, block_rules=False)
+    attention.check_fits(layout.block_size)
+    spans = check_group_tables(
+        attention, group_blocks, batch.lengths, batch.cached, num_blocks=layout.num_blocks, null_block=null_block
+    )
+    masked = tuple(
+        tuple(_masked(b, s, ceil_div(n, g.block_size)) for b, s, n in zip(rows, group_spans, batch.lengths))
+        for g, rows, group_spans in zip(attention.groups, group_blocks, spans)
+    )
+    return scope, spans, masked
+
+
 def prepare_grouped(
     batch: PrefillBatch,
     policy: PrefillPolicy,
@@ -202,20 +220,7 @@ def prepare_grouped(
     own block size. ``null_block`` is the caller's never-written block (vLLM's 0), which no
     column a step reads or writes may name.
     """
-    scope = checked_scope(batch, policy, layout, max_position=max_position, block_rules=False)
-    attention.check_fits(layout.block_size)
-    spans = check_group_tables(
-        attention,
-        group_blocks,
-        batch.lengths,
-        batch.cached,
-        num_blocks=layout.num_blocks,
-        null_block=null_block,
-    )
-    masked = tuple(
-        tuple(_masked(b, s, ceil_div(n, g.block_size)) for b, s, n in zip(rows, group_spans, batch.lengths))
-        for g, rows, group_spans in zip(attention.groups, group_blocks, spans)
-    )
+    scope, spans, masked = judged_groups(batch, policy, layout, attention, group_blocks, null_block, max_position)
     planning = attrs.evolve(batch, blocks=masked[0])
     requests = plan_geometry(planning, scope.needs, policy, layout)
     requests = order_by_dependencies(requests, _dependencies(requests, attention, masked, spans))

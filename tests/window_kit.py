@@ -25,6 +25,7 @@ LAYER_TYPES = {
     "mistral": ("sliding_attention",) * 2,  # MistralConfig.sliding_window: every layer slides
     "ministral": ("sliding_attention", "full_attention", "sliding_attention"),  # layer_types mixing both
     "qwen3": ("full_attention", "sliding_attention", "sliding_attention"),  # Qwen3 layer_types, q/k norms
+    "gemma3": ("sliding_attention", "full_attention", "sliding_attention"),  # Gemma3ForCausalLM (gemma3_kit)
 }
 
 
@@ -36,6 +37,10 @@ def model_and_oracle(kind: str, window: int):
     """
     import transformers
 
+    if kind == "gemma3":
+        from tests.gemma3_kit import gemma3_and_oracle
+
+        return gemma3_and_oracle(window)
     types = LAYER_TYPES[kind]
     extra = {"family": "qwen3", "attention": LayerAttention(qk_norm=True)} if kind == "qwen3" else {}
     model = random_llama(5, "tiny", rope_scaling=None, num_layers=len(types), **extra)

@@ -34,6 +34,10 @@ temperature         postprocess input   float64   B          device sampling T p
 packed_*            body input          int64     T / G, .   packed steps only (``PACKED_INPUTS``): tokens,
                                                              positions, write slots, segments, prefix
                                                              tables; staged by the torch backend only
+group_*             body input          int32/64  K, ...     hybrid models: each KV group's tables,
+                                                             padded (``GROUPED_INPUTS``) or packed
+                                                             (``GROUP_PACKED_TABLES``, torch only); ttnn
+                                                             stages the padded ones exactly, int32
 hidden              body output         model     B, S, H    the body's output after the final norm
 last_hidden         output              model     B, H       each row's last-token hidden state
 logits              output              float32   B, V       LM head on ``last_hidden``
@@ -103,6 +107,11 @@ __all__ = [
     "PACKED_INPUTS",
     "BODY_INPUTS",
     "GROUPED_INPUTS",
+    "GROUPED_PACKED_INPUTS",
+    "GROUP_PACKED_TABLES",
+    "GROUP_PREFIX_FROM",
+    "GROUP_PREFIX_TABLES",
+    "GROUP_WRITE_SLOTS",
     "GROUP_FILL_TABLES",
     "GROUP_READ_FROM",
     "GROUP_READ_TABLES",
@@ -237,7 +246,8 @@ PACKED_PREFIX_TABLE = TensorSpec(
 PACKED_INPUTS = (PACKED_TOKENS, PACKED_POSITIONS, PACKED_WRITE_SLOTS, PACKED_SEGMENTS, PACKED_PREFIX_TABLE)
 """What a packed step's body reads (eager only: never persistent, never traced)."""
 
-_GROUPED_BACKENDS = ("torch",)
+_GROUPED_BACKENDS = ("torch", "ttnn")  # padded hybrid steps: ttnn stages them too (tt/staging.py)
+_GROUPED_PACKED_BACKENDS = ("torch",)  # packed steps: eager torch only
 GROUP_FILL_TABLES = TensorSpec(
     "group_fill_tables",
     Stage.BODY_INPUT,
@@ -265,8 +275,36 @@ GROUP_REUSED = TensorSpec(
     "positions [lo, hi) whose K/V a group takes from the pool",
     _GROUPED_BACKENDS,
 )
+GROUP_WRITE_SLOTS = TensorSpec(
+    "group_write_slots",
+    Stage.BODY_INPUT,
+    torch.int64,
+    ("K", "T"),
+    "packed hybrid steps: the slot each token writes in each KV group, -1 writes nothing",
+    _GROUPED_PACKED_BACKENDS,
+)
+GROUP_PREFIX_TABLES = TensorSpec(
+    "group_prefix_tables",
+    Stage.BODY_INPUT,
+    torch.int32,
+    ("K", "G", "Wgp"),
+    "packed hybrid steps: each segment's prefix blocks per KV group from its first column, filler 0 past them",
+    _GROUPED_PACKED_BACKENDS,
+)
+GROUP_PREFIX_FROM = TensorSpec(
+    "group_prefix_from",
+    Stage.BODY_INPUT,
+    torch.int64,
+    ("K", "G", "2"),
+    "packed hybrid steps: each segment's first prefix column and column count per KV group",
+    _GROUPED_PACKED_BACKENDS,
+)
 GROUPED_INPUTS = (GROUP_FILL_TABLES, GROUP_READ_TABLES, GROUP_READ_FROM, GROUP_REUSED)
 """What a hybrid model's step reads instead of the fill and read tables (``prefill_core.GroupStepTables``)."""
+GROUP_PACKED_TABLES = (GROUP_WRITE_SLOTS, GROUP_PREFIX_TABLES, GROUP_PREFIX_FROM)
+"""What a hybrid model's packed step reads instead of the packed write slots and prefix table."""
+GROUPED_PACKED_INPUTS = (PACKED_TOKENS, PACKED_POSITIONS, PACKED_SEGMENTS, *GROUP_PACKED_TABLES)
+"""What a hybrid model's packed step reads (``prefill_core.GroupPackedTables``): eager only, never traced."""
 
 BODY_INPUTS = (INPUT_TOKENS, CHUNK_START, SLOTS, FILL_TABLE, READ_TABLE, *GROUPED_INPUTS)
 """What the model body reads, in the order a trace's persistent inputs are allocated."""
@@ -277,6 +315,7 @@ SAMPLING_INPUTS = (TOP_K, TOP_P, TEMPERATURE)
 ALL_SPECS = (
     *STEP_INPUTS,
     *PACKED_INPUTS,
+    *GROUP_PACKED_TABLES,
     *SAMPLING_INPUTS,
     HIDDEN,
     LAST_HIDDEN,

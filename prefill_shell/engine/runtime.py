@@ -40,7 +40,9 @@ from prefill_shell.device.contract import (
     CHUNK_START,
     FILL_TABLE,
     GROUP_FILL_TABLES,
+    GROUP_WRITE_SLOTS,
     GROUPED_INPUTS,
+    GROUPED_PACKED_INPUTS,
     INPUT_TOKENS,
     PACKED_INPUTS,
     READ_TABLE,
@@ -138,6 +140,9 @@ class PrefillRuntime:
     # Model calls run without autograd: every public entry point that reaches
     # them (invoke, compile, capture) enters torch.inference_mode once.
     def _run_body(self, step: DeviceStep) -> Any:
+        if step.kind is RequestKind.PACKED and GROUP_WRITE_SLOTS in step:  # a hybrid model's packed step
+            values = (step[spec].value for spec in GROUPED_PACKED_INPUTS)
+            return self.config.model.forward_packed_grouped(*values, self.config.kv)
         if step.kind is RequestKind.PACKED:  # packed step (prefill_core.packed): segments end to end
             return self.config.model.forward_packed(*(step[spec].value for spec in PACKED_INPUTS), self.config.kv)
         if GROUP_FILL_TABLES in step:  # a hybrid model: each KV group's tables (steps/grouped_inputs.py)
@@ -189,7 +194,8 @@ class PrefillRuntime:
         (``page_table`` is group 0's, as vLLM numbers them); ``null_block``
         the caller's never-written block, which no column a step reads or
         writes may name (``prefill_core.prepare_grouped``). Hybrid calls plan
-        padded waves in every mode.
+        packed steps as other calls do, where no row reads another row's
+        writes (``prefill_core.prepare_grouped_packed``), else padded waves.
         """
         self._check_open()
         mode = execution_mode(mode)
@@ -200,7 +206,8 @@ class PrefillRuntime:
         check_token_ids(matrix, batch, config.model.spec.vocab_size)
         max_position = config.model.spec.max_position
         if group_page_tables is not None or getattr(config.model, "attention", None) is not None:
-            requests, steps = grouped_call(config, matrix, batch, group_page_tables, null_block)
+            packed = plans_packed(config.packed_steps, mode, bool(self._traces.traces))
+            requests, steps = grouped_call(config, matrix, batch, group_page_tables, null_block, packed)
         elif plans_packed(config.packed_steps, mode, bool(self._traces.traces)):
             requests = prepare_packed(
                 batch, config.policy, config.layout, max_position=max_position, whole_call_lane=slots is None

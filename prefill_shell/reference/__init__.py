@@ -3,7 +3,8 @@
 One model, configured from the checkpoint, computes the Llama, Mistral,
 Qwen2 and Qwen3 families. It loads Hugging Face checkpoints from a local
 folder or a GGUF file and is checked against ``transformers`` on the same
-weights.
+weights. Gemma 3's text decoder (``gemma3.py``) runs as a hybrid model
+(``hybrid.load_hybrid_folder``).
 """
 
 from prefill_shell.reference.config import LayerAttention, LlamaSpec, read_config_json

@@ -1,10 +1,17 @@
-"""``HybridLlama``: the reference Llama with its layers in KV groups, as the runtime drives a hybrid model.
+"""``HybridLlama``: a reference decoder with its layers in KV groups, as the runtime drives a hybrid model.
+
+The decoder is the reference Llama (Mistral, Ministral, Qwen3 with windows)
+or Gemma 3's text decoder (``gemma3.py``); ``load_hybrid_folder`` picks it
+from the checkpoint's ``model_type``.
 
 It implements the model protocol with grouped steps: the runtime plans a
 hybrid call with ``prefill_core.prepare_grouped`` and hands each step's
 ``contract.GROUPED_INPUTS`` to ``forward_grouped`` (``windowed.py`` runs
-them). Its pool is a ``GroupedKVCache``; ``forward_hidden`` (one table for
-every layer) is refused, since no single table is right for every group.
+them); a packed call (``prefill_core.prepare_grouped_packed``) hands each
+step's ``contract.GROUPED_PACKED_INPUTS`` to ``forward_packed_grouped``
+(``packed_windowed.py``). Its pool is a ``GroupedKVCache``; ``forward_hidden``
+(one table for every layer) is refused, since no single table is right for
+every group.
 
 Eager on the host only: each step reads its starts, first columns and reused
 spans on the host (a CPU "replay" re-runs the body, which is fine); under
@@ -16,22 +23,29 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import attrs
 import torch
 
 from prefill_core import AttentionLayout
 from prefill_core.errors import PrefillConfigError
 from prefill_shell.reference.config import FAMILIES, LlamaSpec, _int, _windowed_layers, check_computed
+from prefill_shell.reference.gemma3 import PagedGemma3, text_weights
+from prefill_shell.reference.gemma3_config import ARCHITECTURES as GEMMA3_TYPES
+from prefill_shell.reference.gemma3_config import Gemma3Spec
 from prefill_shell.reference.llama import PagedLlama
-from prefill_shell.reference.weights import load_weights
-from prefill_shell.reference.windowed import GroupedKVCache, GroupTensors, forward_grouped
+from prefill_shell.reference.packed_windowed import PackedGroupStep, packed_windowed_attention
+from prefill_shell.reference.weights import _read_shard, _shard_files, load_weights
+from prefill_shell.reference.windowed import GroupedKVCache, GroupTensors, forward_grouped, llama_body
 
 __all__ = ["HybridLlama", "load_hybrid_folder"]
 
 
 class HybridLlama:
-    """A ``PagedLlama`` whose layers fall into ``attention``'s KV groups (windows, block sizes)."""
+    """A ``PagedLlama`` or ``PagedGemma3`` whose layers fall into ``attention``'s KV groups (windows, block sizes)."""
 
-    def __init__(self, model: PagedLlama, attention: AttentionLayout):
+    packed_steps = True  # forward_packed_grouped: segments end to end through each group's tables
+
+    def __init__(self, model: PagedLlama | PagedGemma3, attention: AttentionLayout):
         if attention.num_layers != model.spec.num_layers:
             msg = f"attention has {attention.num_layers} layers, the model {model.spec.num_layers}"
             raise PrefillConfigError(msg)
@@ -69,6 +83,17 @@ class HybridLlama:
         ]
         return forward_grouped(self.model, tokens, start, tables, kv)
 
+    def forward_packed_grouped(self, tokens, positions, segments, write_slots, prefix_tables, prefix_from, kv):
+        """One packed step (``contract.GROUPED_PACKED_INPUTS``: ``tokens, positions [T]``); returns ``[1, T, H]``."""
+        step = PackedGroupStep(segments, write_slots, prefix_tables, prefix_from, kv)
+
+        def attend(i, q, k, v):
+            return packed_windowed_attention(self.model, i, q, k, v, step, kv)
+
+        body = llama_body if isinstance(self.model, PagedLlama) else type(self.model).body
+        with torch.inference_mode():
+            return body(self.model, tokens[None], positions[None], attend)
+
     def lm_head(self, hidden_rows: torch.Tensor) -> torch.Tensor:
         return self.model.lm_head(hidden_rows)
 
@@ -88,10 +113,14 @@ def load_hybrid_folder(
     ``use_sliding_window`` on the layers ``layer_types`` or
     ``max_window_layers`` mark); the rest of the config is read as
     ``load_hf_folder`` reads it. A config that slides no layer is a
-    ``PrefillConfigError`` (load it with ``load_hf_folder``).
+    ``PrefillConfigError`` (load it with ``load_hf_folder``). A Gemma 3
+    folder (``gemma3_text``, or ``gemma3`` with its nested ``text_config``
+    and ``language_model.`` weights) loads as a ``PagedGemma3``.
     """
     folder = Path(folder)
     cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    if cfg.get("model_type") in GEMMA3_TYPES:
+        return _load_gemma3(folder, cfg, block_size, sliding_block_size, device, dtype)
     family = FAMILIES[check_computed(cfg)]
     layers = _int(cfg, "num_hidden_layers")
     window, windowed = _windowed_layers(
@@ -105,5 +134,26 @@ def load_hybrid_folder(
     types = ["sliding_attention" if i in windowed else "full_attention" for i in range(layers)]
     attention = AttentionLayout.from_layer_types(
         types, sliding_window=window, block_size=block_size, sliding_block_size=sliding_block_size
+    )
+    return HybridLlama(model, attention)
+
+
+def _load_gemma3(folder: Path, cfg: dict, block_size: int, sliding_block_size, device, dtype) -> HybridLlama:
+    """A Gemma 3 folder's text decoder, its layer types and window as transformers reads them."""
+    spec = Gemma3Spec.from_hf_dict(cfg)
+    if dtype is not None:
+        spec = attrs.evolve(spec, dtype=dtype)
+    weights: dict[str, torch.Tensor] = {}
+    for shard in _shard_files(folder):
+        weights.update(_read_shard(shard))
+    try:
+        model = PagedGemma3(spec, text_weights(weights, nested=cfg["model_type"] == "gemma3"), device=device)
+    except PrefillConfigError as error:
+        raise PrefillConfigError(f"{folder}: {error}") from None
+    attention = AttentionLayout.from_layer_types(
+        spec.layer_types,
+        sliding_window=spec.sliding_window,
+        block_size=block_size,
+        sliding_block_size=sliding_block_size,
     )
     return HybridLlama(model, attention)

@@ -1,4 +1,4 @@
-"""Hybrid models on the reference Llama: per-group KV pools and windowed attention in padded steps.
+"""Hybrid models on the reference decoders: per-group KV pools and windowed attention in padded steps.
 
 A hybrid model's layers fall into KV groups (``prefill_core.AttentionLayout``),
 each with its own block size and page table, all drawing block ids from one
@@ -38,7 +38,7 @@ from prefill_core.windows import window_floor
 from prefill_shell.reference.kv_cache import PagedKVCache
 from prefill_shell.reference.llama import PagedLlama, _rms_norm, _split_qkv
 
-__all__ = ["GroupedKVCache", "GroupTensors", "forward_grouped"]
+__all__ = ["GroupedKVCache", "GroupTensors", "forward_grouped", "llama_body", "windowed_attention"]
 
 
 class GroupTensors(NamedTuple):
@@ -133,8 +133,12 @@ def _reuse_cached(pool: PagedKVCache, local: int, x: torch.Tensor, which: int, s
     return x if out is None else out
 
 
-def _windowed_attention(model: PagedLlama, layer: int, q, k, v, starts: list[int], tables: GroupTensors, kv):
-    """SDPA of one layer over its group's window; ``q [B, H, S, D]``, ``k, v [B, Hkv, S, D]``."""
+def windowed_attention(model, layer: int, q, k, v, starts: list[int], tables: GroupTensors, kv):
+    """SDPA of one layer over its group's window; ``q [B, H, S, D]``, ``k, v [B, Hkv, S, D]``.
+
+    ``model._sdpa`` computes the attention itself (its grouped-query form and
+    its scale: ``PagedLlama``'s or ``PagedGemma3``'s).
+    """
     pool, local, group, _ = kv.of_layer(layer)
     if any(lo < hi for lo, hi in tables.reused):
         k = _reuse_cached(pool, local, k, 0, starts, tables)
@@ -153,22 +157,11 @@ def _windowed_attention(model: PagedLlama, layer: int, q, k, v, starts: list[int
     return model._sdpa(q, k, v, attn_mask=mask)
 
 
-@torch.inference_mode()
-def forward_grouped(
-    model: PagedLlama,
-    tokens: torch.Tensor,
-    start: torch.Tensor,
-    tables: Sequence[GroupTensors],
-    kv: GroupedKVCache,
-) -> torch.Tensor:
-    """One padded step (``tokens [B, S]`` from ``start [B]``) of a hybrid model; returns hidden ``[B, S, H]``.
-
-    ``tables[g]`` are group g's tables for the step, as the core staged them.
-    """
+def llama_body(model: PagedLlama, tokens: torch.Tensor, positions: torch.Tensor, attend) -> torch.Tensor:
+    """The reference Llama over ``tokens [B, S]`` at ``positions [B, S]``; ``attend(layer, q, k, v)`` (``q [B, H,
+    S, D]``, ``k, v [B, Hkv, S, D]``, rotated) is each layer's attention. Returns hidden ``[B, S, H]``."""
     config, spec = model.config, model.spec
     batch, seq = tokens.shape
-    starts = [int(s) for s in start.tolist()]
-    positions = start.to(torch.int64)[:, None] + torch.arange(seq, device=tokens.device)
     positions = positions.clamp(max=config.max_position_embeddings - 1)  # padded tails feed no real query
     cos = model._cos[positions].to(model.dtype).unsqueeze(2)
     sin = model._signed_sin[positions].to(model.dtype).unsqueeze(2)
@@ -177,9 +170,31 @@ def forward_grouped(
     for i, layer in enumerate(model._layers):
         normed = _rms_norm(residual, layer.attn_norm, eps).view(batch, seq, -1)
         q, k, v = (t.transpose(1, 2) for t in _split_qkv(layer.qkv(normed), config, layer, cos, sin))
-        _, _, _, g = kv.of_layer(i)
-        out = _windowed_attention(model, i, q, k, v, starts, tables[g], kv)
+        out = attend(i, q, k, v)
         attn = out.transpose(1, 2).reshape(batch * seq, spec.num_heads * spec.head_dim)
         residual = layer.o.plus(attn, residual)
         residual = model._mlp(layer, _rms_norm(residual, layer.mlp_norm, eps), residual)
     return _rms_norm(residual, model._final_norm, eps).view(batch, seq, -1)
+
+
+@torch.inference_mode()
+def forward_grouped(
+    model,
+    tokens: torch.Tensor,
+    start: torch.Tensor,
+    tables: Sequence[GroupTensors],
+    kv: GroupedKVCache,
+) -> torch.Tensor:
+    """One padded step (``tokens [B, S]`` from ``start [B]``) of a hybrid model; returns hidden ``[B, S, H]``.
+
+    ``tables[g]`` are group g's tables for the step, as the core staged them.
+    ``model`` is a ``PagedLlama`` or a decoder with its own layer (``PagedGemma3``: its ``body``).
+    """
+    starts = [int(s) for s in start.tolist()]
+    positions = start.to(torch.int64)[:, None] + torch.arange(tokens.shape[1], device=tokens.device)
+
+    def attend(i, q, k, v):
+        return windowed_attention(model, i, q, k, v, starts, tables[kv.of_layer(i)[3]], kv)
+
+    body = llama_body if isinstance(model, PagedLlama) else type(model).body
+    return body(model, tokens, positions, attend)

@@ -143,6 +143,20 @@ def _tensors(values: Sequence[Any]) -> list[EmulatedTensor]:
     return out
 
 
+class _Namespace:
+    """``emulation.transformer``: the emulated ops of a ttnn submodule, by their dotted name in ``OPS``."""
+
+    def __init__(self, emulation: ReferenceEmulation, prefix: str):
+        self._emulation, self._prefix = emulation, prefix
+
+    def __getattr__(self, name: str) -> Any:
+        dotted = f"{self._prefix}.{name}"
+        op = emulation_ops.OPS.get(dotted)
+        if op is None:
+            raise AttributeError(f"ReferenceEmulation does not emulate ttnn.{dotted}")
+        return lambda *args, **kwargs: self._emulation.run(dotted, op, args, kwargs)
+
+
 class ReferenceEmulation:
     """Passed as ``ttnn_module`` to ``TtnnBackend``: the ttnn calls it makes, emulated (see module doc)."""
 
@@ -160,6 +174,8 @@ class ReferenceEmulation:
     def __getattr__(self, name: str) -> Any:
         if name in _HOST_API:
             return getattr(self.ttnn, name)
+        if name == "transformer":  # ttnn.transformer.<op>: emulated under "transformer.<op>"
+            return _Namespace(self, name)
         op = emulation_ops.OPS.get(name)
         if op is None:
             raise AttributeError(f"ReferenceEmulation does not emulate ttnn.{name}")

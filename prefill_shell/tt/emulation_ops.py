@@ -22,6 +22,9 @@ topk                ``golden_function``                             values like 
 moreh_logsoftmax    ``golden_function``                             input dtype and layout
 gather              ``golden_function``                             input dtype and layout
 pad, slice          ``golden_function``                             input dtype and layout
+transformer.chunked ``golden_function`` (``sliding_window_size``     q's dtype and layout
+_scaled_dot_product and every other keyword passed through; one
+_attention          chunk start for the batch)
 all_gather          the project's own: one chip holds the whole     input dtype and layout
                     tensor, so the gather is a copy
 sampling            the project's own: ``torch_sampling.          uint32 ROW_MAJOR ``[1, 1, 1, B]``
@@ -193,6 +196,17 @@ def _sampling(tt, values, indices, k, p, temp, *, seed=None, **kw):
     return host_of(tt, tokens, tt.uint32, tt.ROW_MAJOR_LAYOUT)
 
 
+def _chunked_sdpa(tt, q, k, v, page_table, chunk_start_idx=None, *, chunk_start_idx_tensor=None, **kw):
+    """``transformer.chunked_scaled_dot_product_attention`` through its golden (``sliding_window_size`` included)."""
+    _require(len(q.shape) == 4 and len(k.shape) == 4, "chunked sdpa: q [B, H, S, D], paged k/v [blocks, H, bs, D]")
+    start = (
+        chunk_start_idx if chunk_start_idx_tensor is None else int(torch_of(tt, chunk_start_idx_tensor).flatten()[0])
+    )
+    golden = tt.transformer.chunked_scaled_dot_product_attention.golden_function
+    out = golden(torch_of(tt, q), torch_of(tt, k), torch_of(tt, v), torch_of(tt, page_table), start, **kw)
+    return host_of(tt, out, q.dtype, q.layout)
+
+
 OPS: dict[str, Callable] = {
     "reshape": _reshape,
     "to_layout": _to_layout,
@@ -210,4 +224,5 @@ OPS: dict[str, Callable] = {
     "slice": _slice,
     "all_gather": _all_gather,
     "sampling": _sampling,
+    "transformer.chunked_scaled_dot_product_attention": _chunked_sdpa,
 }

@@ -62,6 +62,7 @@ from prefill_core.errors import PrefillInputError
 from prefill_shell.device.contract import (
     CHUNK_START,
     FILL_TABLE,
+    GROUPED_INPUTS,
     HIDDEN,
     INPUT_TOKENS,
     LAST_HIDDEN,
@@ -313,6 +314,15 @@ def _int_vector(spec: TensorSpec) -> Callable:
 
 _ROW_MAJOR_INT32 = TensorContract("int32", "ROW_MAJOR")
 
+
+def _group_ints(spec: TensorSpec) -> Callable:
+    """A hybrid step's per-group table (``[K, B, W]``, ``[K, B]`` or ``[K, B, 2]``) as int32 ROW_MAJOR, same shape.
+
+    Exact, ``-1`` kept: a TTTv2 model takes group g's ``[B, W]`` table by slicing the leading dimension.
+    """
+    return lambda host, mesh_mapper=None: _row_major(_int32_array(spec.name, host), "int32", mesh_mapper)
+
+
 # Every contract entry the device sees: how its host value is staged, and
 # the dtype and layout that gives on the device.
 _STAGING: dict[TensorSpec, tuple[Callable, TensorContract]] = {
@@ -321,6 +331,7 @@ _STAGING: dict[TensorSpec, tuple[Callable, TensorContract]] = {
     SLOTS: (_int_vector(SLOTS), _ROW_MAJOR_INT32),
     FILL_TABLE: (stage_page_table, _ROW_MAJOR_INT32),
     READ_TABLE: (stage_page_table, _ROW_MAJOR_INT32),
+    **{spec: (_group_ints(spec), _ROW_MAJOR_INT32) for spec in GROUPED_INPUTS},
     LAST_TOKEN_INDEX: (_int_vector(LAST_TOKEN_INDEX), _ROW_MAJOR_INT32),
     TOP_K: (stage_top_k, TensorContract("uint32", "ROW_MAJOR")),
     TOP_P: (stage_top_p, TensorContract("bfloat16", "ROW_MAJOR")),

@@ -12,6 +12,7 @@ pointing at another live request's blocks did occur.
 
 from __future__ import annotations
 
+import attrs
 import pytest
 import torch
 
@@ -69,15 +70,26 @@ def _stale_foreign(pool, running) -> int:
     return count
 
 
-@pytest.mark.parametrize("mode", ["eager", "traced"])
+class _CountingPacked(HybridLlama):
+    """``HybridLlama`` counting its packed steps, so the packed mode shows it ran them."""
+
+    packed = 0
+
+    def forward_packed_grouped(self, *args):
+        self.packed += 1
+        return super().forward_packed_grouped(*args)
+
+
+@pytest.mark.parametrize("mode", ["packed", "eager", "traced"])
 def test_the_hybrid_scheduler_equals_one_shot_prefills_and_writes_only_its_blocks(mode):
     """Every request's logits equal transformers' within 1e-4; each step changes only blocks it writes."""
     base, hf, types = model_and_oracle("ministral", WINDOW)
     attention = attention_of(types, WINDOW, 16)
-    model = HybridLlama(base, attention)
+    model = _CountingPacked(base, attention)
     kv = model.new_kv_cache(NUM_BLOCKS)
     nan_fill(kv, [[NULL]] * len(attention.groups))
-    executor = PrefillExecutor(build_runtime(model, kv=kv, layout=LAYOUT, policy=POLICY))
+    policy = attrs.evolve(POLICY, packed_steps=mode == "packed")  # packed: the policy packs, eager calls run packed
+    executor = PrefillExecutor(build_runtime(model, kv=kv, layout=LAYOUT, policy=policy))
     if mode == "traced":
         executor.warm_up(manifest_for(POLICY, LAYOUT, (SamplingPath.LOGITS,), attention=attention))
     pool = HybridPool(attention, NUM_BLOCKS)
@@ -100,7 +112,8 @@ def test_the_hybrid_scheduler_equals_one_shot_prefills_and_writes_only_its_block
         stale += _stale_foreign(pool, running)
         tokens, tables, ends, starts = _step_call(scheduled, plan, attention)
         before = [kv.block_bytes(b) for b in range(NUM_BLOCKS)]
-        results = executor.prefill(tokens, tables[0], ends, starts, mode=mode, group_page_tables=tables, null_block=0)
+        run = "eager" if mode == "packed" else mode
+        results = executor.prefill(tokens, tables[0], ends, starts, mode=run, group_page_tables=tables, null_block=0)
         written = {
             r.tables[g][c]
             for r, end in zip(scheduled, ends)
@@ -118,6 +131,7 @@ def test_the_hybrid_scheduler_equals_one_shot_prefills_and_writes_only_its_block
                 running.remove(r)
                 done.append(r)
     assert hits and stale and pool.reassigned, (hits, stale, pool.reassigned)
+    assert (model.packed > 0) == (mode == "packed")
     for r in done:
         expected, _ = hf_logits_and_kv(hf, r.tokens)
         assert torch.allclose(r.logits, expected, rtol=TOL, atol=TOL), (r.id, (r.logits - expected).abs().max())

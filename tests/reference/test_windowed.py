@@ -160,3 +160,16 @@ def test_a_windowed_hf_folder_loads_as_its_hybrid_model(kind, tmp_path):
     (logits,) = _run_call(model.model, kv, model.attention, PageTableLayout(16, 32, POOL), [prompt], [100], [0], tables)
     expected, _ = kit.hf_logits_and_kv(hf, prompt)
     assert torch.allclose(logits, expected, rtol=kit.TOL, atol=kit.TOL), (logits - expected).abs().max()
+
+
+GEMMA3_CASES = [
+    # Gemma 3 (scaled embeddings, (1 + w) norms, per-type RoPE, logit cap): sliding block 8 and 16, both outsides
+    ("gemma3", 24, 8, 130, 50, "null"),
+    ("gemma3", 33, 16, 190, 112, "other"),
+]
+
+
+@pytest.mark.parametrize(("kind", "window", "sliding_bs", "length", "cached", "outside"), GEMMA3_CASES)
+def test_a_gemma3_prompt_cached_past_its_window_equals_transformers(kind, window, sliding_bs, length, cached, outside):
+    """Gemma 3 through the same two calls: logits and in-window KV equal ``Gemma3ForCausalLM``'s."""
+    test_a_prompt_cached_past_its_window_equals_transformers(kind, window, sliding_bs, length, cached, outside)

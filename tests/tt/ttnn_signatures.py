@@ -55,17 +55,31 @@ def _is_receiver(node: ast.expr) -> bool:
     )
 
 
+NAMESPACES = frozenset({"transformer", "experimental"})
+"""ttnn submodules whose ops are called through the receiver (``tt.transformer.op``): named ``transformer.op``."""
+
+
+def _op_name(func: ast.Attribute) -> str | None:
+    """The called op's name below ttnn (``gather``, ``transformer.chunked_...``), or None: not a ttnn call."""
+    if _is_receiver(func.value):
+        return func.attr
+    inner = func.value
+    if isinstance(inner, ast.Attribute) and inner.attr in NAMESPACES and _is_receiver(inner.value):
+        return f"{inner.attr}.{func.attr}"
+    return None
+
+
 def call_sites(source: str, filename: str) -> list[CallSite]:
     """Every ttnn call in ``source`` (see module doc)."""
     sites = []
     for node in ast.walk(ast.parse(source, filename)):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and _is_receiver(node.func.value):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and _op_name(node.func):
             starred = any(isinstance(a, ast.Starred) for a in node.args)
             double = any(k.arg is None for k in node.keywords)
             sites.append(
                 CallSite(
                     f"{filename}:{node.lineno}",
-                    node.func.attr,
+                    _op_name(node.func),
                     None if starred else len(node.args),
                     None if double else tuple(k.arg for k in node.keywords),
                 )
@@ -146,7 +160,10 @@ def _doc_lines(doc: str | None, prefix: str) -> list[str]:
 
 def overloads(ttnn: Any, name: str) -> list[list[Param]]:
     """Every signature ttnn declares for ``ttnn.<name>`` (see module doc); raises AttributeError if it has none."""
-    target = getattr(ttnn, name)
+    target = ttnn
+    for part in name.split("."):  # a namespaced op: ttnn.transformer.<op>
+        target = getattr(target, part)
+    name = name.rsplit(".", 1)[-1]
     if name == "Tensor":
         return [parse_signature(line, True) for line in _doc_lines(target.__init__.__doc__, "__init__")]
     if type(target).__name__ == "FastOperation":

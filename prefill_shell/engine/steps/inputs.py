@@ -26,6 +26,7 @@ from prefill_shell.device.contract import (
     BODY_INPUTS,
     CHUNK_START,
     FILL_TABLE,
+    GROUP_PACKED_TABLES,
     INPUT_TOKENS,
     LAST_TOKEN_INDEX,
     PACKED_INPUTS,
@@ -284,7 +285,7 @@ class PrefillInputStager:
         last-token index is the postprocessor's, staged once for the final step.
         """
         handles = DeviceStep(step.kind)
-        for spec in (*BODY_INPUTS, *PACKED_INPUTS):
+        for spec in (*BODY_INPUTS, *PACKED_INPUTS, *GROUP_PACKED_TABLES):
             host = step.get(spec)
             if host is not None:
                 handles[spec] = self.backend.upload(host, spec, Ownership.INVOCATION)
