@@ -86,10 +86,12 @@ test-tt:
 fuzz:
 	HYPOTHESIS_PROFILE=fuzz $(RUN) $(PYTEST)
 
-# Every benchmark; each prints a table and writes benchmarks/results/<name>.json.
+# Every benchmark; each prints a table and writes benchmarks/results/<name>.json, then
+# benchmarks/README.md is written from those files.
 BENCHES = plan_overhead plan_cost runtime_overhead host_forms staging masked_reads prefill_throughput trace_replay reliability
 bench:
 	for b in $(BENCHES); do $(RUN) benchmarks/$$b.py $(BENCH_ARGS) || exit 1; done
+	$(RUN) benchmarks/report_readme.py
 
 # Explain a plan of a sample batch (override LENGTHS / CACHED).
 LENGTHS ?= 100,4097,15x128

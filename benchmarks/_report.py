@@ -1,12 +1,16 @@
 """Shared benchmark output: a printed table and ``benchmarks/results/<name>.json``.
 
-The JSON is ``{"benchmark": name, "metrics": {key: value}, "units": {key: unit}}``, plus ``"machine"``
-(the CPU's capability and bfloat16 facts, ``DeviceNumerics.as_dict``) where the benchmark names it.
+The JSON is ``{"benchmark": name, "metrics": {key: value}, "units": {key: unit}}``, plus ``"command"`` (the
+command line that ran), ``"machine"`` (the CPU's capability and bfloat16 facts, ``DeviceNumerics.as_dict``; the
+CPU's when the benchmark names no other) and, from ``report``, ``"targets"`` and ``"notes"`` where metrics carry
+them. ``benchmarks/report_readme.py`` writes ``benchmarks/README.md`` from these files.
 """
 
 from __future__ import annotations
 
 import json
+import shlex
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,16 +67,36 @@ def write_json(
     *,
     results_dir: Path = RESULTS,
     machine: dict[str, object] | None = None,
+    targets: dict[str, float] | None = None,
+    notes: dict[str, str] | None = None,
 ) -> Path:
     """Writes ``<results_dir>/<name>.json`` in the shared shape; returns the path written."""
     results_dir.mkdir(parents=True, exist_ok=True)
     path = results_dir / f"{name}.json"
-    payload: dict[str, object] = {"benchmark": name, "metrics": metrics, "units": units}
-    if machine is not None:
-        payload["machine"] = machine
+    payload: dict[str, object] = {"benchmark": name, "metrics": metrics, "units": units, "command": command_line()}
+    payload["machine"] = cpu_machine() if machine is None else machine
+    if targets:
+        payload["targets"] = targets
+    if notes:
+        payload["notes"] = notes
     path.write_text(json.dumps(payload, indent=1, sort_keys=True) + "\n")
     print(f"wrote {path}")
     return path
+
+
+def command_line() -> str:
+    """The command that is running, as a reader would type it from the repository root."""
+    script = Path(sys.argv[0])
+    if script.suffix == ".py" and script.resolve().parent == RESULTS.parent:
+        return shlex.join(["python", f"benchmarks/{script.name}", *sys.argv[1:]])
+    return shlex.join(["python", *sys.argv])
+
+
+def cpu_machine() -> dict[str, object]:
+    """The CPU's capability and bfloat16 facts (``DeviceNumerics.as_dict``), probed once per process."""
+    from prefill_shell.backends.numerics import probe_numerics
+
+    return probe_numerics("cpu").as_dict()
 
 
 def report(
@@ -81,4 +105,6 @@ def report(
     """Prints the table and writes ``<results_dir>/<name>.json``; returns the path written."""
     print(table(metrics))
     values, units = {m.key: m.value for m in metrics}, {m.key: m.unit for m in metrics}
-    return write_json(name, values, units, results_dir=results_dir, machine=machine)
+    targets = {m.key: m.target for m in metrics if m.target is not None}
+    notes = {m.key: m.note for m in metrics if m.note}
+    return write_json(name, values, units, results_dir=results_dir, machine=machine, targets=targets, notes=notes)

@@ -22,13 +22,14 @@ Per model and case:
 cases, so the script's own code is tested where no GPU is.
 
     python benchmarks/device_check.py [--out DIR] [--dry-run] [--budget-s S]
-    python benchmarks/device_check.py --readme DIR/device_check.json   # the table into benchmarks/README.md
+    python benchmarks/device_check.py --readme DIR/device_check.json   # stored in results/, README regenerated
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -40,6 +41,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks import report_readme  # noqa: E402
 from prefill_core import PageTableLayout, WarmupManifest, ceil_div  # noqa: E402
 from prefill_shell.backends import TorchBackend  # noqa: E402
 from prefill_shell.backends.numerics import matmul_gflops, probe_numerics  # noqa: E402
@@ -53,8 +55,6 @@ RUNS = (("bench", "float32"), ("bench", "bfloat16"), ("smollm2_shape", "bfloat16
 CASES = {"1x128": [128], "32x128": [128] * 32, "4x1024": [1024] * 4, "1x4096": [4096]}
 DRY_RUNS = (("tiny", "float32"), ("tiny", "bfloat16"))
 DRY_CASES = {"1x64": [64], "3x32": [32] * 3}
-README = REPO / "benchmarks" / "README.md"
-BEGIN, END = "<!-- device-check table: begin -->", "<!-- device-check table: end -->"
 
 
 def _sync(device: torch.device) -> None:
@@ -218,27 +218,17 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def write_readme(json_path: Path, readme: Path = README) -> None:
-    """Replaces the table between the markers of ``benchmarks/README.md`` with the one ``json_path`` holds."""
-    text = readme.read_text()
-    if BEGIN not in text or END not in text:
-        raise SystemExit(f"{readme} lacks the markers {BEGIN} ... {END}")
-    before, rest = text.split(BEGIN, 1)
-    after = rest.split(END, 1)[1]
-    body = table(json.loads(json_path.read_text()))
-    readme.write_text(f"{before}{BEGIN}\n{body}\n{END}{after}")
-    print(f"wrote the table of {json_path} into {readme}")
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     parser.add_argument("--dry-run", action="store_true", help="the same flow on the CPU, tiny preset, small cases")
     parser.add_argument("--budget-s", type=float, default=90.0, help="seconds of timed rounds, all cases together")
-    parser.add_argument("--readme", type=Path, metavar="JSON", help="only write JSON's table into benchmarks/README.md")
+    help_readme = "only store JSON as benchmarks/results/device_check.json and regenerate benchmarks/README.md"
+    parser.add_argument("--readme", type=Path, metavar="JSON", help=help_readme)
     args = parser.parse_args(argv)
     if args.readme:
-        write_readme(args.readme)
+        shutil.copyfile(args.readme, report_readme.RESULTS / report_readme.DEVICE_CHECK_JSON)
+        report_readme.main([])
         return
     device = torch.device("cpu" if args.dry_run else "cuda")
     if device.type == "cuda" and not torch.cuda.is_available():

@@ -1,4 +1,4 @@
-"""The README's reliability figures: fault sweeps and property/example counts.
+"""Reliability figures: fault sweeps and property/example counts.
 
 Runs every fault point of every scenario in ``prefill_shell.testing.sweep``
 (the same sweep ``tests/shell/test_reliability.py`` asserts on) and prints

@@ -9,7 +9,7 @@
 #
 #   scripts/device-check.sh --fetch-wheels   # here, once: .whl/ (git-ignored) gets cattrs
 #   device run: command "scripts/device-check.sh", carry [".whl"], timeout_s 360
-#   python benchmarks/device_check.py --readme <files_at>/device_check.json   # the table into benchmarks/README.md
+#   python benchmarks/device_check.py --readme <files_at>/device_check.json   # into results/, benchmarks/README.md regenerated
 #
 # Without CUDA (here) it is a dry run: the CUDA-marked tests are collected and skip, and the benchmark's
 # flow runs on the CPU with the tiny preset; it exits 0 and says it skipped.

@@ -1,16 +1,13 @@
 """``PrefillRuntime``: the facade that composes the collaborators around one config.
 
-prepare (caller tensors -> prepared requests + host step values, once)
-  -> invoke each prepared request (the one step loop: eager, or trace replay)
-  -> assemble (stream: read, restore source rows, release)
-  -> cleanup (retry failed releases) / close (release traces and workspaces too)
-
-The collaborators (input stager, postprocessor, step loop, trace
-lifecycle, result assembler) are private and share this runtime's identities:
-the same stager, the same model-body boundary, the same postprocessor and
-the same release callback on the eager and the traced path. What sits above
-the package (program and trace registries, warm-up order, eager-or-traced
-choice) is ``PrefillExecutor``'s, and it uses only the public methods here.
+prepare -> invoke -> assemble (or stream) -> cleanup / close, over private
+collaborators (input stager, step loop, trace lifecycle, postprocessor,
+result assembler) that share this runtime's identities on the eager and the
+traced path. How to call it and the rules of a call (invocation lifetime,
+one caller at a time, failures): docs/usage.md; how it is built (the request
+path, ownership): docs/design.md. What sits above it (registries, warm-up,
+the eager-or-traced choice) is ``PrefillExecutor``'s, which uses only the
+public methods here.
 """
 
 from __future__ import annotations

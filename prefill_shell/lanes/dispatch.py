@@ -1,28 +1,10 @@
 """Running the lanes of one group call: in turn (issue every lane, then read) or on threads of their own.
 
 A ``LaneCall`` is one lane's share of a call, already prepared and
-preflighted: its route (caller rows, lane slots), its runtime and the lazy
-invocation stream its executor returned. Nothing has run when a dispatcher
-gets the calls.
-
-* ``run_in_turn``: round by round, pull one invocation from every lane that
-  has one left (on an asynchronous device this enqueues its work and
-  returns), then read each of them back in lane order. Every lane's work is
-  issued before the first readback, and a lane never holds more than one
-  unread invocation, so a traced invocation is read before the next replay
-  of that lane's workspaces overwrites it.
-* ``run_on_threads``: each lane assembles its own stream on a thread of its
-  own (torch releases the GIL inside its ops), and the caller waits for
-  every lane, even when one fails or the wait (or a thread's start) is
-  interrupted, so no lane is still running when the call returns or raises;
-  a lane whose thread had not begun when the caller gave up does not run.
-
-Either way a failure names its lane: ``error.lane`` is the lane index,
-``error.partial_writes`` (when the failing request had started) maps
-*caller* rows to the blocks that may hold partial writes, and a note lists
-each lane's caller rows that completed (whole KV, results discarded) and
-those that never ran. Only the failing lane's own pool can hold partial
-writes: a lane's model body writes only its own KV pool.
+preflighted; ``run_in_turn`` and ``run_on_threads`` run a call's lanes and
+name a failing lane (``error.lane``, ``partial_writes`` in caller rows).
+Why in turn is the default, and what each mode guarantees: docs/lanes.md
+("Dispatch", "Failure").
 """
 
 from __future__ import annotations

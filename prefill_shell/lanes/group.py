@@ -1,31 +1,9 @@
 """``LaneGroup``: data-parallel lanes, one ``PrefillExecutor`` each, presented as one prefill target.
 
-Each lane is a runtime with its own model, backend (a ttnn submesh, a CUDA
-device, a CPU pool) and KV pool, and ``per_lane_batch`` KV slots: its
-policy's ``lane_size``, equal across lanes. The group holds
-``num_lanes * per_lane_batch`` slots, numbered lane by lane, which is how
-vLLM's data-parallel ranks number ``empty_slots``. A call:
-
-1. routes its rows by slot (``prefill_core.route_to_lanes``: lane
-   ``slot // per_lane_batch``, lane slot ``slot % per_lane_batch``; without
-   slots, ``range(B)``); page-table block ids name blocks of the row's own
-   lane's pool;
-2. prepares every lane's rows on that lane's runtime (waves form within a
-   lane); an input error names the caller row and the lane, and nothing runs;
-3. preflights every lane (``mode="traced"``: a lane without a trace for one
-   of its requests raises ``TraceCoverageError`` naming the lane) before
-   any lane runs;
-4. runs the lanes (``lane_dispatch``: in turn, every lane's work issued
-   before the first readback; on threads of their own with
-   ``threaded=True``) and returns one result per caller row, in caller
-   order, each naming its caller row.
-
-Failure: an error in a lane propagates with ``error.lane``, its
-``partial_writes`` in caller rows and a note of every lane's completed rows;
-no other lane's pool is written by the failing lane. The group stays usable:
-``cleanup()`` retries every lane's orphans, and the next call runs as on a
-fresh group (lanes are runtimes, which survive a failed call). ``close()``
-releases every lane's traces and workspaces and ends the group.
+A call routes its rows by slot (``prefill_core.route_to_lanes``), prepares
+and preflights every lane before any runs, dispatches them
+(``lanes.dispatch``) and returns one result per caller row in caller order.
+Routing, dispatch, failures and meshes: docs/lanes.md.
 """
 
 from __future__ import annotations

@@ -1,42 +1,11 @@
 """``ServingFacade``: the runtime behind a serving engine, called as vLLM's Tenstorrent plugin calls a model.
 
-The plugin reaches a TTTv2 model through its generator facade: it reads the
-class-level ``model_capabilities``, calls ``allocate_kv_cache`` with vLLM's
-KV shape, ``warmup_model_prefill``, then ``prefill_forward`` step after
-step. This module is that facade (``PluginFacade``), over one
-``PrefillExecutor`` (``ServingFacade``); ``lane_facade.LaneGroupFacade`` is
-the same facade over a lane group: the two differ only in the lanes object
-each composes (``OneLane``, ``lane_facade.LaneGroupLanes``):
-
-* **Normalisation and refusals** (tt-metal's ``VLLMAdapter.normalize_prefill``):
-  ``enable_trace`` must be a bool (``TypeError``); ``enable_trace=True`` when
-  prefill traces are off is a ``ValueError`` (``PrefillConfigError``); of the
-  extra keywords only ``page_tables_per_layer``, ``prompt_tokens``,
-  ``output_tokens``, ``slot_remap`` and ``rope_deltas_all_users`` are
-  accepted, any other is a ``TypeError`` naming it. Integer tensors and
-  numpy integer arrays (the plugin's ``prompt_lens`` and ``start_pos``) are
-  cast (tokens, ``prompt_lens``, ``start_pos`` to int64, the page table to
-  int32); a float or bool tensor or array is left for the runtime to refuse
-  by name, where the adapter would truncate it.
-* **Chunks**: ``start_pos`` (tokens already computed, anywhere in
-  ``[0, prompt_lens]``) becomes the cached length and ``prompt_lens`` (the
-  end of this step's chunk) the prompt length (``computed_positions``).
-  ``empty_slots`` are the rows' slots.
-* **One call, one mode**: ``enable_trace`` picks traced or eager per call; a
-  traced call is preflighted whole (``TraceCoverageError`` before any body
-  runs, never an eager fallback). ``kv_cache`` must be the pool
-  ``allocate_kv_cache`` returned (``None`` means that pool).
-* **Returns** (tt-metal's result collector): without ``sampling_params``,
-  float32 logits ``[B, 1, vocab]``; with them, ``(tokens int64 [B],
-  log_probs)`` where ``log_probs`` is None when no row asked for one, else
-  float32 ``[B]`` in caller order holding each asking row's sampled-token
-  log-prob and 1.0 elsewhere.
-* **Sampling** (``plugin_sampling``): the plugin's encodings map onto the
-  core's ``SamplingParams``; a row with penalties asks the device for logits
-  and is sampled here (``penalties``), its prompt being its tokens up to
-  ``prompt_lens`` and its output tokens those of ``output_tokens`` (none
-  unless passed); ``prompt_tokens``, ``output_tokens`` and ``slot_remap``
-  take tt-transformers' forms (``penalty_state``).
+``PluginFacade`` is the one normalisation, sampling and return path of the
+plugin's generator facade (``model_capabilities``, ``allocate_kv_cache``,
+``warmup_model_prefill``, ``prefill_forward``); ``ServingFacade`` composes it
+with ``OneLane`` (one ``PrefillExecutor``), ``lane_facade.LaneGroupFacade``
+with a lane group. The call, its refusals, returns and sampling encodings:
+docs/serving.md.
 """
 
 from __future__ import annotations

@@ -1,34 +1,11 @@
 """``HybridServingFacade``: the serving facade for a model whose layers fall into KV groups (sliding + full).
 
-vLLM's Tenstorrent plugin serves a hybrid model (its ``kv_cache_groups``:
-one per attention type, block size per group) as follows, at e3fc8494
-(``model_runner.py``): ``initialize_kv_cache`` maps every layer to its group;
-``_allocate_kv_caches`` builds one spec ``(shape, dtype[, tensor index])``
-per layer, ``shape = (num_blocks, kv_heads / devices, group_block_size,
-head_size)``, and calls the model's ``allocate_kv_cache_per_layer`` when it
-has one (else the legacy ``allocate_kv_cache``, which refuses differing
-shapes); ``submit_prefill`` passes ``page_tables_per_layer``: one table per
-decoder layer, expanded from the groups' tables, equal within a group but
-not one object (a call with fewer rows than ``max_num_seqs`` gets fresh
-padded copies).
-
-Here:
-
-* ``allocate_kv_cache_per_layer`` checks every layer's spec against the
-  model's attention layout (its group's block size, the kv heads per device,
-  head size, dtype, one ``num_blocks`` for all: one block-id space) and
-  builds a ``GroupedKVCache``; the legacy ``allocate_kv_cache`` is served when
-  every group's block size is the one shape's.
-* ``prefill_forward`` requires ``page_tables_per_layer`` and reads group g's
-  table from its first layer's entry, only the call's rows; every other
-  layer of the group must hold the same rows (a ``PrefillInputError`` naming
-  the layer otherwise). vLLM's null block is block 0, so 0 is the
-  ``null_block`` no window may name.
-* ``warmup_model_prefill`` warms the manifest of the model's groups.
-
-Prefix caching and chunked prefill work for windowed models here; the plugin
-at e3fc8494 still turns prefix caching off for any model with a sliding
-window (``platform.py``), which no capability flag of a model changes.
+``allocate_kv_cache_per_layer`` (one spec per layer, checked against the
+layer's group), ``prefill_forward`` with ``page_tables_per_layer`` read per
+group, vLLM's null block 0 and a warm-up of the groups' manifest, as vLLM's
+Tenstorrent plugin at e3fc8494 serves a hybrid model. What the plugin sends,
+and prefix caching for windowed models (which the plugin still turns off):
+docs/serving.md ("Sliding-window and hybrid models").
 """
 
 from __future__ import annotations

@@ -1,23 +1,10 @@
 """``LaneGroupFacade``: the serving facade over a ``LaneGroup``, vLLM's data-parallel ranks as lanes.
 
-Under data parallelism vLLM's Tenstorrent plugin numbers a rank's rows
-``empty_slots = dp_rank * per_lane_max_num_seqs + i``. With one lane per
-rank and ``policy.lane_size = per_lane_max_num_seqs``, the lane group's
-routing (``prefill_core.route_to_lanes``) sends such a row to lane
-``dp_rank`` at its slot ``i``. Everything the plugin sees is
-``facade.PluginFacade``'s, as for ``ServingFacade`` (normalisation, refusals,
-return shapes, sampling and penalties: one code path); what differs is
-lane-shaped and lives in ``LaneGroupLanes``, as in tt-metal's
-``LaneGroupExecutor``:
-
-* ``allocate_kv_cache`` builds one pool per lane, each of vLLM's shape
-  (vLLM sizes a rank's cache), and returns them as a list in lane order;
-* ``kv_cache`` is that sequence: one pool per lane, in lane order (``None``
-  means those pools); anything else is a ``KVCacheMismatchError`` naming
-  the position and, for a pool of another lane, that lane;
-* ``warmup_model_prefill`` warms every lane; a traced call is preflighted on
-  every lane before any lane runs (``LaneGroup``);
-* ``max_batch_size`` is ``num_lanes * per_lane_batch``.
+Everything the plugin sees is ``facade.PluginFacade``'s; what is
+lane-shaped (one pool per lane, the ``kv_cache`` check, warming and
+preflighting every lane) lives in ``LaneGroupLanes``, as in tt-metal's
+``LaneGroupExecutor``. How ranks map to lanes and what the plugin passes:
+docs/serving.md ("Data parallel") and docs/lanes.md.
 """
 
 from __future__ import annotations

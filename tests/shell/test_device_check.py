@@ -7,11 +7,12 @@ preset so the device minutes are not spent finding its bugs.
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
 pytest.importorskip("transformers")
-from benchmarks import device_check
+from benchmarks import device_check, report_readme
 
 
 def test_dry_run_checks_traced_against_eager_and_transformers_and_writes_a_table(monkeypatch, tmp_path):
@@ -28,9 +29,9 @@ def test_dry_run_checks_traced_against_eager_and_transformers_and_writes_a_table
     assert result["environment"]["numerics"]["device_type"] == "cpu"
     assert "| tiny | bfloat16 | 2x32 |" in (tmp_path / "device_check_dry_run.md").read_text()
 
-    readme = tmp_path / "README.md"
-    readme.write_text(f"head\n{device_check.BEGIN}\nold table\n{device_check.END}\ntail\n")
-    device_check.write_readme(tmp_path / "device_check_dry_run.json", readme)
-    text = readme.read_text()
-    assert "old table" not in text and "| tiny | bfloat16 | 2x32 |" in text
-    assert text.startswith("head\n") and text.endswith(f"{device_check.END}\ntail\n")
+    results = tmp_path / "results"  # the JSON stored where --readme stores it: the generated page's slot shows it
+    results.mkdir()
+    shutil.copyfile(tmp_path / "device_check_dry_run.json", results / report_readme.DEVICE_CHECK_JSON)
+    page = report_readme.render(results)
+    slot = page.split(report_readme.DEVICE_CHECK_BEGIN, 1)[1].split(report_readme.DEVICE_CHECK_END, 1)[0]
+    assert "| tiny | bfloat16 | 2x32 |" in slot and report_readme.NO_DEVICE_RUN not in page

@@ -145,8 +145,8 @@ def test_generate_until_raises_a_clear_error(lm_eval_modules):
 
 
 def _readme_command() -> list[str]:
-    """The README's lm-eval command line, as argv (its environment assignments dropped, python this one)."""
-    text = (REPO / "README.md").read_text()
+    """docs/scoring.md's lm-eval command line, as argv (its environment assignments dropped, python this one)."""
+    text = (REPO / "docs" / "scoring.md").read_text()
     line = next(line for line in text.splitlines() if "python -m prefill_shell.cli.lm_eval_harness --model" in line)
     words = shlex.split(line)
     while "=" in words[0]:  # leading VAR=value assignments
@@ -155,7 +155,7 @@ def _readme_command() -> list[str]:
 
 
 def test_the_readme_command_runs_lm_evals_cli_with_prefill_runtime(lm_eval_modules, smollm2_file):
-    """The README's command (plus --limit 4) registers prefill-runtime and prints lm-eval's results table."""
+    """docs/scoring.md's command (plus --limit 4) registers prefill-runtime and prints lm-eval's results table."""
     command = _readme_command()
     assert command[1:5] == ["-m", "prefill_shell.cli.lm_eval_harness", "--model", "prefill-runtime"]
     env = {

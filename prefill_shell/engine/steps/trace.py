@@ -1,29 +1,13 @@
 """``PrefillTraceLifecycle``: capture, persistent inputs, alias workspaces, and the traced step mode.
 
-A trace captures the sampling-free hidden body of one ``PrefillTraceSignature``
-over persistent inputs, one per ``contract.BODY_INPUTS`` entry the body reads.
-Before every replay step the step's host values are copied into those inputs
-in place: tokens, tables, the chunk start and the slots are data, never baked
-into the trace, so one trace serves every request with its chunk length and
-table widths, at any chunk position and cached offset. Only the final step's
-hidden output is finished, into the persistent workspace of the request's
-program alias (``contract.workspace_specs``: for a top-k program also its
-K, P and T, which the postprocessor refreshes in place), so serving
-allocates nothing after capture.
-
-Replay runs in the one step loop (``step_loop.PrefillStepLoop``) with a
-``TracedSteps`` mode from ``mode_for``: refresh the trace's inputs, replay,
-finish into the workspace.
-
-Ownership: a trace owns its persistent inputs and its hidden output; a
-workspace owns its alias's postprocessing tensors; a replay allocates
-nothing, so its ``InvocationResult`` owns nothing. The next traced
-invocation of the same alias overwrites the workspace: an invocation must be
-read before it. Each workspace counts the invocations finished into it
-(``AliasWorkspace.generation``), and reading an invocation whose workspace
-moved on raises ``PrefillStateError`` (``InvocationResult.check_readable``).
-
-The runtime composes this collaborator; only the runtime calls it.
+A trace is the sampling-free hidden body of one ``PrefillTraceSignature``
+over persistent inputs (one per ``contract.BODY_INPUTS`` entry it reads),
+refreshed in place before each replay; ``TracedSteps`` (from ``mode_for``)
+is the step loop's traced mode, finishing the final step into the program
+alias's workspace (``contract.workspace_specs``). Why one trace serves every
+request of its geometry, and who owns what: docs/design.md ("The request
+path", "Ownership and failure"); an invocation's lifetime as a caller sees
+it: docs/usage.md ("The rules of a call"). Only the runtime calls it.
 """
 
 from __future__ import annotations
