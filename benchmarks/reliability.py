@@ -1,7 +1,7 @@
 """Reliability figures: fault sweeps and property/example counts.
 
 Runs every fault point of every scenario in ``prefill_shell.testing.sweep``
-(the same sweep ``tests/shell/test_reliability.py`` asserts on) and prints
+(the same sweep ``tests/robustness/test_reliability.py`` asserts on) and prints
 fault points, leaks and KV bytes changed outside the call's written blocks
 (cached-prefix blocks are read-only) per scenario and per fault type
 (``InjectedFault`` and ``KeyboardInterrupt``), plus the hypothesis

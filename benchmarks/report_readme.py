@@ -51,7 +51,7 @@ H200 through the device tool), sized to about 4 minutes so a rerun fits a
    gguf or this project's venv, and no network);
 2. on the device: command `scripts/device-check.sh`, carry `[".whl"]`,
    timeout 360 s. It installs the carried wheels into `/tmp/site`, runs the
-   CUDA-marked tests (`pytest -m cuda tests/shell`; `tests/tt` is never
+   CUDA-marked tests (`pytest -m cuda tests`; `tests/tt` is never
    collected, so ttnn is never imported), then `benchmarks/device_check.py`;
    it writes `$OUT/device_check.json`, `.md` and a log;
 3. here: `python benchmarks/device_check.py --readme <files_at>/device_check.json`

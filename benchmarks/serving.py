@@ -7,7 +7,7 @@
    ``top_k=1, top_p=0.0``), sampled round-robin; target: median ratio
    facade / direct <= 1.05.
 2. Positions computed per scheduled prompt token under the vLLM-like test
-   scheduler (tests/shell/vllm_like_scheduler.py, 44 requests, budgets 256
+   scheduler (tests/e2e/vllm_like_scheduler.py, 44 requests, budgets 256
    and 2048): the plan's device positions (padding included) and, of
    those, the positions an unaligned start recomputes
    (``PrefillRequest.recomputed_tokens``). Counted from each step's plan;
@@ -34,7 +34,7 @@ from prefill_core import PrefillPolicy, SamplingParams
 from prefill_shell.backends import TorchBackend
 from prefill_shell.reference import random_llama
 from prefill_shell.serving.facade import ServingFacade
-from tests.shell.vllm_like_scheduler import BlockPool, Scheduler, SimRequest
+from tests.e2e.vllm_like_scheduler import BlockPool, Scheduler, SimRequest
 
 SCHEDULER_BLOCK, MAX_SEQS = 16, 16
 POLICY = PrefillPolicy(max_chunk_length=256, chunk_quantum=128, length_ladder=(128, 256), waves=(1, 2, 4, 8))

@@ -1,7 +1,8 @@
-"""What the shell and ttnn tests share: the small policy, one runtime builder, seeded rows, page tables, KV reads.
+"""What the shell and ttnn tests share: the one runtime builder, a 256-token-chunk policy, seeded rows, KV reads.
 
-Tests import what they use by name (``from tests.helpers import build_runtime``):
-``tests`` resolves as a namespace package from the repository root on ``PYTHONPATH``.
+Tests import what they use by name (``from tests.helpers import build_runtime``); ``tests`` is a package found
+from the repository root on ``PYTHONPATH``. The runtime builder and the small policy are shipped in
+``prefill_shell.testing`` (``runtime_builder.build_runtime``, ``small.SMALL_POLICY``), which the tests share.
 """
 
 from __future__ import annotations
@@ -12,19 +13,38 @@ from collections.abc import Sequence
 
 import torch
 
-from prefill_core import PageTableLayout, PrefillPolicy
-from prefill_shell.backends import TorchBackend
-from prefill_shell.engine.config import PrefillRuntimeConfig
-from prefill_shell.engine.runtime import PrefillRuntime
+from prefill_core import PrefillPolicy
 from prefill_shell.reference import PagedKVCache
+from prefill_shell.testing.runtime_builder import build_runtime
+
+__all__ = [  # build_runtime is re-exported: the tests build runtimes as the shipped test tools do
+    "CHUNK_256_POLICY",
+    "TOL",
+    "VOCAB",
+    "CountingModel",
+    "ParkingModel",
+    "assign_blocks",
+    "build_runtime",
+    "make_tokens",
+    "max_abs_diff",
+    "page_table",
+    "randomize_pool",
+    "row_kv",
+    "token_matrix",
+]
 
 TOL = 1e-4
 """Largest absolute difference accepted between runtime and oracle values."""
 
 VOCAB = 256
 
-SMALL_POLICY = PrefillPolicy(max_chunk_length=256, chunk_quantum=128, length_ladder=(128, 256))
-"""Chunks at 256 tokens, so rows longer than that are chunked at short, cheap lengths."""
+CHUNK_256_POLICY = PrefillPolicy(max_chunk_length=256, chunk_quantum=128, length_ladder=(128, 256))
+"""Chunks at 256 tokens, so rows longer than that are chunked at short, cheap lengths.
+
+Not the small policy: that one is ``prefill_shell.testing.small.SMALL_POLICY`` (block 16, 64-token chunks, 4-slot
+lanes), which the shipped test tools and the tests that drive them share. This one keeps the defaults' lane size
+and logprob cap, and the tests written against it count 128- and 256-token steps.
+"""
 
 
 def make_tokens(length: int, seed: int) -> torch.Tensor:
@@ -91,31 +111,6 @@ def row_kv(kv: PagedKVCache, layer: int, blocks: Sequence[int], length: int) -> 
 
 def max_abs_diff(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return (actual.float() - expected.float()).abs().max().item()
-
-
-def build_runtime(
-    model,
-    *,
-    num_blocks: int | None = None,
-    block_size: int | None = None,
-    policy: PrefillPolicy | None = None,
-    backend=None,
-    layout: PageTableLayout | None = None,
-    kv=None,
-    seed: int = 0,
-) -> PrefillRuntime:
-    """The tests' one runtime builder; its pool is ``runtime.config.kv``.
-
-    ``kv`` defaults to a fresh zeroed pool of ``model`` (``num_blocks`` x
-    ``block_size``, by default ``layout``'s), ``layout`` to the one the config
-    derives from the pool, ``backend`` to a CPU ``TorchBackend``.
-    """
-    if kv is None:
-        num_blocks = layout.num_blocks if num_blocks is None else num_blocks
-        block_size = layout.block_size if block_size is None else block_size
-        kv = model.new_kv_cache(num_blocks, block_size)
-    config = PrefillRuntimeConfig.resolve(model, backend or TorchBackend(), kv, layout=layout, policy=policy)
-    return PrefillRuntime(config, seed=seed)
 
 
 class ParkingModel:

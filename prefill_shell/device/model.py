@@ -75,7 +75,7 @@ class PrefillModel(Protocol):
                 ``[0, start)`` read through this table and to the chunk's own
                 fresh K/V for ``[start, start + i]``; nothing else in the pool
                 (filler blocks, the row's later blocks, other rows' blocks) may
-                reach an output, even NaN or inf (``tests/shell/test_nonfinite_pool.py``).
+                reach an output, even NaN or inf (``tests/engine/test_nonfinite_pool.py``).
                 The chunk's K/V is also written through ``fill_table``.
             kv: the paged KV pool to write into and read from (the model's own
                 kind, e.g. ``reference.PagedKVCache``; the runtime only passes it on).

@@ -73,7 +73,7 @@ class FaultInjectingBackend:
 
     Every member of the ``Backend`` protocol is written out here, with no
     forwarding of unknown names, so a member the protocol gains fails
-    ``tests/shell/test_fault_wrapper.py`` until it is wrapped (and given a
+    ``tests/testing/test_faults.py`` until it is wrapped (and given a
     fault point where it touches the device). Anything else of the wrapped
     backend is reached through ``inner``.
     """

@@ -28,13 +28,12 @@ import torch
 from prefill_core import PageTableLayout, SamplingParams, WarmupManifest, ceil_div
 from prefill_core.errors import PrefillConfigError
 from prefill_shell.device.ledger import Ownership
-from prefill_shell.engine.config import PrefillRuntimeConfig
 from prefill_shell.engine.executor import PrefillExecutor
-from prefill_shell.engine.runtime import PrefillRuntime
 from prefill_shell.extras import requires_extra
 
 from ..backends import TorchBackend
 from .faults import FaultInjectingBackend, FaultInjectingModel, FaultPlan, InjectedFault
+from .runtime_builder import build_runtime
 from .small import SMALL_BLOCK, SMALL_POLICY
 
 with requires_extra("testing", __name__):
@@ -79,15 +78,13 @@ class PrefillLifecycleMachine(RuleBasedStateMachine):
         self.plan = FaultPlan()
         self.kv = model.new_kv_cache(POOL, BLOCK)
         self.backend = FaultInjectingBackend(self.make_backend(), self.plan)
-        config = PrefillRuntimeConfig.resolve(
-            FaultInjectingModel(model, self.plan), self.backend, self.kv, policy=POLICY
+        self.runtime = build_runtime(
+            FaultInjectingModel(model, self.plan), backend=self.backend, kv=self.kv, policy=POLICY
         )
-        self.runtime = PrefillRuntime(config)
         self.executor = PrefillExecutor(self.runtime)
-        oracle_config = PrefillRuntimeConfig.resolve(
-            model, self.make_backend(), model.new_kv_cache(POOL, BLOCK), policy=POLICY
+        self.oracle = build_runtime(
+            model, backend=self.make_backend(), num_blocks=POOL, block_size=BLOCK, policy=POLICY
         )
-        self.oracle = PrefillRuntime(oracle_config)
         self.armed: tuple[int | None, type[BaseException]] = (None, InjectedFault)
 
     # -- generated calls ----------------------------------------------------

@@ -25,12 +25,11 @@ import attrs
 import torch
 
 from prefill_core import PageTableLayout, SamplingParams, WarmupManifest, ceil_div
-from prefill_shell.engine.config import PrefillRuntimeConfig
 from prefill_shell.engine.executor import PrefillExecutor
-from prefill_shell.engine.runtime import PrefillRuntime
 
 from ..backends import TorchBackend
 from .faults import FaultInjectingBackend, FaultInjectingModel, FaultPlan, InjectedFault
+from .runtime_builder import build_runtime
 from .small import SMALL_BLOCK, SMALL_POLICY
 
 __all__ = ["FAULT_TYPES", "Scenario", "SweepReport", "SCENARIOS", "sweep"]
@@ -112,10 +111,10 @@ class _Harness:
         for pool in (*self.kv.keys, *self.kv.values):
             pool.copy_(torch.randn(pool.shape, generator=gen))
         backend = FaultInjectingBackend(TorchBackend(), plan)
-        config = PrefillRuntimeConfig.resolve(
-            FaultInjectingModel(model, plan), backend, self.kv, PageTableLayout(BLOCK, 16, POOL), POLICY
+        layout = PageTableLayout(BLOCK, 16, POOL)
+        self.runtime = build_runtime(
+            FaultInjectingModel(model, plan), backend=backend, kv=self.kv, layout=layout, policy=POLICY
         )
-        self.runtime = PrefillRuntime(config)
         self.executor = PrefillExecutor(self.runtime)
         need = [ceil_div(n, BLOCK) for n in scenario.lengths]
         self.table = torch.full((len(need), max(need) + 1), -1, dtype=torch.int32)

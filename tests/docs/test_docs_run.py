@@ -36,11 +36,11 @@ NOT_RUN = {
     "make bench": "every benchmark: minutes, and it rewrites benchmarks/results",
     "make explain": "the same as the `python -m prefill_core plan` line run here",
     "python -m prefill_shell run --prompt": "needs the SmolLM2 file; the block's random:tiny line runs the same CLI, "
-    "and tests/shell/test_smollm2.py prefills this prompt (' Paris')",
+    "and tests/e2e/test_smollm2.py prefills this prompt (' Paris')",
     "python -m prefill_shell run --chat": "needs the SmolLM2 file and its chat template",
     "python -m prefill_shell run --model path/to/model.gguf": "names a file the reader has",
-    "python -m prefill_shell score": "needs the SmolLM2 file; tests/shell/test_score_cli.py runs score on it",
-    "HF_DATASETS_OFFLINE=1": "lm-eval on SmolLM2: tests/shell/test_lm_eval.py runs this line with --limit 4",
+    "python -m prefill_shell score": "needs the SmolLM2 file; tests/cli/test_score.py runs score on it",
+    "HF_DATASETS_OFFLINE=1": "lm-eval on SmolLM2: tests/e2e/test_lm_eval.py runs this line with --limit 4",
 }
 
 

@@ -15,7 +15,7 @@ from tests.tt.reference_standin import ReferenceLlamaStandIn
 from tests.tt.tt_report import note
 
 POLICY = PrefillPolicy(length_ladder=(128,), max_chunk_length=128, chunk_quantum=128)
-"""The ttnn tests' policy (not tests.helpers.SMALL_POLICY): they count 128-token chunks, a 300-token row runs 3."""
+"""The ttnn tests' policy (not tests.helpers.CHUNK_256_POLICY): they count 128-token chunks, a 300-token row runs 3."""
 BLOCK, NUM_BLOCKS = 32, 64
 TOLERANCE = 0.02
 """Relative to the largest logit: a few bfloat16 ulps (8 bits of mantissa)."""

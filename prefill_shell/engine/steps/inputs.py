@@ -120,7 +120,7 @@ def _table_from_caller(
     """``materialize_table``'s integers, cut from the caller's page table with tensor ops.
 
     Equal to the core's pure materializer by construction (a row's blocks
-    are that row of the same table); tests/shell/test_staging_tables.py
+    are that row of the same table); tests/engine/steps/test_inputs.py
     checks it on generated plans. ``index``: the request's ``_row_index``.
     """
     cols = min(view.width, page_table.shape[1] - first_block)

@@ -1,0 +1,123 @@
+"""The serving facade for a hybrid model, called as vLLM's Tenstorrent plugin calls it.
+
+``allocate_kv_cache_per_layer`` with one spec per layer (the sliding group at
+block size 8, the full group at 16, one block-id space), then
+``prefill_forward`` with ``page_tables_per_layer`` as the plugin sends it:
+one table per layer, padded to ``max_num_seqs`` rows in fresh tensors, the
+sliding layers' tables holding vLLM's null block 0 (NaN here) and the other
+row's ids before the window. Eager and traced (after
+``warmup_model_prefill``) equal transformers' Ministral within 1e-4.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from prefill_core import PrefillConfigError, PrefillInputError
+from prefill_shell.backends.torch_backend import TorchBackend
+from prefill_shell.reference.hybrid import HybridLlama
+from prefill_shell.serving.hybrid_facade import HybridServingFacade
+from tests import window_kit as kit
+
+pytest.importorskip("transformers")
+
+LENGTHS, CACHED = (tuple(n for n, _ in kit.ROWS), tuple(c for _, c in kit.ROWS))
+
+WINDOW = 24
+SEQS = 4
+NUM_BLOCKS = 200
+
+
+def _facade():
+    base, hf, types = kit.model_and_oracle("ministral", WINDOW)
+    attention = kit.attention_of(types, WINDOW, 8)
+    model = HybridLlama(base, attention)
+    facade = HybridServingFacade(model, TorchBackend(), max_seq_len=256, max_batch_size=SEQS, policy=kit.POLICY)
+    return facade, model, attention, hf
+
+
+def _specs(model, attention, block_sizes=None):
+    spec = model.spec
+    out = []
+    for layer in range(spec.num_layers):
+        bs = attention.groups[attention.group_of(layer)].block_size if block_sizes is None else block_sizes[layer]
+        out.append(((NUM_BLOCKS, spec.num_kv_heads, bs, spec.head_dim), model.dtype, layer))
+    return out
+
+
+def _per_layer(attention, rows_per_group):
+    """The plugin's ``page_tables_per_layer``: a fresh ``[max_num_seqs, width]`` tensor per layer, -1 padded."""
+    tables = [None] * attention.num_layers
+    for group, rows in zip(attention.groups, rows_per_group):
+        width = max(len(r) for r in rows)
+        for layer in group.layers:
+            table = torch.full((SEQS, width), -1, dtype=torch.int32)
+            for i, row in enumerate(rows):
+                table[i, : len(row)] = torch.tensor(row, dtype=torch.int32)
+            tables[layer] = table
+    return tables
+
+
+@pytest.mark.parametrize("enable_trace", [False, True], ids=["eager", "traced"])
+def test_prefill_forward_with_page_tables_per_layer_equals_transformers(enable_trace):
+    """Two plugin steps over freed blocks (null and the other row's ids outside the window) equal transformers."""
+    facade, model, attention, hf = _facade()
+    kv = facade.allocate_kv_cache_per_layer(_specs(model, attention))
+    for pool in kv.pools:
+        for tensor in pool.keys + pool.values:
+            tensor[kit.NULL] = float("nan")
+    facade.warmup_model_prefill(kv_cache=kv, can_sample_on_device=False, enable_trace=enable_trace)
+    gen = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(0, model.spec.vocab_size, (n,), generator=gen) for n in LENGTHS]
+    tokens = torch.zeros(2, max(LENGTHS), dtype=torch.int64)
+    for row, prompt in enumerate(prompts):
+        tokens[row, : len(prompt)] = prompt
+    tables = kit.fresh_tables(attention, LENGTHS)
+    steps = [(list(CACHED), [0, 0], tables)]
+    rows = [
+        kit.free_left_window(kv, attention, [t[0] for t in tables], [t[1] for t in tables], CACHED[0], "null"),
+        kit.free_left_window(kv, attention, [t[1] for t in tables], [t[0] for t in tables], CACHED[1], "other"),
+    ]
+    steps.append((list(LENGTHS), list(CACHED), tuple(tuple(r[g] for r in rows) for g in range(len(attention.groups)))))
+    null_bytes = kv.block_bytes(kit.NULL)
+    for ends, starts, step_tables in steps:
+        per_layer = _per_layer(attention, step_tables)
+        logits = facade.prefill_forward(
+            tokens,
+            per_layer[0][:2],  # the plain page_table: group 0's table of the call's rows
+            enable_trace=enable_trace,
+            prompt_lens=torch.tensor(ends),
+            start_pos=torch.tensor(starts),
+            kv_cache=kv,
+            page_tables_per_layer=per_layer,
+        )
+        assert torch.equal(kv.block_bytes(kit.NULL), null_bytes)
+    for row, prompt in enumerate(prompts):
+        expected, _ = kit.hf_logits_and_kv(hf, prompt)
+        assert torch.allclose(logits[row, 0], expected, rtol=kit.TOL, atol=kit.TOL), (
+            row,
+            (logits[row, 0] - expected).abs().max(),
+        )
+    facade.cleanup()
+
+
+def test_per_layer_specs_and_tables_are_checked_by_name():
+    """A layer's spec at another group's block size, and a group's layers with different tables, are named."""
+    facade, model, attention, _ = _facade()
+    wrong = [8] * model.spec.num_layers  # layer 1 (the full group) allocated at the sliding group's block size
+    with pytest.raises(PrefillConfigError, match=r"per_layer_specs\[1\]"):
+        facade.allocate_kv_cache_per_layer(_specs(model, attention, wrong))
+    kv = facade.allocate_kv_cache_per_layer(_specs(model, attention))
+    tables = kit.fresh_tables(attention, (40,))
+    per_layer = _per_layer(attention, tables)
+    per_layer[2] = per_layer[2].clone()
+    per_layer[2][0, 0] = 199  # layer 2 is in layer 0's group: its table must hold the same rows
+    tokens = torch.ones(1, 40, dtype=torch.int64)
+    with pytest.raises(PrefillInputError, match=r"page_tables_per_layer\[2\]"):
+        facade.prefill_forward(
+            tokens, per_layer[0][:1], enable_trace=False, kv_cache=kv, page_tables_per_layer=per_layer
+        )
+    with pytest.raises(PrefillInputError, match="page_tables_per_layer"):
+        facade.prefill_forward(tokens, per_layer[0][:1], enable_trace=False, kv_cache=kv)
+    facade.cleanup()
