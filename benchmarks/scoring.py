@@ -13,6 +13,12 @@
    projects onto the vocabulary (the runtime scores only the continuation
    positions and each row's last token).
    Goal: the runtime at least 2x faster, shared contexts computed once.
+   Beside the whole ``simple_evaluate`` call, the seconds inside each model's
+   ``_loglikelihood_tokens`` (its batching and model work, lm-eval's request
+   building excluded) are reported: ``simple_evaluate`` also spends seconds
+   on work neither model does (``add_env_info`` runs ``pip list`` through
+   torch's ``collect_env``), the same for both, which pulls the whole-call
+   ratio towards 1.
 2. The MMLU-shaped local task (``evals/prefill_mmlu.yaml``: a subject
    description and five few-shot examples, ~300 shared tokens, over 100
    documents) through the same ``simple_evaluate`` with ``prefill-runtime`` on
@@ -96,6 +102,22 @@ def _count_lm_head_rows(module_or_model, hidden_size: int) -> list[int]:
     return counter
 
 
+def _time_loglikelihood(lm) -> list[float]:
+    """Seconds spent inside ``lm._loglikelihood_tokens`` (both models are lm-eval ``TemplateLM``s)."""
+    seconds = [0.0]
+    inner = lm._loglikelihood_tokens
+
+    def timed(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            seconds[0] += time.perf_counter() - start
+
+    lm._loglikelihood_tokens = timed
+    return seconds
+
+
 def _count_hf_positions(lm) -> list[int]:
     counter = [0]
 
@@ -131,6 +153,7 @@ def compare_with_hf(args: argparse.Namespace, dtype: str = "float32") -> list[Me
         "prefill-runtime": _count_lm_head_rows(ours.model, hidden),
         "hf": _count_lm_head_rows(theirs.model.lm_head, hidden),
     }
+    model_seconds = {"prefill-runtime": _time_loglikelihood(ours), "hf": _time_loglikelihood(theirs)}
     tasks = TaskManager(include_path=str(REPO / "evals"))
     seconds, accuracy = {}, {}
     for name, lm in (("prefill-runtime", ours), ("hf", theirs)):
@@ -147,6 +170,14 @@ def compare_with_hf(args: argparse.Namespace, dtype: str = "float32") -> list[Me
         Metric(f"{p}mc_seconds_prefill_runtime", seconds["prefill-runtime"], "s", note=note),
         Metric(f"{p}mc_seconds_hf", seconds["hf"], "s"),
         Metric(f"{p}mc_hf_over_runtime", speedup, "x", note="goal >= 2"),
+        Metric(f"{p}mc_model_seconds_prefill_runtime", model_seconds["prefill-runtime"][0], "s"),
+        Metric(f"{p}mc_model_seconds_hf", model_seconds["hf"][0], "s"),
+        Metric(
+            f"{p}mc_model_hf_over_runtime",
+            model_seconds["hf"][0] / model_seconds["prefill-runtime"][0],
+            "x",
+            note="inside _loglikelihood_tokens",
+        ),
         Metric(f"{p}mc_acc_prefill_runtime", accuracy["prefill-runtime"], "fraction"),
         Metric(f"{p}mc_acc_hf", accuracy["hf"], "fraction"),
         Metric(f"{p}mc_positions_prefill_runtime", positions["prefill-runtime"], "positions"),

@@ -263,9 +263,10 @@ class PagedLlama:
         p, w = f"model.layers.{i}.", self.weights
         attention = self.config.layer_attention(i)
         # Q/K/V share one input and fuse into one matmul. Gate/up fuse too
-        # where the weights are plain (bf16/fp16, CUDA): one [2*I, H] matmul and
-        # SwiGLU in two passes; prepacked fp32 weights keep them two oneDNN calls
-        # with SwiGLU inside, which is faster there than the fused matmul.
+        # where the weights are plain (fp16, bf16 without matrix instructions,
+        # CUDA): one [2*I, H] matmul and SwiGLU in two passes; prepacked weights
+        # (fp32, native bf16) keep them two oneDNN calls with SwiGLU inside,
+        # which is faster there than the fused matmul.
         qkv = self._fuse([p + f"self_attn.{n}_proj.weight" for n in "qkv"])
         qkv_bias = self._fuse([p + f"self_attn.{n}_proj.bias" for n in "qkv"]) if attention.qkv_bias else None
         qk_norm = None

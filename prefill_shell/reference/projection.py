@@ -1,19 +1,27 @@
 """``Projection``: one weight matrix of the reference Llama, applied as ``x @ W^T``.
 
-On the CPU in float32 the weight is also held reordered into oneDNN's
-blocked layout, once, at load, and every product runs oneDNN's linear on
-it (the kernel ``torch.compile``'s CPU weight prepacking uses). ``F.linear``
-hands the plain weight to the BLAS on every call; on this project's CPUs
-the prepacked form is the faster one at the model's shapes
+On the CPU in float32, and in bfloat16 where the CPU has bfloat16 matrix
+instructions (AMX or AVX-512 BF16), the weight is also held reordered into
+oneDNN's blocked layout, once, at load, and every product runs oneDNN's
+linear on it (the kernel ``torch.compile``'s CPU weight prepacking uses).
+``F.linear`` hands the plain weight to the BLAS on every call; on this
+project's CPUs the prepacked form is the faster one at the model's shapes
 (``benchmarks/host_forms.py``, rows ``lm_head_*``, ``qkv_*`` and
 ``swiglu_mlp_*``). The fused forms put SwiGLU's activation, its product
-and the residual add into the same kernel calls.
+and the residual add into the same kernel calls: in bfloat16 that is one
+rounding where the plain expressions round after each op (the results
+agree with them to bf16 rounding), and an MLP of three kernel calls where
+the plain one takes four or five ops over the activations, a strided SiLU
+among them.
 
-Elsewhere (CUDA, other dtypes, a torch built without oneDNN) every form is
-the plain ``F.linear`` expression it stands for.
+Elsewhere (CUDA, float16, bfloat16 without matrix instructions, a torch
+built without oneDNN) every form is the plain ``F.linear`` expression it
+stands for.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -24,9 +32,19 @@ _PACK_FOR_ROWS = 1024
 """The row count oneDNN picks its weight layout for; any row count runs on it."""
 
 
+@functools.cache
+def _bf16_matrix() -> bool:
+    """The CPU has bfloat16 matrix instructions and oneDNN takes bfloat16 (the flags ``numerics.py`` reads)."""
+    native = torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported()
+    return bool(native and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 def prepacks(weight: torch.Tensor) -> bool:
-    """Whether ``Projection`` holds ``weight`` prepacked for oneDNN (CPU, float32, oneDNN built in)."""
-    return weight.device.type == "cpu" and weight.dtype == torch.float32 and torch.backends.mkldnn.is_available()
+    """Whether ``Projection`` holds ``weight`` prepacked for oneDNN: CPU, oneDNN built in, and float32 or a
+    bfloat16 the CPU computes natively (elsewhere oneDNN would emulate bfloat16, slower than the BLAS)."""
+    if weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    return weight.dtype == torch.float32 or (weight.dtype == torch.bfloat16 and _bf16_matrix())
 
 
 class Projection:

@@ -42,11 +42,24 @@ def test_a_projection_leaves_its_weight_and_inputs_alone():
     assert all(torch.equal(a, b) for a, b in zip((weight, x, other), before))
 
 
-def test_a_bfloat16_projection_is_plain_f_linear():
-    """Only float32 weights are prepacked; a bfloat16 one runs F.linear exactly."""
-    weight, x = _randn(16, 8, dtype=torch.bfloat16), _randn(4, 8, dtype=torch.bfloat16)
-    assert not prepacks(weight)
-    assert torch.equal(Projection(weight)(x), F.linear(x, weight))
+def test_a_bfloat16_projection_prepacks_only_where_the_cpu_has_bf16_matrix_instructions():
+    """bfloat16 is prepacked where AMX or AVX-512 BF16 is present (and oneDNN takes it): its fused forms then
+    round once where F.linear's expressions round after each op, so they agree to bf16 rounding; elsewhere
+    a bfloat16 projection runs F.linear exactly."""
+    weight, x, other = (_randn(*s, dtype=torch.bfloat16) for s in ((48, 40), (130, 40), (130, 48)))
+    native = torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported()
+    expected = bool(native and torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    projection = Projection(weight)
+    assert prepacks(weight) == expected
+    plain = F.linear(x, weight)
+    if not expected:
+        assert torch.equal(projection(x), plain)
+        return
+    tol = {"rtol": 2e-2, "atol": 2e-2}  # outputs of O(6): a few bf16 ulps
+    torch.testing.assert_close(projection(x), plain, **tol)
+    torch.testing.assert_close(projection.silu(x), F.silu(plain), **tol)
+    torch.testing.assert_close(projection.times(x, other), plain * other, rtol=2e-2, atol=2e-1)
+    torch.testing.assert_close(projection.plus(x, other), other + plain, **tol)
 
 
 @pytest.mark.parametrize(("start", "length"), [(1, 1), (16, 1), (5, 9), (64, 64), (7, 130)])
