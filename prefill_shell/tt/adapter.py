@@ -42,6 +42,24 @@ each into exactly the calls that runtime makes:
   ``forward_hidden`` does too; the norm is per row, so normalising the
   gathered rows gives the same logits.
 
+Hybrid models (``attention=`` an ``AttentionLayout``: KV groups with their
+own windows and block sizes): the runtime hands each padded step's
+``contract.GROUPED_INPUTS`` to ``forward_grouped``, which makes the same
+embed and rotary calls and one ``prefill_forward`` whose single-table slots
+are ``None`` (no layer can be given one table for every group) and whose
+tables come by the contract's names, as staged (int32 ``[K, B, W]``, group
+g's table off the leading dimension): ``group_fill_tables``,
+``group_read_tables`` (``None`` for a regular step), ``group_read_from``,
+``group_reused``, plus ``kv_groups`` (the layout's ``KVGroup`` values, host
+constants: each group's layers, window and block size; a layer passes its
+group's window to ``chunked_scaled_dot_product_attention``, see
+``window_attention.py``). vLLM's plugin sends one table per layer
+(``page_tables_per_layer``); here a layer slices its group's, and
+``kv_groups`` says which group a layer is in. Chunked hybrid steps run one
+row, like other chunked steps.
+Only a model declaring ``group_tables = True`` is given them: any other is
+refused by name when the adapter is built with a layout.
+
 The KV pool is bound inside a TTTv2 model (``set_kv_cache``), so ``kv`` is
 only the geometry the runtime config checks (``TtKVCache``).
 
@@ -60,10 +78,15 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from prefill_core import AttentionLayout
+from prefill_core.errors import PrefillConfigError
 from prefill_shell.device.model import ModelSpec
 from prefill_shell.tt import staging as ttnn_staging
 
-__all__ = ["TILE_ROWS", "TtKVCache", "TtModel", "TtModelAdapter"]
+__all__ = ["GROUP_TABLES_CAPABILITY", "TILE_ROWS", "TtKVCache", "TtModel", "TtModelAdapter"]
+
+GROUP_TABLES_CAPABILITY = "group_tables"
+"""A ``TtModel`` with ``group_tables = True`` takes a hybrid step's per-group tables (see the module doc)."""
 
 TILE_ROWS = 32
 """Rows of one tile: ``post_process_prefill_output`` norms and projects one tile of rows."""
@@ -116,7 +139,15 @@ class TtModelAdapter:
     dtype = torch.bfloat16
     """Host dtype of hidden buffers the runtime sizes; the device form is bfloat16 TILE regardless."""
 
-    def __init__(self, tt_model: TtModel, spec: ModelSpec, *, mesh_device: Any, ttnn_module: Any = None):
+    def __init__(
+        self,
+        tt_model: TtModel,
+        spec: ModelSpec,
+        *,
+        mesh_device: Any,
+        ttnn_module: Any = None,
+        attention: AttentionLayout | None = None,
+    ):
         if ttnn_module is None:
             ttnn_module = ttnn_staging.import_ttnn()
         if not isinstance(tt_model, TtModel):
@@ -124,6 +155,15 @@ class TtModelAdapter:
                 f"{type(tt_model).__name__} does not implement TtModel (embed_prefill, "
                 "prepare_prefill_rot_mats, prefill_forward, post_process_prefill_output)"
             )
+        if attention is not None and getattr(tt_model, GROUP_TABLES_CAPABILITY, False) is not True:
+            msg = (
+                f"{type(tt_model).__name__} does not declare {GROUP_TABLES_CAPABILITY} = True: a hybrid model's "
+                f"{len(attention.groups)} KV groups each need their own tables, not one page_table"
+            )
+            raise PrefillConfigError(msg)
+        if attention is not None and attention.num_layers != spec.num_layers:
+            raise PrefillConfigError(f"attention has {attention.num_layers} layers, the spec {spec.num_layers}")
+        self.attention = attention
         self.tt = ttnn_module
         self.model = tt_model
         self.spec = spec
@@ -144,39 +184,73 @@ class TtModelAdapter:
         ramp = tt.clamp(ramp, min=0, max=self.spec.max_position - 1)
         return tt.typecast(tt.to_layout(ramp, tt.ROW_MAJOR_LAYOUT), tt.uint32)
 
-    def forward_hidden(self, tokens: Any, start: Any, fill_table: Any, read_table: Any, kv: Any) -> Any:
-        """One chunk: hidden states ``[1, 1, B*S, H]`` before the final norm (see the module doc)."""
+    def _embedded(self, tokens: Any, start: Any, chunked: bool) -> tuple[int, Any, list]:
+        """``(B, embeddings, [cos, sin])`` of one step; a chunked wave of several rows is refused."""
         tt, model = self.tt, self.model
         b, s = int(tokens.shape[-2]), int(tokens.shape[-1])
-        if read_table is not None and b > 1:
+        if chunked and b > 1:
             # TTTv2's chunked prefill_forward takes one user (user_id=0) and one chunk start per call.
             msg = f"a chunked wave of {b} rows: the TTTv2 chunked body runs one row; plan with batch_cached_rows=False"
             raise ValueError(msg)
         x = model.embed_prefill(tt.reshape(tokens, (1, 1, 1, b * s)))
-        cos, sin = model.prepare_prefill_rot_mats(self.positions(start, s, chunked=read_table is not None))
-        if read_table is None:
-            return model.prefill_forward(
+        cos, sin = model.prepare_prefill_rot_mats(self.positions(start, s, chunked=chunked))
+        return b, x, [cos, sin]
+
+    def _body(self, x: Any, rot_mats: list, b: int, start: Any, page: Any, chunk_page: Any, chunked: bool, **groups):
+        """The runtime's regular or chunked ``prefill_forward`` call (module doc), ``groups`` keywords added."""
+        if not chunked:
+            users = list(range(b)) if b > 1 else 0
+            return self.model.prefill_forward(
                 x,
-                [cos, sin],
-                user_id=list(range(b)) if b > 1 else 0,
-                page_table=fill_table,
+                rot_mats,
+                user_id=users,
+                page_table=page,
                 chunk_page_table=None,
                 get_last_token=-1,
                 batch_size=b,
                 chunk_start_idx_tensor=None,
+                **groups,
             )
-        return model.prefill_forward(
+        return self.model.prefill_forward(
             x,
-            [cos, sin],
+            rot_mats,
             user_id=0,
-            page_table=read_table,
-            chunk_page_table=fill_table,
+            page_table=page,
+            chunk_page_table=chunk_page,
             chunk_start_idx=None,
             get_last_token=-1,
             chunk_start_idx_tensor=start,
             last_token_slice=None,
             last_token_index=None,
+            **groups,
         )
+
+    def forward_hidden(self, tokens: Any, start: Any, fill_table: Any, read_table: Any, kv: Any) -> Any:
+        """One chunk: hidden states ``[1, 1, B*S, H]`` before the final norm (see the module doc)."""
+        if self.attention is not None:
+            raise PrefillConfigError("a hybrid model reads one table per KV group: pass group_page_tables to prepare")
+        chunked = read_table is not None
+        b, x, rot_mats = self._embedded(tokens, start, chunked)
+        if not chunked:
+            return self._body(x, rot_mats, b, start, fill_table, None, chunked)
+        return self._body(x, rot_mats, b, start, read_table, fill_table, chunked)
+
+    def forward_grouped(
+        self, tokens: Any, start: Any, fill_tables: Any, read_tables: Any, read_from: Any, reused: Any, kv: Any
+    ) -> Any:
+        """One padded hybrid step (``contract.GROUPED_INPUTS``): hidden ``[1, 1, B*S, H]`` (see the module doc)."""
+        if self.attention is None:
+            raise PrefillConfigError("this adapter was built without an attention layout: it runs no KV groups")
+        chunked = read_tables is not None
+        b, x, rot_mats = self._embedded(tokens, start, chunked)
+        groups = dict(
+            group_fill_tables=fill_tables,
+            group_read_tables=read_tables,
+            group_read_from=read_from,
+            group_reused=reused,
+            kv_groups=self.attention.groups,
+        )
+        return self._body(x, rot_mats, b, start, None, None, chunked, **groups)
 
     def lm_head(self, hidden_rows: Any) -> Any:
         """``[1, 1, B, H]`` gathered rows -> logits ``[1, 1, B, V]`` through ``post_process_prefill_output``."""
