@@ -83,7 +83,7 @@ from prefill_core.errors import PrefillConfigError
 from prefill_shell.device.model import ModelSpec
 from prefill_shell.tt import staging as ttnn_staging
 
-__all__ = ["GROUP_TABLES_CAPABILITY", "TILE_ROWS", "TtKVCache", "TtModel", "TtModelAdapter"]
+__all__ = ["GROUP_TABLES_CAPABILITY", "TILE_ROWS", "TtHybridModel", "TtKVCache", "TtModel", "TtModelAdapter"]
 
 GROUP_TABLES_CAPABILITY = "group_tables"
 """A ``TtModel`` with ``group_tables = True`` takes a hybrid step's per-group tables (see the module doc)."""
@@ -122,6 +122,39 @@ class TtModel(Protocol):
         self, hidden_states: Any, last_token_idx: int, last_token_slice: Any = None, last_token_index: Any = None
     ) -> Any:
         """Final norm and LM head of the 32-row tile holding ``last_token_idx`` -> logits ``[1, 1, 32, V]``."""
+
+
+@runtime_checkable
+class TtHybridModel(TtModel, Protocol):
+    """A hybrid checkpoint's ``TtModel``: ``group_tables = True``; ``prefill_forward`` takes each KV group's tables.
+
+    The group keywords are ``contract.GROUPED_INPUTS`` as staged (int32 ROW_MAJOR ``[K, B, W]``, ``group_reused``
+    ``[K, B, 2]``) and ``kv_groups``, the ``AttentionLayout``'s groups; ``page_table`` and ``chunk_page_table``
+    are then ``None``, and ``group_read_tables`` is given exactly for a chunked step.
+    """
+
+    group_tables: bool
+
+    def prefill_forward(
+        self,
+        x_embed: Any,
+        rot_mats: Any,
+        user_id: Any = 0,
+        page_table: Any = None,
+        chunk_page_table: Any = None,
+        chunk_start_idx: int | None = None,
+        get_last_token: int = -1,
+        batch_size: int = 1,
+        chunk_start_idx_tensor: Any = None,
+        last_token_slice: Any = None,
+        last_token_index: Any = None,
+        group_fill_tables: Any = None,
+        group_read_tables: Any = None,
+        group_read_from: Any = None,
+        group_reused: Any = None,
+        kv_groups: Any = None,
+    ) -> Any:
+        """``TtModel.prefill_forward`` with each group's tables: layer l reads and writes group g's ``[g]`` rows."""
 
 
 class TtKVCache:

@@ -27,7 +27,7 @@ from tests.tt.reference_standin import ReferenceLlamaStandIn
 
 
 class ReferenceHybridStandIn(ReferenceLlamaStandIn):
-    """``TtModel`` with ``group_tables``: a bfloat16 ``PagedLlama`` over a ``GroupedKVCache`` (see module doc)."""
+    """``TtHybridModel``: a bfloat16 ``PagedLlama`` over a ``GroupedKVCache`` (see module doc)."""
 
     group_tables = True
 

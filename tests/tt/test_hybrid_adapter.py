@@ -11,6 +11,8 @@ the emulation tests' bf16 tolerance (``emulated_lanes.TOLERANCE``). A model that
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 
@@ -18,7 +20,7 @@ from prefill_core import AttentionLayout, PageTableLayout
 from prefill_core.errors import PrefillConfigError
 from prefill_shell.engine.executor import PrefillExecutor
 from prefill_shell.reference.hybrid import HybridLlama
-from prefill_shell.tt.adapter import GROUP_TABLES_CAPABILITY, TtKVCache, TtModelAdapter
+from prefill_shell.tt.adapter import GROUP_TABLES_CAPABILITY, TtHybridModel, TtKVCache, TtModelAdapter
 from tests import window_kit as kit
 from tests.helpers import build_runtime
 from tests.tt.emulated_lanes import POLICY, assert_logits_close, reference_llama
@@ -75,6 +77,17 @@ def _run(runtime, lengths, cached):
     tokens, tables = _call(lengths)
     batch = runtime.prepare(tokens, tables[0], lengths, cached, group_page_tables=tables, null_block=0)
     return runtime.assemble(PrefillExecutor(runtime).invocations(batch, "eager"), batch.num_rows)
+
+
+def test_the_hybrid_stand_in_has_exactly_the_hybrid_protocol_signature():
+    """Its prefill_forward has TtHybridModel's parameter names, kinds and defaults (no **kwargs): an invented or
+    misspelt group keyword from the adapter is a TypeError here."""
+
+    def shape(function):
+        return [(p.name, p.kind, p.default) for p in inspect.signature(function).parameters.values()]
+
+    assert shape(ReferenceHybridStandIn.prefill_forward) == shape(TtHybridModel.prefill_forward)
+    assert isinstance(ReferenceHybridStandIn.__new__(ReferenceHybridStandIn), TtHybridModel)
 
 
 @pytest.mark.parametrize("case", list(CASES))
