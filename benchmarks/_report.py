@@ -69,11 +69,20 @@ def write_json(
     machine: dict[str, object] | None = None,
     targets: dict[str, float] | None = None,
     notes: dict[str, str] | None = None,
+    command: str | None = None,
 ) -> Path:
-    """Writes ``<results_dir>/<name>.json`` in the shared shape; returns the path written."""
+    """Writes ``<results_dir>/<name>.json`` in the shared shape; returns the path written.
+
+    ``command`` is the run the rows came from, when that is not this process's (rows merged from a
+    partial rerun keep their full run's command; the rerun's rows say theirs in ``notes``)."""
     results_dir.mkdir(parents=True, exist_ok=True)
     path = results_dir / f"{name}.json"
-    payload: dict[str, object] = {"benchmark": name, "metrics": metrics, "units": units, "command": command_line()}
+    payload: dict[str, object] = {
+        "benchmark": name,
+        "metrics": metrics,
+        "units": units,
+        "command": command or command_line(),
+    }
     payload["machine"] = cpu_machine() if machine is None else machine
     if targets:
         payload["targets"] = targets

@@ -53,7 +53,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks._report import RESULTS, Metric, report, table, write_json  # noqa: E402
+from benchmarks._report import RESULTS, Metric, command_line, report, table, write_json  # noqa: E402
 from benchmarks.prefill_throughput import bench_dtypes, key_prefix  # noqa: E402
 from prefill_shell.backends.numerics import matmul_gflops, probe_numerics  # noqa: E402
 from prefill_shell.reference.smollm2 import smollm2_path  # noqa: E402
@@ -262,7 +262,20 @@ def _mmlu_only(args: argparse.Namespace) -> None:
     old = json.loads(path.read_text()) if path.exists() else {"metrics": {}, "units": {}}
     metrics = {**old["metrics"], **{m.key: m.value for m in rows}}
     units = {**old["units"], **{m.key: m.unit for m in rows}}
-    write_json("scoring", metrics, units, machine=old.get("machine"))
+    # The other rows keep their own run's command, targets and notes; these rows name the rerun.
+    notes = {
+        **old.get("notes", {}),
+        **{m.key: "; ".join(filter(None, (m.note, f"from `{command_line()}`"))) for m in rows},
+    }
+    write_json(
+        "scoring",
+        metrics,
+        units,
+        machine=old.get("machine"),
+        targets=old.get("targets"),
+        notes=notes,
+        command=old.get("command"),
+    )
     _check_mmlu(rows)
 
 
