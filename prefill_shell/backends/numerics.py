@@ -38,8 +38,8 @@ def matmul_gflops(dtype: torch.dtype, shape: tuple[int, int, int] = _PROBE_SHAPE
     """GFLOP/s of ``torch.mm`` at ``shape`` and ``dtype`` on the CPU: the fastest of ``calls`` after one warm-up.
 
     The fastest, not the median: on a shared machine another process only ever
-    slows a sample, and a median of 5 ms-long samples there once rated bfloat16
-    at 11 GFLOP/s (AMX; 730 unloaded) and chose float32.
+    slows a sample, so a median of short samples can rate a native bfloat16
+    below float32 and choose the slower dtype.
     """
     rows, inner, out = shape
     gen = torch.Generator().manual_seed(0)
