@@ -9,6 +9,7 @@ unpadded, so every runtime result is compared with an independent answer.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -29,6 +30,7 @@ __all__ = [
     "smollm2",
     "smollm2_file",
     "smollm2_hf",
+    "smollm2_loaded_once",
     "smollm2_tokenizer",
     "tiny_model",
     "tiny_smollm2_vocab",
@@ -131,6 +133,60 @@ def smollm2_hf(smollm2_file):
     return transformers.AutoModelForCausalLM.from_pretrained(
         smollm2_file.parent, gguf_file=smollm2_file.name, dtype=torch.float32
     ).eval()
+
+
+@contextlib.contextmanager
+def smollm2_loads_reused(smollm2_file: Path, smollm2, smollm2_tokenizer):
+    """While open, the shell's loads of the pinned GGUF (``reference.text``'s ``load_gguf`` in float32 on the CPU,
+    its tokenizer through transformers, the tokenizer check) return what the session already made by those very calls
+    on that very file, instead of parsing it again (a parse of its 49k-token vocabulary takes seconds; a load of the
+    weights and tokenizer ~25 s on this machine). Everything above those leaves runs as it does for a caller: the
+    path, its kind, the dtype, the runtime. Any other file, dtype or device loads as before. Yields the loads it
+    served (``"weights"``, ``"tokenizer"``), so a test shows that its command did ask for the file."""
+    import transformers
+
+    from prefill_shell.reference import text
+
+    file = Path(smollm2_file).resolve()
+    served: list[str] = []
+    real_load, real_check = text.load_gguf, text.gguf_has_tokenizer
+    real_tokenizer = transformers.AutoTokenizer.from_pretrained
+
+    def load_gguf(path, dtype=torch.float32, device="cpu"):
+        if Path(path).resolve() == file and dtype == torch.float32 and str(device) == "cpu":
+            served.append("weights")
+            return smollm2
+        return real_load(path, dtype=dtype, device=device)
+
+    def gguf_has_tokenizer(path):
+        if Path(path).resolve() != file:
+            return real_check(path)
+        if file not in _HAS_TOKENIZER:
+            _HAS_TOKENIZER[file] = real_check(path)
+        return _HAS_TOKENIZER[file]
+
+    def from_pretrained(folder, *args, gguf_file=None, **kwargs):
+        if gguf_file is not None and not args and not kwargs and (Path(folder) / gguf_file).resolve() == file:
+            served.append("tokenizer")
+            return smollm2_tokenizer
+        return real_tokenizer(folder, *args, gguf_file=gguf_file, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(text, "load_gguf", load_gguf)
+        patch.setattr(text, "gguf_has_tokenizer", gguf_has_tokenizer)
+        patch.setattr(transformers.AutoTokenizer, "from_pretrained", from_pretrained)
+        yield served
+
+
+_HAS_TOKENIZER: dict[Path, bool] = {}
+"""``gguf_has_tokenizer``'s answer for the pinned file, asked once a session (the file is checked by its sha256)."""
+
+
+@pytest.fixture
+def smollm2_loaded_once(smollm2_file, smollm2, smollm2_tokenizer):
+    """``smollm2_loads_reused`` for one test: the list of the loads it served."""
+    with smollm2_loads_reused(smollm2_file, smollm2, smollm2_tokenizer) as served:
+        yield served
 
 
 # -- lm-eval (3.12 only): imported once a session, with a task index of this repository's evals alone --------

@@ -32,13 +32,15 @@ def test_a_malformed_pairs_file_names_its_line(tmp_path, capsys):
     assert err.startswith("error: ") and "pairs.jsonl:2" in err and "Traceback" not in err
 
 
-def test_pairs_print_scores_and_positions_against_no_reuse(tmp_path, capsys, smollm2_file):
-    """Four continuations of one context: four lines, and fewer positions computed than one row per pair."""
+def test_pairs_print_scores_and_positions_against_no_reuse(tmp_path, capsys, smollm2_file, smollm2_loaded_once):
+    """Four continuations of one context: four lines, and fewer positions computed than one row per pair. The
+    command loads the file as it would for a user; the weights and tokenizer are the session's (the same loads)."""
     context = "The capital of France is a city on the Seine with many museums, bridges and old churches. It is"
     rows = [{"context": context, "continuation": c} for c in (" Paris", " London", " Rome", " a small village")]
     path = tmp_path / "pairs.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     main(["score", "--model", str(smollm2_file), "--pairs", str(path), "--max-length", "256"])
+    assert smollm2_loaded_once == ["weights", "tokenizer"]
     lines = capsys.readouterr().out.splitlines()
     table = [line.split() for line in lines[1:5]]
     assert [int(r[0]) for r in table] == [0, 1, 2, 3]

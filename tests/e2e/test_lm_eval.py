@@ -24,6 +24,7 @@ from tests.lm_eval_kit import (
     mmlu_evaluate,
     responses,
 )
+from tests.model_fixtures import smollm2_loads_reused
 
 pytestmark = pytest.mark.skipif(sys.version_info[:2] != (3, 12), reason="lm-eval is tested on 3.12")
 
@@ -35,11 +36,14 @@ MAX_CHUNK = 64
 
 
 @pytest.fixture(scope="module")
-def both_runs(lm_eval_harness, smollm2_file, smollm2_hf, smollm2_tokenizer):
+def both_runs(lm_eval_harness, smollm2_file, smollm2, smollm2_hf, smollm2_tokenizer):
     """(prefill-runtime results, hf results) of one simple_evaluate each: same tasks, max_length, batch size.
 
     lm-eval's ``hf`` model is its ``HFLM`` class around transformers' Llama loaded from the same GGUF by
     transformers itself (the session's ``smollm2_hf``: the load is shared with the other SmolLM2 tests).
+    prefill-runtime is lm-eval's registered model built from its ``model_args`` string; its loads of the file
+    return the session's ``smollm2`` and ``smollm2_tokenizer`` (``smollm2_loads_reused``: the same calls on the
+    same file); the command-line test below loads the file afresh in its own process.
     """
     from lm_eval.models.huggingface import HFLM
 
@@ -52,11 +56,13 @@ def both_runs(lm_eval_harness, smollm2_file, smollm2_hf, smollm2_tokenizer):
         log_samples=True,
     )
     with at_repo_root_one_thread():
-        ours = evaluator.simple_evaluate(
-            model="prefill-runtime",
-            model_args=f"model={gguf},max_length={MAX_LENGTH},max_chunk={MAX_CHUNK},block_size=16",
-            **common,
-        )
+        with smollm2_loads_reused(gguf, smollm2, smollm2_tokenizer) as served:
+            ours = evaluator.simple_evaluate(
+                model="prefill-runtime",
+                model_args=f"model={gguf},max_length={MAX_LENGTH},max_chunk={MAX_CHUNK},block_size=16",
+                **common,
+            )
+        assert served == ["weights", "tokenizer"]
         hf = HFLM(pretrained=smollm2_hf, tokenizer=smollm2_tokenizer, max_length=MAX_LENGTH, batch_size=BATCH_SIZE)
         theirs = evaluator.simple_evaluate(model=hf, **common)
     return ours, theirs
