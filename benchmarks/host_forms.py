@@ -19,6 +19,11 @@ plain form should come back.
   MLP 1536): the QKV projection, and the whole SwiGLU MLP with its residual
   add (prepacked, activation and add fused into the GEMM calls, vs
   ``F.linear``, ``F.silu``, ``mul`` and ``addmm``).
+* ``cached_attention_p<P>_s<S>_<dtype>``: one cached segment's attention at
+  SmolLM2's heads (9 query, 3 K/V, 64 wide) over a prefix of ``P`` and its
+  own ``S`` tokens, as ``segment_attention`` runs it on the CPU (one masked
+  call up to ``ONE_CALL_KEYS`` keys, ``prefix_then_causal`` past it) vs the
+  other form; keys ``other_us`` and ``other_over_chosen``.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._report import Metric, report
+from prefill_shell.reference.packed_attention import ONE_CALL_KEYS, prefix_then_causal
 from prefill_shell.reference.projection import Projection
 
 
@@ -83,11 +89,34 @@ def _mlp_case(rows: int) -> tuple:
     return chosen, plain
 
 
+def _cached_attention_case(prefix: int, own: int, dtype: torch.dtype) -> tuple:
+    heads, kv_heads, dim = 9, 3, 64
+    q = _randn(1, heads, own, dim).to(dtype)
+    old = tuple(_randn(1, kv_heads, prefix, dim).to(dtype) for _ in range(2))
+    new = tuple(_randn(1, kv_heads, own, dim).to(dtype) for _ in range(2))
+    mask = torch.full((own, prefix + own), float("-inf"), dtype=dtype).triu_(diagonal=prefix + 1)
+
+    def one_call():
+        keys, values = (torch.cat((a, b), dim=2) for a, b in zip(old, new))
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+
+    def two_calls():
+        return prefix_then_causal(q, old, new)
+
+    return (one_call, two_calls) if prefix + own <= ONE_CALL_KEYS else (two_calls, one_call)
+
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 CASES = {
     "inference_mode": (_mode_per_invocation, _mode_per_call),
     **{f"lm_head_{n}rows": _head_case(n) for n in (1, 8, 32)},
     **{f"qkv_{n}rows": _qkv_case(n) for n in (128, 1024)},
     **{f"swiglu_mlp_{n}rows": _mlp_case(n) for n in (128, 1024)},
+}
+OTHER_CASES = {  # name: (chosen, other, the other form's key)
+    f"cached_attention_p{p}_s{n}_{d}": (*_cached_attention_case(p, n, dtype), "other")
+    for d, dtype in DTYPES.items()
+    for p, n in ((160, 6), (320, 48), (1024, 256))
 }
 
 
@@ -98,23 +127,31 @@ def _mean_us(fn, calls: int) -> float:
     return (time.perf_counter() - start) / calls * 1e6
 
 
+def _interleaved(pair: tuple, r: int, n: int) -> tuple[float, float]:
+    """``(first form us, second form us)``, alternating which runs first by round."""
+    order = pair if r % 2 == 0 else pair[::-1]
+    times = [_mean_us(fn, n) for fn in order]
+    return tuple(times) if r % 2 == 0 else tuple(times[::-1])
+
+
 def run(rounds: int, calls: int) -> list[Metric]:
-    samples = {name: ([], []) for name in CASES}
+    samples = {name: ([], []) for name in (*CASES, *OTHER_CASES)}
     for r in range(rounds):
         for name, (chosen, plain) in CASES.items():
-            pair = (chosen, plain) if r % 2 == 0 else (plain, chosen)
             n = calls if name == "inference_mode" else max(1, calls // 200)  # a GEMM takes milliseconds
-            times = [_mean_us(fn, n) for fn in pair]
-            chosen_us, plain_us = times if r % 2 == 0 else times[::-1]
-            samples[name][0].append(chosen_us)
-            samples[name][1].append(plain_us)
+            for bucket, us in zip(samples[name], _interleaved((chosen, plain), r, n)):
+                bucket.append(us)
+        for name, (chosen, other, _) in OTHER_CASES.items():
+            for bucket, us in zip(samples[name], _interleaved((chosen, other), r, max(1, calls // 100))):
+                bucket.append(us)
     metrics = []
-    for name, (chosen, plain) in samples.items():
-        c, p = statistics.median(chosen), statistics.median(plain)
+    for name, (chosen, other) in samples.items():
+        c, o = statistics.median(chosen), statistics.median(other)
+        label = OTHER_CASES[name][2] if name in OTHER_CASES else "plain"
         metrics += [
             Metric(f"{name}.chosen_us", c, "us"),
-            Metric(f"{name}.plain_us", p, "us"),
-            Metric(f"{name}.plain_over_chosen", p / c, "x", note=f"{rounds} interleaved rounds"),
+            Metric(f"{name}.{label}_us", o, "us"),
+            Metric(f"{name}.{label}_over_chosen", o / c, "x", note=f"{rounds} interleaved rounds"),
         ]
     return metrics
 

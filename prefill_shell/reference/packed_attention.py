@@ -16,12 +16,15 @@ them out, so the attention output feeds ``o_proj`` without a transpose copy.
 Equal-length uncached segments that lie back to back (a batch of same-length
 prompts) run as one batched attention call rather than one call each.
 
-On the CPU a cached segment's attention is two flash-attention calls, one
-over its prefix (every key visible) and one causal over its own keys,
-merged by their log-sum-exps (``prefix_then_causal``): the same softmax as
-one call over ``[prefix | own]`` under a mask, without building the mask or
-copying the prefix beside the fresh keys, and the causal half skips the key
-blocks past each query. Elsewhere the one masked call stands.
+A cached segment's attention is one call over ``[prefix | own]`` keys
+under a causal mask, except on the CPU when the segment reads more than
+``ONE_CALL_KEYS`` keys: there it is two flash-attention calls, one over its
+prefix (every key visible) and one causal over its own keys, merged by their
+log-sum-exps (``prefix_then_causal``), the same softmax without copying a
+long prefix beside the fresh keys, and the causal half skips the key blocks
+past each query. A scorer's short continuations over short contexts are the
+other way round: there the two calls and the merge cost more than the copy
+and the mask (``benchmarks/host_forms.py``, rows ``cached_attention_*``).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from prefill_core import ceil_div
 from prefill_shell.reference.kv_cache import PagedKVCache
 
 __all__ = [
+    "ONE_CALL_KEYS",
     "PackedWrites",
     "SegmentRead",
     "StepReads",
@@ -44,6 +48,10 @@ __all__ = [
     "segment_reads",
     "write_packed",
 ]
+
+
+ONE_CALL_KEYS = 512
+"""On the CPU, a cached segment reading at most this many keys (prefix and its own) runs as one masked call."""
 
 
 class SegmentRead(NamedTuple):
@@ -58,7 +66,7 @@ class SegmentRead(NamedTuple):
     start: int
     prefix_at: int  # where its prefix begins among the step's gathered prefix positions
     # [length, start + length] additive: key j visible to query i iff j <= start + i. None where no
-    # mask is needed: an uncached segment, or a cached one on the CPU (``prefix_then_causal``).
+    # mask is needed: an uncached segment, or a long cached one on the CPU (``prefix_then_causal``).
     mask: torch.Tensor | None
 
     @property
@@ -85,14 +93,14 @@ class PackedWrites(NamedTuple):
 def segment_reads(segments: torch.Tensor, prefix_table: torch.Tensor, block_size: int, dtype: torch.dtype) -> StepReads:
     """The step's reads from its ``[G, 3]`` segment table (one host read of the table).
 
-    Masks (off the CPU) are built here once, in the model dtype, rather than
-    per layer: attention would otherwise turn a boolean mask into an additive
-    one on every call.
+    Masks are built here once, in the model dtype, rather than per layer:
+    attention would otherwise turn a boolean mask into an additive one on
+    every call.
     """
     reads: list[SegmentRead] = []
     blocks: list[torch.Tensor] = []
     prefix_at = 0
-    masked = segments.device.type != "cpu"
+    cpu = segments.device.type == "cpu"
     for i, (offset, length, start) in enumerate(segments.tolist()):
         if start == 0:
             last = reads[-1] if reads else None
@@ -104,7 +112,7 @@ def segment_reads(segments: torch.Tensor, prefix_table: torch.Tensor, block_size
         width = ceil_div(start, block_size)
         blocks.append(prefix_table[i, :width])
         mask = None
-        if masked:
+        if not cpu or start + length <= ONE_CALL_KEYS:
             mask = torch.full((length, start + length), float("-inf"), dtype=dtype, device=segments.device)
             mask.triu_(diagonal=start + 1)  # 0 where key j <= start + i, -inf past it
         reads.append(SegmentRead(offset, length, 1, start, prefix_at, mask))

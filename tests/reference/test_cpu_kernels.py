@@ -6,7 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from prefill_shell.reference.packed_attention import prefix_then_causal
+from prefill_shell.reference.kv_cache import PagedKVCache
+from prefill_shell.reference.packed_attention import ONE_CALL_KEYS, prefix_then_causal, segment_attention, segment_reads
 from prefill_shell.reference.projection import Projection, prepacks
 
 GEN = torch.Generator().manual_seed(5)
@@ -77,3 +78,46 @@ def test_prefix_then_causal_equals_one_masked_call_over_the_joined_keys(start, l
     assert got.dtype == dtype and got.shape == expected.shape
     tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
     torch.testing.assert_close(got, expected, **tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_short_and_long_cached_segments_attend_as_one_masked_call_over_the_joined_keys(dtype):
+    """A step of a short cached segment (one masked call), a long one (``prefix_then_causal``, more than
+    ``ONE_CALL_KEYS`` keys) and an uncached one: each segment's output equals one SDPA over its row's
+    pooled prefix then its own keys, key j visible to query i iff j <= start + i."""
+    heads, kv_heads, dim, bs = 4, 2, 16, 16
+    short, long_start = (40, 9), ONE_CALL_KEYS - 3  # long: start + length > ONE_CALL_KEYS
+    segments_spec = [(short[0], short[1]), (long_start, 6), (0, 11)]  # (start, length)
+    kv = PagedKVCache(1, 64, bs, kv_heads, dim, dtype=dtype)
+    kv.keys[0].copy_(_randn(*kv.keys[0].shape, dtype=dtype))
+    kv.values[0].copy_(_randn(*kv.values[0].shape, dtype=dtype))
+    widths = [-(-start // bs) for start, _ in segments_spec]
+    table = torch.zeros(len(widths), max(widths), dtype=torch.int32)
+    first = 0
+    for i, width in enumerate(widths):
+        table[i, :width] = torch.arange(first, first + width)
+        first += width
+    offsets = [sum(n for _, n in segments_spec[:i]) for i in range(len(segments_spec))]
+    segments = torch.tensor([[o, n, s] for o, (s, n) in zip(offsets, segments_spec)])
+    total = sum(n for _, n in segments_spec)
+    q, k, v = (
+        _randn(total, heads, dim, dtype=dtype),
+        _randn(total, kv_heads, dim, dtype=dtype),
+        _randn(total, kv_heads, dim, dtype=dtype),
+    )
+    reads = segment_reads(segments, table, bs, dtype)
+    assert [r.mask is not None for r in reads.segments] == [True, False, False]
+
+    def sdpa(q_, k_, v_, **kw):
+        return F.scaled_dot_product_attention(q_, k_, v_, enable_gqa=True, **kw)
+
+    got = segment_attention(kv, 0, (q, k, v), reads, sdpa)
+    for i, ((start, length), offset) in enumerate(zip(segments_spec, offsets)):
+        span = slice(offset, offset + length)
+        old_k, old_v = (x[0, :, :start] for x in kv.gather(0, table[i : i + 1, : widths[i]])) if start else (None, None)
+        keys = k[span].transpose(0, 1) if not start else torch.cat((old_k, k[span].transpose(0, 1)), dim=1)
+        values = v[span].transpose(0, 1) if not start else torch.cat((old_v, v[span].transpose(0, 1)), dim=1)
+        visible = torch.ones(length, start + length, dtype=torch.bool).tril(diagonal=start)
+        expected = sdpa(q[span].transpose(0, 1)[None], keys[None], values[None], attn_mask=visible)[0].transpose(0, 1)
+        tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
+        torch.testing.assert_close(got[span], expected, **tol)
