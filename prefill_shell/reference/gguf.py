@@ -30,6 +30,7 @@ Theory of operation
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -185,9 +186,21 @@ def _reader(path: Path) -> Any:
     """A ``GGUFReader`` over ``path``; a missing, empty, damaged or truncated file is a named error."""
     if not path.is_file():
         raise PrefillConfigError(f"{path} does not exist: expected a .gguf file")
+    stat = path.stat()
+    return _parsed(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=2)
+def _parsed(path: str, size: int, mtime_ns: int) -> Any:
+    """The parsed file, once per version of it (``size`` and ``mtime_ns`` key a rewritten file anew).
+
+    Parsing decodes every metadata array (a 49k-token vocabulary takes
+    seconds), and a command asks twice: whether the file holds a tokenizer,
+    then for its weights. A failed parse is not kept.
+    """
     gguf = _gguf()
     try:
-        return gguf.GGUFReader(str(path))
+        return gguf.GGUFReader(path)
     except OSError:
         raise  # unreadable: the caller's OSError handling names the path
     except Exception as error:  # the reader raises ValueError, struct and numpy errors for damaged bytes

@@ -8,6 +8,7 @@ is also checked against a converter-side permutation written here.
 from __future__ import annotations
 
 import hashlib
+import os
 
 import numpy as np
 import pytest
@@ -329,3 +330,29 @@ def test_a_llama_gguf_named_mistral_is_read_as_mistral_with_its_default_window(t
     write_llama_gguf(long, layers=1, types=(Q.F32,), name="mistral", context=8192)
     with pytest.raises(PrefillConfigError, match="sliding_window=4096"):
         load_gguf(long)
+
+
+def test_a_command_parses_a_file_once_and_a_rewritten_file_again(tmp_path, monkeypatch):
+    """The tokenizer check and the weights share one parse of a file; rewriting the file parses it anew."""
+    from prefill_shell.reference import gguf as module
+
+    path = tmp_path / "once.gguf"
+    write_llama_gguf(path, layers=1, types=(Q.F32,), seed=1)
+    parses = []
+    real = gguf.GGUFReader
+
+    def counted(*args, **kwargs):
+        parses.append(args[0])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(gguf, "GGUFReader", counted)
+    assert module.gguf_has_tokenizer(path) is False
+    first = load_gguf(path)
+    assert len(parses) == 1
+    originals = write_llama_gguf(path, layers=1, types=(Q.F32,), seed=2)
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 1_000_000))
+    second = load_gguf(path)
+    assert len(parses) == 2
+    expected = torch.from_numpy(originals["blk.0.ffn_up"])
+    assert torch.equal(second.state_dict()["model.layers.0.mlp.up_proj.weight"], expected)
+    assert not torch.equal(first.state_dict()["model.layers.0.mlp.up_proj.weight"], expected)
