@@ -11,14 +11,19 @@ plain form should come back.
 
 * ``inference_mode``: entering ``torch.inference_mode`` once per invocation
   (``PrefillRuntime.invoke``) vs once per model call (body and LM head).
-* ``lm_head_{1,8,32}rows``: the reference model's LM head at the bench
+* ``lm_head_{1,8,32,1024}rows``: the reference model's LM head at the bench
   model's 32000 x 512 head, a ``Projection`` (weight prepacked for oneDNN
-  on the CPU, ``prefill_shell/reference/projection.py``) vs ``F.linear``.
-* ``qkv_{128,1024}rows`` / ``swiglu_mlp_{128,1024}rows``: the same choice in
-  the model body at SmolLM2-135M's shapes (576 wide, fused QKV 960 rows,
-  MLP 1536): the QKV projection, and the whole SwiGLU MLP with its residual
-  add (prepacked, activation and add fused into the GEMM calls, vs
-  ``F.linear``, ``F.silu``, ``mul`` and ``addmm``).
+  on the CPU up to ``PACKED_MAX_ROWS`` rows, the plain weight past it;
+  ``prefill_shell/reference/projection.py``) vs the other form: ``F.linear``
+  at or under the limit (key ``plain``), the prepacked weight past it (key
+  ``packed``).
+* ``qkv_{128,1024}rows`` / ``swiglu_mlp_{128,512,1024,4096}rows``: the same
+  choice in the model body at SmolLM2-135M's shapes (576 wide, fused QKV 960
+  rows, MLP 1536): the QKV projection, and the whole SwiGLU MLP with its
+  residual add (prepacked, activation and add fused into the GEMM calls, vs
+  ``F.linear``, ``F.silu``, ``mul`` and ``addmm``); the MLP also in bfloat16
+  (``swiglu_mlp_{128,512,4096}rows_bfloat16``) where the CPU computes it
+  natively.
 * ``cached_attention_p<P>_s<S>_<dtype>``: one cached segment's attention at
   SmolLM2's heads (9 query, 3 K/V, 64 wide) over a prefix of ``P`` and its
   own ``S`` tokens, as ``segment_attention`` runs it on the CPU (one masked
@@ -40,8 +45,9 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._report import Metric, report
+from prefill_shell.reference import projection
 from prefill_shell.reference.packed_attention import ONE_CALL_KEYS, prefix_then_causal
-from prefill_shell.reference.projection import Projection
+from prefill_shell.reference.projection import Projection, prepacks
 
 
 def _mode_per_call() -> None:
@@ -63,21 +69,42 @@ def _randn(*shape: int) -> torch.Tensor:
     return torch.randn(*shape, generator=_GEN)
 
 
+def _all_rows_packed(fn):
+    """``fn`` with every product of a ``Projection`` on its prepacked weight, whatever its row count."""
+
+    def call():
+        saved, projection.PACKED_MAX_ROWS = projection.PACKED_MAX_ROWS, sys.maxsize
+        try:
+            return fn()
+        finally:
+            projection.PACKED_MAX_ROWS = saved
+
+    return call
+
+
+def _against_other_form(rows: int, chosen, plain) -> tuple:
+    """``(chosen, other, other's key)``: the plain expression under the row limit, the prepacked form past it."""
+    if rows <= projection.PACKED_MAX_ROWS:
+        return chosen, plain, "plain"
+    return chosen, _all_rows_packed(chosen), "packed"
+
+
 def _head_case(rows: int) -> tuple:
     head, x = _randn(32000, 512), _randn(rows, 512)
-    projection = Projection(head)
-    return (lambda: projection(x)), (lambda: F.linear(x, head))
+    form = Projection(head)
+    return _against_other_form(rows, lambda: form(x), lambda: F.linear(x, head))
 
 
 def _qkv_case(rows: int) -> tuple:
     weight, x = _randn(QKV, HIDDEN), _randn(rows, HIDDEN)
-    projection = Projection(weight)
-    return (lambda: projection(x)), (lambda: F.linear(x, weight))
+    form = Projection(weight)
+    return _against_other_form(rows, lambda: form(x), lambda: F.linear(x, weight))
 
 
-def _mlp_case(rows: int) -> tuple:
-    gate, up, down = _randn(INTERMEDIATE, HIDDEN), _randn(INTERMEDIATE, HIDDEN), _randn(HIDDEN, INTERMEDIATE)
-    x, residual = _randn(rows, HIDDEN), _randn(rows, HIDDEN)
+def _mlp_case(rows: int, dtype: torch.dtype = torch.float32) -> tuple:
+    gate, up = _randn(INTERMEDIATE, HIDDEN).to(dtype), _randn(INTERMEDIATE, HIDDEN).to(dtype)
+    down = (_randn(HIDDEN, INTERMEDIATE) / INTERMEDIATE**0.5).to(dtype)
+    x, residual = _randn(rows, HIDDEN).to(dtype), _randn(rows, HIDDEN).to(dtype)
     g, u, d = Projection(gate), Projection(up), Projection(down)
 
     def chosen():
@@ -86,7 +113,7 @@ def _mlp_case(rows: int) -> tuple:
     def plain():
         return torch.addmm(residual, F.silu(F.linear(x, gate)).mul_(F.linear(x, up)), down.t())
 
-    return chosen, plain
+    return _against_other_form(rows, chosen, plain)
 
 
 def _cached_attention_case(prefix: int, own: int, dtype: torch.dtype) -> tuple:
@@ -107,11 +134,17 @@ def _cached_attention_case(prefix: int, own: int, dtype: torch.dtype) -> tuple:
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-CASES = {
-    "inference_mode": (_mode_per_invocation, _mode_per_call),
-    **{f"lm_head_{n}rows": _head_case(n) for n in (1, 8, 32)},
+CASES = {"inference_mode": (_mode_per_invocation, _mode_per_call)}
+GEMM_CASES = {  # name: (chosen, other, the other form's key)
+    **{f"lm_head_{n}rows": _head_case(n) for n in (1, 8, 32, 1024)},
     **{f"qkv_{n}rows": _qkv_case(n) for n in (128, 1024)},
-    **{f"swiglu_mlp_{n}rows": _mlp_case(n) for n in (128, 1024)},
+    **{f"swiglu_mlp_{n}rows": _mlp_case(n) for n in (128, 512, 1024, 4096)},
+    # where bfloat16 is prepacked at all (the CPU computes it natively)
+    **(
+        {f"swiglu_mlp_{n}rows_bfloat16": _mlp_case(n, torch.bfloat16) for n in (128, 512, 4096)}
+        if prepacks(torch.empty(1, 1, dtype=torch.bfloat16))
+        else {}
+    ),
 }
 OTHER_CASES = {  # name: (chosen, other, the other form's key)
     f"cached_attention_p{p}_s{n}_{d}": (*_cached_attention_case(p, n, dtype), "other")
@@ -135,11 +168,13 @@ def _interleaved(pair: tuple, r: int, n: int) -> tuple[float, float]:
 
 
 def run(rounds: int, calls: int) -> list[Metric]:
-    samples = {name: ([], []) for name in (*CASES, *OTHER_CASES)}
+    samples = {name: ([], []) for name in (*CASES, *GEMM_CASES, *OTHER_CASES)}
     for r in range(rounds):
         for name, (chosen, plain) in CASES.items():
-            n = calls if name == "inference_mode" else max(1, calls // 200)  # a GEMM takes milliseconds
-            for bucket, us in zip(samples[name], _interleaved((chosen, plain), r, n)):
+            for bucket, us in zip(samples[name], _interleaved((chosen, plain), r, calls)):
+                bucket.append(us)
+        for name, (chosen, other, _) in GEMM_CASES.items():  # a GEMM takes milliseconds
+            for bucket, us in zip(samples[name], _interleaved((chosen, other), r, max(1, calls // 200))):
                 bucket.append(us)
         for name, (chosen, other, _) in OTHER_CASES.items():
             for bucket, us in zip(samples[name], _interleaved((chosen, other), r, max(1, calls // 100))):
@@ -147,7 +182,7 @@ def run(rounds: int, calls: int) -> list[Metric]:
     metrics = []
     for name, (chosen, other) in samples.items():
         c, o = statistics.median(chosen), statistics.median(other)
-        label = OTHER_CASES[name][2] if name in OTHER_CASES else "plain"
+        label = {**GEMM_CASES, **OTHER_CASES}[name][2] if name not in CASES else "plain"
         metrics += [
             Metric(f"{name}.chosen_us", c, "us"),
             Metric(f"{name}.{label}_us", o, "us"),

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from prefill_shell.reference.kv_cache import PagedKVCache
 from prefill_shell.reference.packed_attention import ONE_CALL_KEYS, prefix_then_causal, segment_attention, segment_reads
-from prefill_shell.reference.projection import Projection, prepacks
+from prefill_shell.reference.projection import PACKED_MAX_ROWS, Projection, prepacks
 
 GEN = torch.Generator().manual_seed(5)
 
@@ -17,7 +17,7 @@ def _randn(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     return torch.randn(*shape, generator=GEN).to(dtype)
 
 
-@pytest.mark.parametrize("rows", [1, 3, 130])
+@pytest.mark.parametrize("rows", [1, 3, 130, PACKED_MAX_ROWS, PACKED_MAX_ROWS + 1])
 def test_a_projection_and_its_fused_forms_equal_f_linear(rows):
     """x W^T, silu(x W^T), (x W^T) * other and other + x W^T match F.linear's, prepacked or not."""
     weight, x, other = _randn(48, 40), _randn(rows, 40), _randn(rows, 48)
@@ -61,6 +61,29 @@ def test_a_bfloat16_projection_prepacks_only_where_the_cpu_has_bf16_matrix_instr
     torch.testing.assert_close(projection.silu(x), F.silu(plain), **tol)
     torch.testing.assert_close(projection.times(x, other), plain * other, rtol=2e-2, atol=2e-1)
     torch.testing.assert_close(projection.plus(x, other), other + plain, **tol)
+
+
+def test_a_product_past_packed_max_rows_runs_the_plain_expressions_bit_for_bit():
+    """Past ``PACKED_MAX_ROWS`` rows every form is the plain expression (``F.linear``, ``mul_``, ``addmm``),
+    bit for bit; at the limit a bfloat16 weight the CPU prepacks takes the fused form, whose single rounding
+    differs from the plain expression's two somewhere in the output."""
+    weight = _randn(48, 40, dtype=torch.bfloat16)
+    projection = Projection(weight)
+    for rows in (PACKED_MAX_ROWS, PACKED_MAX_ROWS + 1, 3 * PACKED_MAX_ROWS):
+        x, other = _randn(rows, 40, dtype=torch.bfloat16), _randn(rows, 48, dtype=torch.bfloat16)
+        plain = {
+            "call": F.linear(x, weight),
+            "silu": F.silu(F.linear(x, weight)),
+            "times": F.linear(x, weight).mul_(other),
+            "plus": torch.addmm(other, x, weight.t()),
+        }
+        ours = {"call": projection(x), "silu": projection.silu(x), "times": projection.times(x, other)}
+        ours["plus"] = projection.plus(x, other)
+        same = {form: torch.equal(ours[form], plain[form]) for form in plain}
+        if rows > PACKED_MAX_ROWS or not prepacks(weight):
+            assert all(same.values()), (rows, same)
+        else:
+            assert not same["times"], "the fused product rounds once, so some element differs from mul_'s two"
 
 
 @pytest.mark.parametrize(("start", "length"), [(1, 1), (16, 1), (5, 9), (64, 64), (7, 130)])
