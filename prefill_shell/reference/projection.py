@@ -7,15 +7,16 @@ oneDNN's blocked layout, once, at load, and a product of up to
 ``torch.compile``'s CPU weight prepacking uses). ``F.linear`` hands the plain
 weight to the BLAS on every call. On this project's CPUs the prepacked form
 is the faster one for a few rows (decode-sized LM heads, short prompts,
-cached continuations); past a few hundred rows the plain weight is
+cached continuations) and the plain weight past a few hundred
 (``benchmarks/host_forms.py``, rows ``lm_head_*``, ``qkv_*`` and
-``swiglu_mlp_*``), so a longer step takes the plain forms, with the
-plain weight the object holds anyway. The fused forms put SwiGLU's activation, its product
-and the residual add into the same kernel calls: in bfloat16 that is one
-rounding where the plain expressions round after each op (the results
-agree with them to bf16 rounding), and an MLP of three kernel calls where
-the plain one takes four or five ops over the activations, a strided SiLU
-among them.
+``swiglu_mlp_*``), so a longer product runs the plain expression on the
+plain weight the object holds anyway. The fused forms put SwiGLU's
+activation, its product and the residual add into the same kernel calls: in
+bfloat16 that is one rounding where the plain expressions round after each
+op (the results agree with them to bf16 rounding, so a row's bfloat16
+outputs can differ in their last bits with the size of the step it runs
+in), and an MLP of three kernel calls where the plain one takes four or five
+ops over the activations, a strided SiLU among them.
 
 Elsewhere (CUDA, float16, bfloat16 without matrix instructions, a torch
 built without oneDNN) every form is the plain ``F.linear`` expression it
