@@ -135,14 +135,18 @@ def smollm2_hf(smollm2_file):
     ).eval()
 
 
+_HAS_TOKENIZER: dict[Path, bool] = {}
+"""``gguf_has_tokenizer``'s answer for the pinned file, asked once a session (the file is checked by its sha256)."""
+
+
 @contextlib.contextmanager
 def smollm2_loads_reused(smollm2_file: Path, smollm2, smollm2_tokenizer):
     """While open, the shell's loads of the pinned GGUF (``reference.text``'s ``load_gguf`` in float32 on the CPU,
     its tokenizer through transformers, the tokenizer check) return what the session already made by those very calls
-    on that very file, instead of parsing it again (a parse of its 49k-token vocabulary takes seconds; a load of the
-    weights and tokenizer ~25 s on this machine). Everything above those leaves runs as it does for a caller: the
-    path, its kind, the dtype, the runtime. Any other file, dtype or device loads as before. Yields the loads it
-    served (``"weights"``, ``"tokenizer"``), so a test shows that its command did ask for the file."""
+    on that very file, instead of parsing it again (a parse decodes its 49k-token vocabulary, and the weights are
+    de-quantized on every load). Everything above those leaves runs as it does for a caller: the path, its kind,
+    the dtype, the runtime. Any other file, dtype or device loads as before. Yields the loads it served
+    (``"weights"``, ``"tokenizer"``), so a test shows that its command did ask for the file."""
     import transformers
 
     from prefill_shell.reference import text
@@ -176,10 +180,6 @@ def smollm2_loads_reused(smollm2_file: Path, smollm2, smollm2_tokenizer):
         patch.setattr(text, "gguf_has_tokenizer", gguf_has_tokenizer)
         patch.setattr(transformers.AutoTokenizer, "from_pretrained", from_pretrained)
         yield served
-
-
-_HAS_TOKENIZER: dict[Path, bool] = {}
-"""``gguf_has_tokenizer``'s answer for the pinned file, asked once a session (the file is checked by its sha256)."""
 
 
 @pytest.fixture

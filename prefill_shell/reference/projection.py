@@ -41,7 +41,7 @@ PACKED_MAX_ROWS = 256
 A long step's GEMMs are large enough that the BLAS's own blocking of the plain
 weight wins, and oneDNN's fixed layout stops paying; a short one's are not
 (``benchmarks/host_forms.py``: ``*_packed_over_chosen`` past the limit,
-``*_plain_over_chosen`` under it; the commit that set it has the in-model runs)."""
+``*_plain_over_chosen`` under it)."""
 
 
 @functools.cache

@@ -77,8 +77,12 @@ def test_a_product_past_packed_max_rows_runs_the_plain_expressions_bit_for_bit()
             "times": F.linear(x, weight).mul_(other),
             "plus": torch.addmm(other, x, weight.t()),
         }
-        ours = {"call": projection(x), "silu": projection.silu(x), "times": projection.times(x, other)}
-        ours["plus"] = projection.plus(x, other)
+        ours = {
+            "call": projection(x),
+            "silu": projection.silu(x),
+            "times": projection.times(x, other),
+            "plus": projection.plus(x, other),
+        }
         same = {form: torch.equal(ours[form], plain[form]) for form in plain}
         if rows > PACKED_MAX_ROWS or not prepacks(weight):
             assert all(same.values()), (rows, same)
