@@ -4,19 +4,23 @@ Theory of operation
 -------------------
 A hybrid model (Gemma 2/3, GPT-OSS, Qwen3 with ``layer_types``, Mistral with
 ``sliding_window``) mixes sliding-window and full-attention layers. A serving
-engine keeps one KV cache *group* per attention type (vLLM's hybrid KV cache
+engine keeps its layers in KV cache *groups* (vLLM's hybrid KV cache
 manager: ``kv_cache_groups``), each with its own block table and, since vLLM
 equalises page size rather than block size, its own block size; every group
-draws block ids from one shared pool.
+draws block ids from one shared pool. vLLM forms groups of an equal number
+of layers, several per attention type where one type has more layers
+(``kv_grouping.py``; ``vllm_grouped`` builds that layout); ``from_layer_types``
+keeps one group per attention type, the fewest tables for a caller that is
+free to choose.
 
 1. A ``KVGroup`` is an attention kind, a window (sliding only: a query at
    position q sees keys k with ``q - window < k <= q``, transformers' and
    vLLM's rule), a block size and the decoder layers it serves. Groups of
    one kind and window may repeat (vLLM keeps equal-sized groups, so two
    sliding layers and one full layer are three groups of one layer each).
-2. Every layer is in exactly one group; groups are numbered as vLLM numbers
-   them, in order of their first layer, so group 0's table is the plugin's
-   plain ``page_table`` argument.
+2. Every layer is in exactly one group. Groups are numbered as the caller
+   numbers them (vLLM's order, which need not follow the first layers:
+   ``kv_grouping.py``); group 0's table is the plugin's ``page_table``.
 3. Every group's block size divides the planning block size (chunk starts
    are multiples of it, hence block-aligned in every group).
 
@@ -32,6 +36,7 @@ from collections.abc import Sequence
 import attrs
 
 from .errors import InvalidLayoutError, field_error
+from .kv_grouping import vllm_layer_groups
 
 __all__ = ["AttentionKind", "KVGroup", "AttentionLayout"]
 
@@ -90,10 +95,6 @@ def _check_layout(layout: AttentionLayout) -> None:
     if layers != list(range(len(layers))):
         rule = "every layer 0..n-1 must be in exactly one group"
         raise field_error(InvalidLayoutError, "AttentionLayout", "groups", [g.layers for g in groups], rule)
-    firsts = [g.layers[0] for g in groups]
-    if firsts != sorted(firsts):
-        rule = "groups are numbered in order of their first layer (vLLM's numbering: group 0 is page_table's)"
-        raise field_error(InvalidLayoutError, "AttentionLayout", "groups", firsts, rule)
 
 
 @attrs.frozen(cache_hash=True)
@@ -119,30 +120,76 @@ class AttentionLayout:
         block_size: int,
         sliding_block_size: int | None = None,
     ) -> AttentionLayout:
-        """One group per attention kind, as a model config names its layers.
+        """One group per attention kind, as a model config names its layers, in order of first appearance.
 
         ``layer_types`` are transformers' strings (``"full_attention"``,
         ``"sliding_attention"``); ``sliding_block_size`` (default
-        ``block_size``) is the sliding group's block size.
+        ``block_size``) is the sliding groups' block size.
         """
-        try:
-            kinds = [AttentionKind(t) for t in layer_types]
-        except ValueError:
-            names = [k.value for k in AttentionKind]
-            raise field_error(
-                InvalidLayoutError, "AttentionLayout", "layer_types", list(layer_types), f"each must be one of {names}"
-            ) from None
-        order: list[AttentionKind] = []
-        for kind in kinds:
-            if kind not in order:
-                order.append(kind)
-        groups = []
-        for kind in order:
-            sliding = kind is AttentionKind.SLIDING
-            layers = tuple(i for i, k in enumerate(kinds) if k is kind)
-            bs = (sliding_block_size or block_size) if sliding else block_size
-            groups.append(KVGroup(kind, sliding_window if sliding else None, bs, layers))
-        return cls(tuple(groups))
+        specs = _layer_specs(layer_types, sliding_window, block_size, sliding_block_size)
+        order = list(dict.fromkeys(specs))
+        return cls.from_layer_groups(specs, [[i for i, s in enumerate(specs) if s == o] for o in order])
+
+    @classmethod
+    def vllm_grouped(
+        cls,
+        layer_types: Sequence[str],
+        *,
+        sliding_window: int | None,
+        block_size: int,
+        sliding_block_size: int | None = None,
+    ) -> AttentionLayout:
+        """The groups vLLM's hybrid KV cache manager forms for these layers (``kv_grouping.vllm_layer_groups``).
+
+        Arguments as ``from_layer_types``; several groups may share a kind and window.
+        """
+        specs = _layer_specs(layer_types, sliding_window, block_size, sliding_block_size)
+        return cls.from_layer_groups(specs, vllm_layer_groups(specs))
+
+    @classmethod
+    def from_layer_groups(
+        cls, layer_specs: Sequence[tuple[AttentionKind, int | None, int]], groups: Sequence[Sequence[int]]
+    ) -> AttentionLayout:
+        """The layout with these groups (layer indices, in the caller's group order) over layers of these specs.
+
+        ``layer_specs[i]`` is layer i's ``(kind, window, block_size)``; the
+        layers of a group must share one (``InvalidLayoutError`` naming the group).
+        """
+        built = []
+        for index, layers in enumerate(groups):
+            layers = tuple(sorted(layers))
+            if not layers or any(type(x) is not int or not 0 <= x < len(layer_specs) for x in layers):
+                rule = f"must be a non-empty list of layer indices in [0, {len(layer_specs)})"
+                raise field_error(InvalidLayoutError, f"AttentionLayout.groups[{index}]", "layers", layers, rule)
+            specs = {layer_specs[x] for x in layers}
+            if len(specs) != 1:
+                rule = "a group's layers share one kind, window and block size"
+                shown = {x: layer_specs[x] for x in layers}
+                raise field_error(InvalidLayoutError, f"AttentionLayout.groups[{index}]", "layers", shown, rule)
+            kind, window, block_size = specs.pop()
+            built.append(KVGroup(kind, window, block_size, layers))
+        return cls(tuple(built))
+
+    def regrouped(self, groups: Sequence[Sequence[int]]) -> AttentionLayout:
+        """The same layers (kinds, windows, block sizes) in these groups (``from_layer_groups``)."""
+        return type(self).from_layer_groups(self.layer_specs, groups)
+
+    @property
+    def layer_specs(self) -> tuple[tuple[AttentionKind, int | None, int], ...]:
+        """Each layer's ``(kind, window, block_size)``, in layer order."""
+        specs: dict[int, tuple[AttentionKind, int | None, int]] = {}
+        for group in self.groups:
+            specs.update(dict.fromkeys(group.layers, (group.kind, group.window, group.block_size)))
+        return tuple(specs[layer] for layer in range(self.num_layers))
+
+    @property
+    def layer_groups(self) -> tuple[tuple[int, ...], ...]:
+        """Each group's layers, in group order."""
+        return tuple(g.layers for g in self.groups)
+
+    def position_in_group(self, layer: int) -> int:
+        """Where ``layer`` stands among its group's layers (vLLM's KV tensor index of a layer)."""
+        return self.groups[self.group_of(layer)].layers.index(layer)
 
     @property
     def num_layers(self) -> int:
@@ -170,3 +217,19 @@ class AttentionLayout:
                 raise field_error(
                     InvalidLayoutError, f"AttentionLayout.groups[{index}]", "block_size", group.block_size, rule
                 )
+
+
+def _layer_specs(
+    layer_types: Sequence[str], sliding_window: int | None, block_size: int, sliding_block_size: int | None
+) -> list[tuple[AttentionKind, int | None, int]]:
+    """Each layer's ``(kind, window, block_size)`` from transformers' ``layer_types`` strings."""
+    try:
+        kinds = [AttentionKind(t) for t in layer_types]
+    except ValueError:
+        names = [k.value for k in AttentionKind]
+        raise field_error(
+            InvalidLayoutError, "AttentionLayout", "layer_types", list(layer_types), f"each must be one of {names}"
+        ) from None
+    sliding = (AttentionKind.SLIDING, sliding_window, sliding_block_size or block_size)
+    full = (AttentionKind.FULL, None, block_size)
+    return [sliding if kind is AttentionKind.SLIDING else full for kind in kinds]

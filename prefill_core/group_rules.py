@@ -10,8 +10,11 @@ steps read or write) only, with the same rules, plus two of its own:
 
 * a kept column maps a real block: in the pool and not the caller's null
   block (``WindowTableError``);
-* one block-id space: a block written in one group is kept by no row of
-  another group (vLLM draws every group's blocks from one pool).
+* one block-id space: a block kept (read or written) in one group is kept
+  by no row of another group. vLLM draws every group's blocks from one pool
+  and gives a block to one group at a time, and its groups share KV tensors
+  (tensor i holds layer i of every group, ``kv_grouping.py``): a block named
+  in two groups is one layer's KV read or overwritten as another's.
 
 Errors name the row, ``group_blocks[g][j]``, the value and the rule, and are
 raised before anything is planned. Nothing outside the kept columns is read.
@@ -156,4 +159,20 @@ def check_group_tables(
         all_spans.append(spans)
     writer = _writers(layout, tables, all_spans)
     _check_reads(layout, tables, all_spans, writer, lengths)
+    _check_one_group_per_block(tables, all_spans)
     return tuple(all_spans)
+
+
+def _check_one_group_per_block(tables, all_spans) -> None:
+    """No block is kept in two groups (the one block-id space rule; writers were judged before)."""
+    keeper: dict[int, tuple[int, int, int]] = {}
+    for g, (rows, spans) in enumerate(zip(tables, all_spans)):
+        for row, (blocks, span) in enumerate(zip(rows, spans)):
+            for column in span.kept:
+                found = keeper.setdefault(blocks[column], (g, row, column))
+                if found[0] != g:
+                    rule = (
+                        f"one block-id space: row {found[1]} keeps it in group {found[0]} (column {found[2]}); "
+                        "groups share KV buffers, so one block serves one group"
+                    )
+                    raise _error(BlockConflictError, row, g, column, blocks[column], rule)
