@@ -11,6 +11,8 @@ from .errors import __all__ as _error_names
 from .execution import ExecutionMode, execution_mode, plans_packed, replays
 from .group_packed import GroupedPackedRequest, GroupPackedTables, prepare_grouped_packed
 from .group_tables import GroupedRequest, GroupStepTables, prepare_grouped
+from .kv_buffers import KVBuffers
+from .kv_grouping import vllm_layer_groups
 from .lanes import LaneRoute, route_to_lanes
 from .layout import PageTableLayout
 from .manifest import WarmupManifest, manifest_for
@@ -36,6 +38,7 @@ __all__ = [
     "GroupStepTables",
     "GroupedPackedRequest",
     "GroupedRequest",
+    "KVBuffers",
     "KVGroup",
     "LaneRoute",
     "PageTableLayout",
@@ -78,5 +81,6 @@ __all__ = [
     "round_up",
     "route_to_lanes",
     "to_json",
+    "vllm_layer_groups",
     *_error_names,
 ]

@@ -168,6 +168,9 @@ class AttentionLayout:
                 raise field_error(InvalidLayoutError, f"AttentionLayout.groups[{index}]", "layers", shown, rule)
             kind, window, block_size = specs.pop()
             built.append(KVGroup(kind, window, block_size, layers))
+        if sorted(x for g in built for x in g.layers) != list(range(len(layer_specs))):
+            rule = f"every layer 0..{len(layer_specs) - 1} must be in exactly one group"
+            raise field_error(InvalidLayoutError, "AttentionLayout", "groups", [g.layers for g in built], rule)
         return cls(tuple(built))
 
     def regrouped(self, groups: Sequence[Sequence[int]]) -> AttentionLayout:

@@ -96,7 +96,7 @@ def test_a_step_starting_inside_a_cached_block_reuses_its_cached_positions_above
 
 
 def test_layer_types_group_by_kind_in_order_of_first_layer():
-    """Groups are numbered as vLLM numbers them: by first layer (Gemma 3: group 0 slides)."""
+    """``from_layer_types``: one group per kind, in order of first appearance (vLLM's grouping: test_kv_grouping)."""
     types = ["sliding_attention"] * 5 + ["full_attention"] + ["sliding_attention"] * 2
     layout = AttentionLayout.from_layer_types(types, sliding_window=512, block_size=32)
     assert [g.kind for g in layout.groups] == [AttentionKind.SLIDING, AttentionKind.FULL]
