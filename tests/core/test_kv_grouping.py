@@ -110,7 +110,7 @@ def test_groups_of_different_block_sizes_get_a_buffer_per_layer():
         ((16, 16), (0, 0, 0, 1, 1, 1, 9), "buffer_of", "one buffer index per layer"),
         ((16, 16), (0, 0, 0, 1, 1, -1), "buffer_of[5]", "int >= 0"),
         ((16, 16), (0, 0, 0, 2, 2, 2), "buffer_of", "0..n-1"),
-        ((16, 16), (0, 0, 0, 0, 1, 1), "buffer_of[3]", "both are in KV group 0"),
+        ((16, 16), (0, 0, 0, 0, 1, 1), "buffer_of[3]", "both in KV group 0"),
         ((8, 16), (0, 0, 0, 1, 1, 1), "buffer_of[2]", "share a block size"),
     ],
 )
