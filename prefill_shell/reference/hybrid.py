@@ -26,7 +26,7 @@ from pathlib import Path
 import attrs
 import torch
 
-from prefill_core import AttentionLayout
+from prefill_core import AttentionLayout, KVBuffers
 from prefill_core.errors import PrefillConfigError
 from prefill_shell.reference.config import FAMILIES, LlamaSpec, _int, _windowed_layers, check_computed
 from prefill_shell.reference.gemma3 import PagedGemma3, text_weights
@@ -52,14 +52,22 @@ class HybridLlama:
         self.model, self.attention = model, attention
         self.spec, self.dtype = model.spec, model.dtype
 
-    def new_kv_cache(self, num_blocks: int, device: torch.device | str | None = None) -> GroupedKVCache:
-        """Zeroed pools, one per group at its block size, ``num_blocks`` each (one block-id space)."""
+    def with_attention(self, attention: AttentionLayout) -> HybridLlama:
+        """The same decoder and weights with its layers in ``attention``'s groups (vLLM's, at allocation)."""
+        return HybridLlama(self.model, attention)
+
+    def new_kv_cache(
+        self, num_blocks: int, device: torch.device | str | None = None, buffers: KVBuffers | None = None
+    ) -> GroupedKVCache:
+        """Zeroed KV buffers of ``num_blocks`` blocks, shared by the groups as ``buffers`` says (vLLM's plan by
+        default: ``KVBuffers.shared``), one block-id space for all."""
         spec = self.spec
         return GroupedKVCache(
             self.attention,
             num_blocks,
             spec.num_kv_heads,
             spec.head_dim,
+            buffers=buffers,
             dtype=self.dtype,
             device=self.model.device if device is None else device,
         )

@@ -8,6 +8,12 @@ it so that a fill is one static-shape index copy with no data-dependent
 branching, which keeps the write capturable in a CUDA graph. The sink is
 write-only scratch: its contents are garbage, never read by attention and
 never exposed by ``snapshot``.
+
+``PagedKVCache.over`` views buffers someone else allocated (a hybrid
+model's shared buffers, ``windowed.GroupedKVCache``): exactly
+``num_blocks`` deep, as vLLM plans them, so there is no sink and a fill
+drops its ``-1`` entries (a data-dependent index, fine for the eager-only
+hybrid steps).
 """
 
 from __future__ import annotations
@@ -44,10 +50,23 @@ class PagedKVCache:
         # overwrite the pools in place with ordinary tensor code.
         self.keys = tuple(torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers))
         self.values = tuple(torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers))
+        self.has_sink = True
+
+    @classmethod
+    def over(cls, keys, values, block_size: int) -> PagedKVCache:
+        """A pool whose layer i is ``keys[i]`` / ``values[i]`` (``[num_blocks, H_kv, block_size, D]``, no sink)."""
+        pool = cls.__new__(cls)
+        num_blocks, heads, bs, dim = keys[0].shape
+        if bs != block_size or any(t.shape != keys[0].shape for t in (*keys, *values)):
+            raise ValueError(f"PagedKVCache.over: every buffer must be [num_blocks, H_kv, {block_size}, D]")
+        pool.num_layers, pool.num_blocks, pool.block_size = len(keys), num_blocks, block_size
+        pool.num_kv_heads, pool.head_dim, pool.dtype, pool.device = heads, dim, keys[0].dtype, keys[0].device
+        pool.keys, pool.values, pool.has_sink = tuple(keys), tuple(values), False
+        return pool
 
     @property
     def sink_block(self) -> int:
-        """Index of the write-only scratch block that absorbs ``-1`` entries."""
+        """Index of the write-only scratch block that absorbs ``-1`` entries (past the buffers without one)."""
         return self.num_blocks
 
     def fill(self, layer: int, k: torch.Tensor, v: torch.Tensor, fill_table: torch.Tensor) -> None:
@@ -66,9 +85,12 @@ class PagedKVCache:
         if cols == 0:
             return
         ids = fill_table[:, :cols].to(torch.int64)
-        ids = torch.where(ids < 0, torch.full_like(ids, self.sink_block), ids).reshape(-1)
         k_blocks = _to_blocks(k[:, :, : cols * bs], bs).to(self.dtype)
         v_blocks = _to_blocks(v[:, :, : cols * bs], bs).to(self.dtype)
+        if not self.has_sink:
+            kept = torch.nonzero(ids.reshape(-1) >= 0).flatten()
+            ids, k_blocks, v_blocks = ids.reshape(-1)[kept], k_blocks[kept], v_blocks[kept]
+        ids = torch.where(ids < 0, torch.full_like(ids, self.sink_block), ids).reshape(-1)
         # Several -1 entries all land on the sink; which copy wins there is
         # unspecified, which is harmless because the sink is never read.
         self.keys[layer].index_copy_(0, ids, k_blocks)

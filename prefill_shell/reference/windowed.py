@@ -1,11 +1,11 @@
-"""Hybrid models on the reference decoders: per-group KV pools and windowed attention in padded steps.
+"""Hybrid models on the reference decoders: KV buffers shared by the groups, windowed attention in padded steps.
 
 A hybrid model's layers fall into KV groups (``prefill_core.AttentionLayout``),
 each with its own block size and page table, all drawing block ids from one
-space (the way vLLM's Tenstorrent plugin allocates them: one pool of
-``num_blocks`` per layer, the group's block size). ``GroupedKVCache`` holds
-those pools; ``forward_grouped`` runs one padded step of the model with each
-layer reading and writing through its group's tables
+space. ``GroupedKVCache`` holds the KV buffers the groups share as vLLM
+plans them (KV tensor i holds layer i of every group,
+``prefill_core.KVBuffers``); ``forward_grouped`` runs one padded step of the
+model with each layer reading and writing through its group's tables
 (``prefill_core.GroupedRequest.step_tables``).
 
 What a windowed layer reads: the queries of ``[start, start + S)`` see keys
@@ -32,7 +32,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from prefill_core import AttentionLayout, KVGroup
+from prefill_core import AttentionLayout, KVBuffers, KVGroup
 from prefill_core.intmath import ceil_div
 from prefill_core.windows import window_floor
 from prefill_shell.reference.kv_cache import PagedKVCache
@@ -62,7 +62,17 @@ class GroupTensors(NamedTuple):
 
 
 class GroupedKVCache:
-    """One ``PagedKVCache`` per KV group (its layers, its block size), one block-id space for all."""
+    """KV buffers shared by a hybrid model's KV groups, as vLLM plans them, and one ``PagedKVCache`` view per group.
+
+    ``buffers`` (``prefill_core.KVBuffers``; default ``KVBuffers.shared``:
+    a layer's buffer is its position in its group) names the K and the V
+    buffer of each layer, ``[num_blocks, H_kv, block_size, D]`` each, with no
+    sink block: layer i of every group is a view of buffer i, so the pool's
+    bytes are vLLM's plan (``num_blocks`` pages per KV tensor). A block id
+    belongs to one group at a time (``prefill_core.group_rules``), so sharing
+    never lets one group read or write another's page. ``pools[g]`` is group
+    g's layers over their buffers.
+    """
 
     def __init__(
         self,
@@ -71,13 +81,27 @@ class GroupedKVCache:
         num_kv_heads: int,
         head_dim: int,
         *,
+        buffers: KVBuffers | None = None,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
     ) -> None:
-        self.attention = attention
-        self.num_blocks = num_blocks
+        buffers = KVBuffers.shared(attention) if buffers is None else buffers
+        if buffers.attention != attention:
+            raise ValueError("GroupedKVCache: buffers were assigned for another attention layout")
+        if min(num_blocks, num_kv_heads, head_dim) <= 0:
+            raise ValueError("GroupedKVCache dimensions must all be positive")
+        self.attention, self.buffers, self.num_blocks = attention, buffers, num_blocks
+        # Created outside inference mode on purpose: tests and callers may overwrite the buffers in place.
+        shapes = [(num_blocks, num_kv_heads, buffers.block_size_of(b), head_dim) for b in range(buffers.num_buffers)]
+        self.keys = tuple(torch.zeros(shape, dtype=dtype, device=device) for shape in shapes)
+        self.values = tuple(torch.zeros(shape, dtype=dtype, device=device) for shape in shapes)
+        index = buffers.buffer_of
         self.pools = tuple(
-            PagedKVCache(len(g.layers), num_blocks, g.block_size, num_kv_heads, head_dim, dtype=dtype, device=device)
+            PagedKVCache.over(
+                [self.keys[index[layer]] for layer in g.layers],
+                [self.values[index[layer]] for layer in g.layers],
+                g.block_size,
+            )
             for g in attention.groups
         )
         self._where = {
@@ -93,9 +117,16 @@ class GroupedKVCache:
         g, local = self._where[layer]
         return self.pools[g], local, self.attention.groups[g], g
 
+    def allocated_bytes(self) -> int:
+        """Bytes of every K and V buffer: what vLLM planned for ``num_blocks`` blocks of this layout."""
+        return sum(t.numel() * t.element_size() for t in self.keys + self.values)
+
     def block_bytes(self, block: int) -> torch.Tensor:
-        """Raw bytes of block ``block`` in every layer of every group (flat uint8), for bit-exact comparisons."""
-        return torch.cat([pool.block_bytes(block).flatten() for pool in self.pools])
+        """Raw bytes of block ``block`` in every buffer (flat uint8, each buffer once), for bit-exact comparisons."""
+        if not 0 <= block < self.num_blocks:
+            raise IndexError(f"block={block} is not addressable (pool has {self.num_blocks} blocks)")
+        pages = [t[block].contiguous().view(torch.uint8).flatten() for t in self.keys + self.values]
+        return torch.cat(pages).clone()
 
 
 def _key_mask(

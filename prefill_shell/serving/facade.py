@@ -19,7 +19,7 @@ import attrs
 import torch
 
 from prefill_core import PageTableLayout, PrefillPolicy, SamplingPath, can_trace, ceil_div, manifest_for
-from prefill_core.errors import KVCacheMismatchError, PrefillConfigError, PrefillStateError
+from prefill_core.errors import KVCacheMismatchError, PrefillConfigError, PrefillInputError, PrefillStateError
 from prefill_core.warmup import limited_to
 from prefill_shell.backends.base import Backend
 from prefill_shell.device.model import PrefillModel
@@ -34,12 +34,15 @@ from prefill_shell.sampling.penalties import sample_penalised
 from prefill_shell.serving.penalty_state import check_slot_remap, state_rows, token_ids
 from prefill_shell.serving.plugin_sampling import PluginRows, rows_from_plugin
 
-__all__ = ["IGNORED_KEYWORDS", "OneLane", "PluginFacade", "ServingFacade"]
+__all__ = ["CHECKED_KEYWORDS", "IGNORED_KEYWORDS", "OneLane", "PluginFacade", "ServingFacade"]
 
-IGNORED_KEYWORDS = frozenset(
-    {"page_tables_per_layer", "prompt_tokens", "output_tokens", "slot_remap", "rope_deltas_all_users"}
-)
-"""The plugin's keywords a text-only model accepts (``output_tokens`` feeds the penalties)."""
+IGNORED_KEYWORDS = frozenset({"prompt_tokens", "output_tokens", "slot_remap", "rope_deltas_all_users"})
+"""The plugin's keywords a text-only model accepts without a check of KV addressing (``prompt_tokens`` and
+``output_tokens`` feed the penalties, ``slot_remap`` is checked against the lane's slots)."""
+CHECKED_KEYWORDS = frozenset({"page_tables_per_layer"})
+"""The plugin's keywords that say which blocks a layer reads and writes: never ignored. A model in one KV group
+takes ``page_tables_per_layer`` only equal to ``page_table`` on every layer (``HybridServingFacade`` serves
+several groups)."""
 
 _PROVISIONAL_BLOCK_SIZE = 32
 _LOG = logging.getLogger(__name__)
@@ -238,7 +241,7 @@ class PluginFacade:
         **compatibility_kwargs: Any,
     ):
         """One prefill step as the plugin submits it; see the module docstring for the returns."""
-        unknown = sorted(key for key in compatibility_kwargs if key not in IGNORED_KEYWORDS)
+        unknown = sorted(key for key in compatibility_kwargs if key not in IGNORED_KEYWORDS | CHECKED_KEYWORDS)
         if unknown:
             raise TypeError(f"prefill got an unexpected keyword argument {unknown[0]!r}")
         self._check_call(kv_cache, enable_trace)
@@ -249,7 +252,7 @@ class PluginFacade:
             prompt_lens = [len(row) for row in tokens]
         mode = "traced" if enable_trace else "eager"
         target = self.lanes.target()
-        plan = self._plan_keywords(compatibility_kwargs, num_rows)
+        plan = self._plan_keywords(compatibility_kwargs, page_table, prompt_lens, num_rows)
         if sampling_params is None:
             out = target.prefill(
                 tokens, page_table, prompt_lens, start_pos, empty_slots, None, mode=mode, batched=True, **plan
@@ -262,9 +265,23 @@ class PluginFacade:
         )
         return self._sampled(out, plugin, prompts, outputs)
 
-    def _plan_keywords(self, kwargs: dict, num_rows: int) -> dict:
-        """Planning keywords a call adds to the prefill (none here; a hybrid model's tables: ``hybrid_facade``)."""
+    def _plan_keywords(self, kwargs: dict, page_table, prompt_lens, num_rows: int) -> dict:
+        """Planning keywords a call adds to the prefill: none here (a hybrid model's tables: ``hybrid_facade``).
+
+        Every layer reads and writes through ``page_table``, so a
+        ``page_tables_per_layer`` must map each row's blocks as it does, on
+        every layer; any other is a ``PrefillInputError`` naming the layer and
+        row, before anything runs (writing a layer through another table
+        would change blocks other requests own).
+        """
+        tables = kwargs.get("page_tables_per_layer")
+        if tables is not None:
+            _check_same_tables(tables, page_table, prompt_lens, num_rows, self.model.spec.num_layers, self._blocks())
         return {}
+
+    def _blocks(self) -> int:
+        """The block size of the lanes' layout (every lane's is one)."""
+        return self.lanes.executors()[0].runtime.config.layout.block_size
 
     def _penalty_state(self, kwargs: dict, tokens, prompt_lens, empty_slots, plugin: PluginRows):
         """Each penalised row's prompt and output ids (``penalty_state``), checked before anything runs."""
@@ -461,6 +478,33 @@ def _int_list(value, default: list[int]) -> list[int] | None:
     if not isinstance(value, (list, tuple)) or any(type(v) is not int for v in value) or len(value) != len(default):
         return None
     return list(value)
+
+
+def _check_same_tables(tables, page_table, prompt_lens, num_rows: int, num_layers: int, block_size: int) -> None:
+    """Each layer's table maps each row's blocks (``ceil(prompt_len / block_size)`` columns) as ``page_table``."""
+    pointer = "; a model in several KV groups is served by prefill_shell.serving.hybrid_facade.HybridServingFacade"
+    if not isinstance(tables, (list, tuple)) or len(tables) != num_layers:
+        got = f"{len(tables)} tables" if isinstance(tables, (list, tuple)) else type(tables).__name__
+        msg = f"page_tables_per_layer={got} is invalid: one table per layer ({num_layers}), each equal to page_table"
+        raise PrefillInputError(msg + pointer, field="page_tables_per_layer")
+    lengths = _int_list(prompt_lens, [0] * num_rows)
+    plain = _cast(page_table, torch.int32)
+    if lengths is None or not isinstance(plain, torch.Tensor) or plain.dim() != 2 or len(plain) < num_rows:
+        return  # the runtime names the malformed prompt_lens or page_table before anything runs
+    for layer, table in enumerate(tables):
+        table = _cast(table, torch.int32)
+        if not isinstance(table, torch.Tensor) or table.dim() != 2 or table.shape[0] < num_rows:
+            msg = f"page_tables_per_layer[{layer}] is invalid: must be a 2-D integer tensor of at least {num_rows} rows"
+            raise PrefillInputError(msg, field=f"page_tables_per_layer[{layer}]")
+        for row in range(num_rows):
+            need = ceil_div(max(lengths[row], 0), block_size)
+            mine, theirs = table[row, :need], plain[row, :need]
+            if not torch.equal(mine, theirs):
+                msg = (
+                    f"page_tables_per_layer[{layer}] row {row} is invalid: it maps blocks {mine.tolist()}, "
+                    f"page_table {theirs.tolist()}; every layer of this model reads and writes page_table's blocks"
+                )
+                raise PrefillInputError(msg + pointer, field=f"page_tables_per_layer[{layer}]", row=row)
 
 
 def _kv_heads_per_device(num_kv_heads: int, num_devices: int) -> int:

@@ -1,21 +1,32 @@
-"""``HybridServingFacade``: the serving facade for a model whose layers fall into KV groups (sliding + full).
+"""``HybridServingFacade``: the serving facade for a model whose layers fall into KV groups (sliding windows).
 
-``allocate_kv_cache_per_layer`` (one spec per layer, checked against the
-layer's group), ``prefill_forward`` with ``page_tables_per_layer`` read per
-group, vLLM's null block 0 and a warm-up of the groups' manifest, as vLLM's
-Tenstorrent plugin at e3fc8494 serves a hybrid model. What the plugin sends,
-and prefix caching for windowed models (which the plugin still turns off):
-docs/serving.md ("Sliding-window and hybrid models").
+vLLM's hybrid KV cache manager decides the groups: groups of an equal number
+of layers (``prefill_core.kv_grouping``: Gemma 3's sliding, sliding, full is
+three groups of one layer), each with its own table and block size, sharing
+KV tensors (tensor i holds layer i of every group). The plugin at e3fc8494
+hands both over: ``allocate_kv_cache_per_layer`` gets one ``(shape, dtype,
+tensor index)`` per layer, ``prefill_forward`` one table per layer
+(``page_tables_per_layer``) where there are several groups, and only
+``page_table`` (the one group's) where there is one.
+
+So at allocation the facade regroups the model's layers as vLLM does from
+the specs' block sizes (or as ``layer_groups`` says), allocates one K and one
+V buffer per tensor index (``prefill_core.KVBuffers``; the bytes vLLM
+planned), and at each call checks that the layers of a group hold equal
+rows. vLLM's null block 0 is the block no window may name. What the plugin
+sends, and prefix caching for windowed models: docs/serving.md
+("Sliding-window and hybrid models").
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-from prefill_core.errors import PrefillConfigError, PrefillInputError
+from prefill_core import AttentionLayout, KVBuffers, vllm_layer_groups
+from prefill_core.errors import InvalidLayoutError, PrefillConfigError, PrefillInputError
 from prefill_shell.device.notes import add_note
 from prefill_shell.serving.facade import ServingFacade, _cast, _kv_heads_per_device
 
@@ -26,28 +37,69 @@ VLLM_NULL_BLOCK = 0
 
 
 class HybridServingFacade(ServingFacade):
-    """``ServingFacade`` over a model with ``attention`` (``prefill_core.AttentionLayout``) and grouped steps."""
+    """``ServingFacade`` over a model with ``attention`` (``prefill_core.AttentionLayout``) and grouped steps.
 
-    def __init__(self, model, backend, **kwargs: Any):
+    The model's layout gives each layer's kind and window; vLLM's specs give
+    the block sizes and the groups. ``kv_factory(model, num_blocks, buffers)``
+    builds a pool for the regrouped model (default: its
+    ``new_kv_cache(num_blocks, buffers=buffers)``); a model is regrouped by its
+    ``with_attention(layout)``.
+    """
+
+    def __init__(self, model, backend, *, kv_factory: Callable[..., Any] | None = None, **kwargs: Any):
         if getattr(model, "attention", None) is None:
             raise PrefillConfigError(f"{type(self).__name__}: the model has no attention layout (KV groups)")
-        kwargs.setdefault("kv_factory", lambda num_blocks, _block_size: model.new_kv_cache(num_blocks))
-        super().__init__(model, backend, **kwargs)
+        self._given_model = model
+        self._pool_factory = kv_factory
+        self._buffers: KVBuffers | None = None
+        super().__init__(model, backend, kv_factory=self._new_pool, **kwargs)
+
+    def _new_pool(self, num_blocks: int, _block_size: int) -> Any:
+        if self._pool_factory is not None:
+            return self._pool_factory(self.model, num_blocks, self._buffers)
+        return self.model.new_kv_cache(num_blocks, buffers=self._buffers)
 
     # -- set-up ---------------------------------------------------------
-    def allocate_kv_cache_per_layer(self, per_layer_specs: Sequence) -> Any:
-        """Builds the grouped pool from one ``(shape, dtype[, tensor index])`` per layer; returns it."""
-        num_blocks = self._checked_specs(per_layer_specs)
-        self._release()
+    def allocate_kv_cache_per_layer(
+        self, per_layer_specs: Sequence, *, layer_groups: Sequence[Sequence[int]] | None = None
+    ) -> Any:
+        """Builds the grouped pool from one ``(shape, dtype[, tensor index])`` per layer; returns it.
+
+        The layers are regrouped as vLLM groups them (``vllm_layer_groups``
+        over each layer's kind, window and spec block size) unless
+        ``layer_groups`` (each group's layers, in vLLM's group order) says
+        otherwise; the tensor indices, when every spec has one, place the
+        layers in KV buffers (else vLLM's plan: ``KVBuffers.shared``). Bad
+        specs, groups or indices are a ``PrefillConfigError`` naming them,
+        before the previous pool is released.
+        """
+        num_blocks, block_sizes, indices = self._checked_specs(per_layer_specs)
+        kinds = self._given_model.attention.layer_specs
+        specs = [(kind, window, bs) for (kind, window, _), bs in zip(kinds, block_sizes)]
+        groups = vllm_layer_groups(specs) if layer_groups is None else layer_groups
         try:
-            self.kv = self.lanes.build(num_blocks, self.model.attention.groups[0].block_size, self._lane_executor)
+            layout = AttentionLayout.from_layer_groups(specs, groups)
+            layout.check_fits(max(block_sizes))
+        except InvalidLayoutError as error:
+            what = "vLLM's grouping" if layer_groups is None else f"layer_groups={layer_groups!r}"
+            raise PrefillConfigError(f"per_layer_specs under {what} are invalid: {error}") from None
+        try:
+            buffers = KVBuffers.shared(layout) if indices is None else KVBuffers(layout, indices)
+        except InvalidLayoutError as error:
+            raise PrefillConfigError(f"per_layer_specs' tensor indices {indices} are invalid: {error}") from None
+        model = self._regrouped(layout)
+        self._release()
+        self.model = self.lanes.model = model
+        self._buffers = buffers
+        try:
+            self.kv = self.lanes.build(num_blocks, layout.groups[0].block_size, self._lane_executor)
         except BaseException as error:
             add_note(error, "allocate_kv_cache_per_layer released the previous pool: none is allocated now")
             raise
         return self.kv
 
     def allocate_kv_cache(self, kv_cache_shape=None, dtype=None, num_layers=None) -> Any:
-        """The plugin's legacy call: one shape for every layer, so every group must have its block size."""
+        """The plugin's legacy call: one shape for every layer (every group at its block size)."""
         if kv_cache_shape is None and dtype is None and num_layers is None:
             return super().allocate_kv_cache()
         if kv_cache_shape is None or dtype is None or num_layers is None:
@@ -56,47 +108,70 @@ class HybridServingFacade(ServingFacade):
             raise PrefillConfigError(f"vLLM's KV num_layers={num_layers!r} is invalid: the model needs an int")
         return self.allocate_kv_cache_per_layer([(kv_cache_shape, dtype)] * num_layers)
 
-    def _checked_specs(self, specs: Sequence) -> int:
-        spec, attention = self.model.spec, self.model.attention
+    def _regrouped(self, layout: AttentionLayout):
+        model = self._given_model
+        if layout == model.attention:
+            return model
+        regroup = getattr(model, "with_attention", None)
+        if regroup is None:
+            msg = (
+                f"{type(model).__name__} has no with_attention: it cannot serve vLLM's KV groups "
+                f"{layout.layer_groups} (its own are {model.attention.layer_groups})"
+            )
+            raise PrefillConfigError(msg)
+        return regroup(layout)
+
+    def _checked_specs(self, specs: Sequence) -> tuple[int, list[int], list[int] | None]:
+        """``(num_blocks, each layer's block size, each layer's tensor index or None)``, each spec checked."""
+        spec = self.model.spec
         if not isinstance(specs, (list, tuple)) or len(specs) != spec.num_layers:
             count = len(specs) if isinstance(specs, (list, tuple)) else type(specs).__name__
             raise PrefillConfigError(f"per_layer_specs={count} is invalid: the model needs {spec.num_layers} layers")
         heads = _kv_heads_per_device(spec.num_kv_heads, getattr(self.backend, "num_devices", 1))
-        num_blocks = None
+        num_blocks, block_sizes, indices = None, [], []
         for layer, entry in enumerate(specs):
-            shape, dtype = (
-                (tuple(entry[0]), entry[1]) if isinstance(entry, (list, tuple)) and len(entry) >= 2 else ((), None)
-            )
-            if len(shape) != 4 or not all(type(d) is int for d in shape) or shape[0] <= 0:
-                raise PrefillConfigError(f"per_layer_specs[{layer}] shape={shape!r} is invalid: 4 ints, num_blocks > 0")
-            g = attention.group_of(layer)
-            want = (
-                shape[0] if num_blocks is None else num_blocks,
-                heads,
-                attention.groups[g].block_size,
-                spec.head_dim,
-            )
+            ok = isinstance(entry, (list, tuple)) and len(entry) in (2, 3)
+            shape = tuple(entry[0]) if ok and isinstance(entry[0], (list, tuple, torch.Size)) else ()
+            dtype = entry[1] if ok else None
+            if len(shape) != 4 or not all(type(d) is int and d > 0 for d in shape):
+                rule = "must be (shape, dtype[, tensor index]) with a shape of 4 ints > 0"
+                raise PrefillConfigError(f"per_layer_specs[{layer}]={entry!r} is invalid: {rule}")
+            want = (shape[0] if num_blocks is None else num_blocks, heads, shape[2], spec.head_dim)
             if shape != want or dtype != self._kv_dtype:
                 msg = (
-                    f"per_layer_specs[{layer}]=({shape!r}, {dtype}) is invalid: layer {layer} is in KV group {g} "
-                    f"(one block-id space for all layers): it needs {want} in {self._kv_dtype}"
+                    f"per_layer_specs[{layer}]=({shape!r}, {dtype}) is invalid: every layer needs "
+                    f"(num_blocks, kv_heads, block_size, head_dim) = {want} in {self._kv_dtype} "
+                    "(one block-id space for all layers)"
                 )
                 raise PrefillConfigError(msg)
             num_blocks = shape[0]
-        return num_blocks
+            block_sizes.append(shape[2])
+            indices.append(entry[2] if len(entry) == 3 else None)
+        if all(i is None for i in indices):
+            return num_blocks, block_sizes, None
+        if any(i is None for i in indices):
+            raise PrefillConfigError(f"per_layer_specs' tensor indices {indices} are invalid: give every layer one")
+        return num_blocks, block_sizes, indices
 
     def _lane_executor(self, model, backend, kv, num_blocks: int, block_size: int, seed: int):
         # The layout's block size is the pool's planning block (the largest group's), whatever vLLM's first.
         return super()._lane_executor(model, backend, kv, num_blocks, kv.block_size, seed)
 
     # -- the call -------------------------------------------------------
-    def _plan_keywords(self, kwargs: dict, num_rows: int) -> dict:
-        """Each group's table from ``page_tables_per_layer`` (its first layer's, the call's rows)."""
+    def _plan_keywords(self, kwargs: dict, page_table, prompt_lens, num_rows: int) -> dict:
+        """Each group's table: ``page_tables_per_layer`` (a group's first layer's, the call's rows), or
+        ``page_table`` where there is one group and no per-layer tables (the plugin sends none then)."""
         tables = kwargs.get("page_tables_per_layer")
         attention = self.model.attention
+        null = {"null_block": VLLM_NULL_BLOCK}
+        if tables is None and len(attention.groups) == 1:
+            return {"group_page_tables": [page_table], **null}
         if not isinstance(tables, (list, tuple)) or len(tables) != attention.num_layers:
             got = type(tables).__name__ if not isinstance(tables, (list, tuple)) else f"{len(tables)} tables"
-            msg = f"page_tables_per_layer={got} is invalid: a hybrid model needs one table per layer"
+            msg = (
+                f"page_tables_per_layer={got} is invalid: a model in {len(attention.groups)} KV groups needs one "
+                f"table per layer ({attention.num_layers})"
+            )
             raise PrefillInputError(msg, field="page_tables_per_layer")
         groups = []
         for g, group in enumerate(attention.groups):
@@ -109,7 +184,7 @@ class HybridServingFacade(ServingFacade):
                     )
                     raise PrefillInputError(msg, field=f"page_tables_per_layer[{layer}]")
             groups.append(first)
-        return {"group_page_tables": groups, "null_block": VLLM_NULL_BLOCK}
+        return {"group_page_tables": groups, **null}
 
 
 def _rows(table, num_rows: int, layer: int) -> torch.Tensor:

@@ -96,6 +96,32 @@ def test_an_unknown_keyword_is_a_type_error_naming_it(tiny_model, call):
     assert facade.runtime.backend.ledger.allocations == 0
 
 
+def test_per_layer_tables_that_differ_from_page_table_are_refused_by_name_before_any_write(tiny_model, kit, call):
+    """A one-group model writes every layer through page_table: per-layer tables equal to it (the plugin's fresh
+    padded copies, wider and with more rows) are taken; one layer mapping another block is refused, naming the
+    layer, the row and the hybrid facade, with the pool unchanged (it used to be ignored and layer 1's KV written
+    through page_table, over blocks another request owns)."""
+    facade = _facade(tiny_model)
+    layers = tiny_model.spec.num_layers
+    table = call["page_table"]
+    padded = torch.zeros(4, table.shape[1] + 3, dtype=torch.int32)
+    padded[:2, : table.shape[1]] = table
+    args = dict(enable_trace=False, kv_cache=facade.kv, prompt_lens=call["prompt_lens"], start_pos=call["start_pos"])
+    same = facade.prefill_forward(call["tokens"], table, page_tables_per_layer=[padded.clone()] * layers, **args)
+    plain = facade.prefill_forward(call["tokens"], table, **args)
+    assert torch.equal(same, plain)
+    kit.randomize_pool(facade.kv, seed=4)
+    before = [t.clone() for t in facade.kv.keys + facade.kv.values]
+    other = [padded.clone() for _ in range(layers)]
+    other[1][1, 2] = 47  # row 1's third block (tokens 32..47 of its 70) differs on layer 1
+    with pytest.raises(PrefillInputError, match=r"page_tables_per_layer\[1\] row 1.*HybridServingFacade") as raised:
+        facade.prefill_forward(call["tokens"], table, page_tables_per_layer=other, **args)
+    assert raised.value.field == "page_tables_per_layer[1]" and raised.value.row == 1
+    with pytest.raises(PrefillInputError, match="one table per layer"):
+        facade.prefill_forward(call["tokens"], table, page_tables_per_layer=other[:1], **args)
+    assert all(torch.equal(a, b) for a, b in zip(before, facade.kv.keys + facade.kv.values))
+
+
 @pytest.mark.parametrize("value", [1, None, "yes"])
 def test_enable_trace_must_be_a_bool(tiny_model, call, value):
     """enable_trace is required and must be a bool, as the adapter demands."""

@@ -64,6 +64,8 @@ def test_prefill_forward_with_page_tables_per_layer_equals_transformers(enable_t
     """Two plugin steps over freed blocks (null and the other row's ids outside the window) equal transformers."""
     facade, model, attention, hf = _facade()
     kv = facade.allocate_kv_cache_per_layer(_specs(model, attention))
+    attention = facade.model.attention  # vLLM's groups: sliding [0], sliding [2], full [1]
+    assert attention.layer_groups == ((0,), (2,), (1,))
     for pool in kv.pools:
         for tensor in pool.keys + pool.values:
             tensor[kit.NULL] = float("nan")
@@ -103,12 +105,30 @@ def test_prefill_forward_with_page_tables_per_layer_equals_transformers(enable_t
 
 
 def test_per_layer_specs_and_tables_are_checked_by_name():
-    """A layer's spec at another group's block size, and a group's layers with different tables, are named."""
+    """A layer's spec at another head count or dtype, tensor indices that overlay one group's layers, and a
+    group's layers with different tables, are named; nothing is allocated by a refused spec."""
     facade, model, attention, _ = _facade()
-    wrong = [8] * model.spec.num_layers  # layer 1 (the full group) allocated at the sliding group's block size
+    specs = _specs(model, attention)
+    heads = list(specs)
+    heads[1] = ((NUM_BLOCKS, model.spec.num_kv_heads + 1, 16, model.spec.head_dim), model.dtype, 1)
     with pytest.raises(PrefillConfigError, match=r"per_layer_specs\[1\]"):
-        facade.allocate_kv_cache_per_layer(_specs(model, attention, wrong))
-    kv = facade.allocate_kv_cache_per_layer(_specs(model, attention))
+        facade.allocate_kv_cache_per_layer(heads)
+    dtype = list(specs)
+    dtype[2] = (specs[2][0], torch.float16, 2)
+    with pytest.raises(PrefillConfigError, match=r"per_layer_specs\[2\]"):
+        facade.allocate_kv_cache_per_layer(dtype)
+    with pytest.raises(PrefillConfigError, match="give every layer one"):
+        facade.allocate_kv_cache_per_layer([specs[0], specs[1], specs[2][:2]])
+    overlaid = [specs[0], specs[1], (specs[2][0], specs[2][1], 0)]  # layers 0 and 2 (one group) in buffer 0
+    with pytest.raises(PrefillConfigError, match="a group's layers need a buffer each"):
+        facade.allocate_kv_cache_per_layer(overlaid, layer_groups=[[0, 2], [1]])
+    with pytest.raises(PrefillConfigError, match="layer_groups"):
+        facade.allocate_kv_cache_per_layer(specs, layer_groups=[[0, 1], [2]])  # a sliding and a full layer
+    assert facade.kv is None
+    kv = facade.allocate_kv_cache_per_layer([(shape, dtype) for shape, dtype, _ in specs], layer_groups=[[0, 2], [1]])
+    attention = facade.model.attention
+    # Groups of block sizes 8 and 16 hold pages of two shapes: no buffer is shared (vLLM never shares them).
+    assert attention.layer_groups == ((0, 2), (1,)) and kv.buffers.buffer_of == (0, 1, 2)
     tables = kit.fresh_tables(attention, (40,))
     per_layer = _per_layer(attention, tables)
     per_layer[2] = per_layer[2].clone()
@@ -120,4 +140,74 @@ def test_per_layer_specs_and_tables_are_checked_by_name():
         )
     with pytest.raises(PrefillInputError, match="page_tables_per_layer"):
         facade.prefill_forward(tokens, per_layer[0][:1], enable_trace=False, kv_cache=kv)
+    facade.cleanup()
+
+
+@pytest.mark.parametrize("enable_trace", [False, True], ids=["eager", "traced"])
+def test_one_sliding_group_takes_page_table_alone_as_the_plugin_sends_it(enable_trace):
+    """Mistral with a window on every layer is one KV group (vLLM's ``SlidingWindowSpec``): the plugin sends
+    no ``page_tables_per_layer``, and ``page_table`` (null block 0 below the window) is that group's table."""
+    base, hf, types = kit.model_and_oracle("mistral", WINDOW)
+    model = HybridLlama(base, kit.attention_of(types, WINDOW, 16))
+    facade = HybridServingFacade(model, TorchBackend(), max_seq_len=256, max_batch_size=SEQS, policy=kit.POLICY)
+    kv = facade.allocate_kv_cache_per_layer(_specs(model, model.attention))
+    assert facade.model.attention.layer_groups == ((0, 1),) and kv.buffers.num_buffers == 2
+    kit.nan_fill(kv, [[kit.NULL]])
+    facade.warmup_model_prefill(kv_cache=kv, can_sample_on_device=False, enable_trace=enable_trace)
+    prompt = torch.randint(0, model.spec.vocab_size, (150,), generator=torch.Generator().manual_seed(3))
+    row = list(range(1, 11))
+    facade.prefill_forward(
+        prompt[None, :70],
+        torch.tensor([row]),
+        enable_trace=enable_trace,
+        prompt_lens=torch.tensor([70]),
+        start_pos=torch.tensor([0]),
+        kv_cache=kv,
+    )
+    freed = kit.free_left_window(kv, facade.model.attention, [row], [row], 70, "null")  # blocks before the window
+    table = torch.full((1, 16), kit.NULL, dtype=torch.int32)
+    table[0, :10] = torch.tensor(freed[0])
+    logits = facade.prefill_forward(
+        prompt[None],
+        table,
+        enable_trace=enable_trace,
+        prompt_lens=torch.tensor([150]),
+        start_pos=torch.tensor([70]),
+        kv_cache=kv,
+    )
+    expected, _ = kit.hf_logits_and_kv(hf, prompt)
+    assert torch.allclose(logits[0, 0], expected, rtol=kit.TOL, atol=kit.TOL), (logits[0, 0] - expected).abs().max()
+    facade.cleanup()
+
+
+@pytest.mark.parametrize(
+    "types",
+    [
+        ("full_attention", "sliding_attention"),  # Qwen3 hybrid: 2 groups of 1, 1 buffer
+        ("sliding_attention", "sliding_attention", "full_attention") * 2,  # Gemma 3 at 2:1: 3 groups of 2
+        (("sliding_attention",) * 5 + ("full_attention",)) * 2,  # Gemma 3 at 5:1: 6 groups of 2
+        ("sliding_attention",) * 7 + ("full_attention",) * 2,  # 4 sliding groups (2, 2, 2, 1), 1 full
+    ],
+    ids=["qwen3", "gemma3-2to1", "gemma3-5to1", "uneven"],
+)
+def test_the_pool_holds_the_kv_bytes_vllm_planned_and_layers_of_a_buffer_share_its_pages(types):
+    """vLLM plans ``num_blocks`` pages per KV tensor, one tensor per position in a group (the largest group's
+    size): the pool allocates exactly that, and layer i of every group is a view of buffer i."""
+    from prefill_shell.reference import random_llama
+
+    base = random_llama(1, "tiny", num_layers=len(types))
+    model = HybridLlama(base, kit.attention_of(types, WINDOW, 16))
+    facade = HybridServingFacade(model, TorchBackend(), max_seq_len=256, max_batch_size=SEQS, policy=kit.POLICY)
+    spec = model.spec
+    kv = facade.allocate_kv_cache_per_layer(
+        [((NUM_BLOCKS, spec.num_kv_heads, 16, spec.head_dim), model.dtype)] * len(types)
+    )
+    attention = facade.model.attention
+    tensors = max(len(g.layers) for g in attention.groups)
+    page = 2 * 16 * spec.num_kv_heads * spec.head_dim * model.dtype.itemsize  # K and V of one block of one layer
+    assert kv.allocated_bytes() == NUM_BLOCKS * page * tensors
+    assert len(attention.groups) > 1
+    for layer in range(spec.num_layers):
+        pool, local, _, _ = kv.of_layer(layer)
+        assert pool.keys[local].data_ptr() == kv.keys[attention.position_in_group(layer)].data_ptr()
     facade.cleanup()
