@@ -1,5 +1,7 @@
 """The serving layer: the generator facade vLLM's Tenstorrent plugin calls.
 
+``serving_facade`` (``entry``) is the one way in: it picks ``ServingFacade``
+or, for a model with KV groups, ``HybridServingFacade`` (``hybrid_facade``).
 ``facade`` holds ``ServingFacade`` (``prefill_forward``, ``warmup_model_prefill``,
 ``allocate_kv_cache``, ``model_capabilities``) over one executor;
 ``lane_facade`` the same surface over a ``LaneGroup``; ``plugin_sampling``
@@ -7,7 +9,9 @@ turns the plugin's ``TTSamplingParams`` into per-row sampling values.
 Independent of ``prefill_shell.scoring``.
 """
 
+from prefill_shell.serving.entry import serving_facade
 from prefill_shell.serving.facade import ServingFacade
+from prefill_shell.serving.hybrid_facade import HybridServingFacade
 from prefill_shell.serving.lane_facade import LaneGroupFacade
 
-__all__ = ["LaneGroupFacade", "ServingFacade"]
+__all__ = ["HybridServingFacade", "LaneGroupFacade", "ServingFacade", "serving_facade"]

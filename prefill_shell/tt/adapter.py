@@ -202,6 +202,11 @@ class TtModelAdapter:
         self.spec = spec
         self.mesh = mesh_device
 
+    def with_attention(self, attention: AttentionLayout) -> TtModelAdapter:
+        """The same TTTv2 model behind a new layout: the KV groups vLLM formed (``HybridServingFacade`` at
+        allocation), which each step hands to the model as ``kv_groups``."""
+        return TtModelAdapter(self.model, self.spec, mesh_device=self.mesh, ttnn_module=self.tt, attention=attention)
+
     def positions(self, start: Any, seq_len: int, chunked: bool) -> Any:
         """uint32 ROW_MAJOR ``[1, S]``: ``start .. start+S-1`` clamped to ``max_position - 1`` (regular starts at 0)."""
         tt = self.tt

@@ -211,3 +211,14 @@ def test_the_pool_holds_the_kv_bytes_vllm_planned_and_layers_of_a_buffer_share_i
         pool, local, _, _ = kv.of_layer(layer)
         assert pool.keys[local].data_ptr() == kv.keys[attention.position_in_group(layer)].data_ptr()
     facade.cleanup()
+
+
+def test_one_entry_serves_a_model_with_kv_groups_and_one_without():
+    """``serving_facade`` picks the hybrid facade exactly when the model has an attention layout."""
+    from prefill_shell.reference import random_llama
+    from prefill_shell.serving import ServingFacade, serving_facade
+
+    base, _, types = kit.model_and_oracle("mistral", WINDOW)
+    hybrid = serving_facade(HybridLlama(base, kit.attention_of(types, WINDOW, 16)), TorchBackend(), max_seq_len=64)
+    plain = serving_facade(random_llama(0, "tiny"), TorchBackend(), max_seq_len=64)
+    assert type(hybrid) is HybridServingFacade and type(plain) is ServingFacade

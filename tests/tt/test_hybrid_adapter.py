@@ -23,7 +23,7 @@ from prefill_shell.reference.hybrid import HybridLlama
 from prefill_shell.tt.adapter import GROUP_TABLES_CAPABILITY, TtHybridModel, TtKVCache, TtModelAdapter
 from tests import window_kit as kit
 from tests.helpers import build_runtime
-from tests.tt.emulated_lanes import POLICY, assert_logits_close, reference_llama
+from tests.tt.emulated_lanes import POLICY, TOLERANCE, assert_logits_close, reference_llama
 from tests.tt.hybrid_standin import ReferenceHybridStandIn
 from tests.tt.reference_standin import ReferenceLlamaStandIn
 
@@ -122,3 +122,55 @@ def test_a_hybrid_adapter_refuses_the_single_table_body(ttnn):
     with pytest.raises(PrefillConfigError, match="one table per KV group"):
         runtime.config.model.forward_hidden(None, None, None, None, TtKVCache(32, NUM_BLOCKS))
     assert standin.calls == []
+
+
+def test_behind_the_hybrid_facade_the_model_gets_vllms_groups_and_equals_the_torch_facade(ttnn):
+    """Gemma 3's sliding, sliding, full: vLLM makes three groups of one layer, so the facade regroups the adapter
+    at allocation and each step hands the TTTv2 model those ``kv_groups``; the logits of a cached row equal the
+    torch ``HybridLlama`` behind the same facade, with the same per-layer tables, within the bf16 tolerance."""
+    from prefill_shell.backends.torch_backend import TorchBackend
+    from prefill_shell.reference import random_llama
+    from prefill_shell.serving.hybrid_facade import HybridServingFacade
+    from prefill_shell.tt.backend import TtnnBackend
+    from prefill_shell.tt.emulation import ReferenceEmulation
+
+    types = ("sliding_attention", "sliding_attention", "full_attention")
+    attention = AttentionLayout.from_layer_types(types, sliding_window=WINDOW, block_size=32)
+    hybrid = HybridLlama(random_llama(0, "tiny", dtype="bfloat16", num_layers=3), attention)
+    emu = ReferenceEmulation(ttnn)
+    standin = ReferenceHybridStandIn(emu, hybrid.model, hybrid.new_kv_cache(NUM_BLOCKS))
+
+    def standin_pool(model, num_blocks, buffers):
+        standin.kv = hybrid.with_attention(model.attention).new_kv_cache(num_blocks, buffers=buffers)
+        return standin.kv
+
+    adapter = TtModelAdapter(standin, hybrid.spec, mesh_device=emu.mesh, ttnn_module=emu, attention=attention)
+    facades = [
+        HybridServingFacade(
+            adapter, TtnnBackend(emu.mesh, ttnn_module=emu), max_seq_len=512, policy=POLICY, kv_factory=standin_pool
+        ),
+        HybridServingFacade(hybrid, TorchBackend(), max_seq_len=512, policy=POLICY),
+    ]
+    spec = hybrid.spec
+    specs = [((NUM_BLOCKS, spec.num_kv_heads, 32, spec.head_dim), torch.bfloat16, layer) for layer in range(3)]
+    tokens = torch.randint(1, spec.vocab_size, (1, 300), generator=torch.Generator().manual_seed(2))
+    logits = []
+    for facade in facades:
+        kv = facade.allocate_kv_cache_per_layer(specs)
+        assert facade.model.attention.layer_groups == ((0,), (1,), (2,))
+        per_layer = [torch.arange(1 + 10 * g, 11 + 10 * g, dtype=torch.int32)[None] for g in range(3)]
+        for end, start in ((70, 0), (300, 70)):
+            out = facade.prefill_forward(
+                tokens[:, :end],
+                per_layer[0],
+                enable_trace=False,
+                prompt_lens=torch.tensor([end]),
+                start_pos=torch.tensor([start]),
+                kv_cache=kv,
+                page_tables_per_layer=per_layer,
+            )
+        logits.append(out[:, 0].float())
+    assert [len(g.layers) for g in facades[0].model.attention.groups] == [1, 1, 1]
+    assert {layer: window for layer, window in standin.attended} == {0: WINDOW, 1: WINDOW, 2: None}
+    got, want = logits
+    assert (got - want).abs().max() <= TOLERANCE * want.abs().max(), (got - want).abs().max()
