@@ -17,7 +17,7 @@ __all__ = ["serving_facade"]
 
 
 def serving_facade(model: Any, backend: Any, **kwargs: Any) -> ServingFacade:
-    """``HybridServingFacade(model, backend, **kwargs)`` for a model with an attention layout, else ``ServingFacade``."""
+    """``HybridServingFacade(model, backend, **kwargs)`` for a model with KV groups, else ``ServingFacade``."""
     if getattr(model, "attention", None) is not None:
         return HybridServingFacade(model, backend, **kwargs)
     return ServingFacade(model, backend, **kwargs)
