@@ -131,22 +131,6 @@ class AttentionLayout:
         return cls.from_layer_groups(specs, [[i for i, s in enumerate(specs) if s == o] for o in order])
 
     @classmethod
-    def vllm_grouped(
-        cls,
-        layer_types: Sequence[str],
-        *,
-        sliding_window: int | None,
-        block_size: int,
-        sliding_block_size: int | None = None,
-    ) -> AttentionLayout:
-        """The groups vLLM's hybrid KV cache manager forms for these layers (``kv_grouping.vllm_layer_groups``).
-
-        Arguments as ``from_layer_types``; several groups may share a kind and window.
-        """
-        specs = _layer_specs(layer_types, sliding_window, block_size, sliding_block_size)
-        return cls.from_layer_groups(specs, vllm_layer_groups(specs))
-
-    @classmethod
     def from_layer_groups(
         cls, layer_specs: Sequence[tuple[AttentionKind, int | None, int]], groups: Sequence[Sequence[int]]
     ) -> AttentionLayout:
@@ -176,6 +160,11 @@ class AttentionLayout:
     def regrouped(self, groups: Sequence[Sequence[int]]) -> AttentionLayout:
         """The same layers (kinds, windows, block sizes) in these groups (``from_layer_groups``)."""
         return type(self).from_layer_groups(self.layer_specs, groups)
+
+    def vllm_grouped(self) -> AttentionLayout:
+        """The same layers in the groups vLLM's hybrid KV cache manager forms (``kv_grouping.vllm_layer_groups``):
+        several groups may share a kind and window."""
+        return self.regrouped(vllm_layer_groups(self.layer_specs))
 
     @property
     def layer_specs(self) -> tuple[tuple[AttentionKind, int | None, int], ...]:

@@ -60,7 +60,7 @@ def test_every_layer_is_in_one_group_of_one_spec_and_a_buckets_groups_differ_by_
 
 
 def test_vllm_grouped_keeps_each_layers_kind_window_and_block_size():
-    layout = AttentionLayout.vllm_grouped([S, S, F] * 2, sliding_window=24, block_size=16)
+    layout = AttentionLayout.from_layer_types([S, S, F] * 2, sliding_window=24, block_size=16).vllm_grouped()
     assert layout.layer_groups == ((0, 3), (1, 4), (2, 5))
     assert [g.kind for g in layout.groups] == [AttentionKind.SLIDING, AttentionKind.SLIDING, AttentionKind.FULL]
     assert [g.window for g in layout.groups] == [24, 24, None]
@@ -91,7 +91,7 @@ def test_regrouping_into_groups_that_mix_specs_or_miss_layers_is_a_named_error(g
 
 @given(st.lists(st.sampled_from([S, F]), min_size=1, max_size=30))
 def test_vllms_plan_shares_one_buffer_per_position_in_a_group(types):
-    layout = AttentionLayout.vllm_grouped(types, sliding_window=8, block_size=16)
+    layout = AttentionLayout.from_layer_types(types, sliding_window=8, block_size=16).vllm_grouped()
     buffers = KVBuffers.shared(layout)
     assert buffers.num_buffers == max(len(g.layers) for g in layout.groups)
     for buffer in range(buffers.num_buffers):
@@ -100,7 +100,9 @@ def test_vllms_plan_shares_one_buffer_per_position_in_a_group(types):
 
 
 def test_groups_of_different_block_sizes_get_a_buffer_per_layer():
-    layout = AttentionLayout.vllm_grouped([S, F, S], sliding_window=8, block_size=16, sliding_block_size=8)
+    layout = AttentionLayout.from_layer_types(
+        [S, F, S], sliding_window=8, block_size=16, sliding_block_size=8
+    ).vllm_grouped()
     assert KVBuffers.shared(layout).buffer_of == (0, 1, 2)
 
 
@@ -116,7 +118,9 @@ def test_groups_of_different_block_sizes_get_a_buffer_per_layer():
 )
 def test_a_buffer_assignment_that_would_overlay_two_pages_is_a_named_error(block_sizes, indices, field, words):
     sliding, full = block_sizes
-    layout = AttentionLayout.vllm_grouped([S, S, F] * 2, sliding_window=24, block_size=full, sliding_block_size=sliding)
+    layout = AttentionLayout.from_layer_types(
+        [S, S, F] * 2, sliding_window=24, block_size=full, sliding_block_size=sliding
+    ).vllm_grouped()
     with pytest.raises(InvalidLayoutError, match=words) as raised:
         KVBuffers(layout, indices)
     assert raised.value.field == field
@@ -125,7 +129,7 @@ def test_a_buffer_assignment_that_would_overlay_two_pages_is_a_named_error(block
 def test_a_block_kept_in_two_groups_is_refused_before_planning():
     """vLLM gives a block to one group at a time; groups share buffers, so a block named in two is refused,
     read as well as written (a cached block read in group 0 is one layer's page, read in group 1 another's)."""
-    layout = AttentionLayout.vllm_grouped([S, S, F], sliding_window=24, block_size=16)
+    layout = AttentionLayout.from_layer_types([S, S, F], sliding_window=24, block_size=16).vllm_grouped()
     policy = PrefillPolicy(length_ladder=(64,), max_chunk_length=64, chunk_quantum=64)
     pages = PageTableLayout(16, 8, 64)
     batch = PrefillBatch((40,), (32,), (0,), ((1, 2, 3),), (None,))
