@@ -159,6 +159,11 @@ def rope_inv_freq(theta: float, dim: int, scaling: RopeScaling | None) -> torch.
     return _base_inv_freq(theta, dim) if scaling is None else scaling.inv_freq(theta, dim)
 
 
+def _first_given(*values: Any) -> Any:
+    """The first value that is not None (a key transformers finds in its first place wins)."""
+    return next(v for v in values if v is not None)
+
+
 def _number(table: dict[str, Any], key: str, default: float | None = None) -> float:
     value = table.get(key, default) if table.get(key) is not None else default
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -181,16 +186,27 @@ def _yarn_attention_factor(scaling: dict[str, Any], factor: float) -> float:
 
 
 def read_rope(cfg: dict[str, Any], max_position: int) -> tuple[float, RopeScaling | None]:
-    """Returns ``(theta, scaling)`` from either spelling; a type not computed is refused by name."""
+    """Returns ``(theta, scaling)`` from either spelling, as transformers 5 resolves them; a type not computed is
+    refused by name.
+
+    transformers' precedence (``convert_rope_params_to_dict`` and
+    ``standardize_rope_params``): a non-empty legacy ``rope_scaling`` replaces
+    ``rope_parameters`` whole; inside the table that stands, ``rope_theta``
+    and ``partial_rotary_factor`` win over the top-level keys, which are only
+    defaults (then 10000 and 1). The pretraining length of llama3 and yarn is
+    the other way round: a top-level ``original_max_position_embeddings``
+    beats the table's (the RoPE initialisers re-standardise once the config
+    holds it as an attribute), else ``max_position_embeddings``.
+    """
     params = cfg.get("rope_parameters") or {}
     legacy = cfg.get("rope_scaling") or {}
     if not isinstance(params, dict) or not isinstance(legacy, dict):
         raise PrefillConfigError("config.json rope_parameters / rope_scaling is invalid: must be a JSON object")
-    scaling = {**params, **legacy}
-    theta = cfg.get("rope_theta") if cfg.get("rope_theta") is not None else scaling.get("rope_theta", 10000.0)
+    scaling = legacy or params
+    theta = _first_given(scaling.get("rope_theta"), cfg.get("rope_theta"), 10000.0)
     if isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 0:
         raise PrefillConfigError(f"config.json rope_theta={theta!r} is invalid: must be a positive number")
-    partial = cfg.get("partial_rotary_factor", scaling.get("partial_rotary_factor", 1.0))
+    partial = _first_given(scaling.get("partial_rotary_factor"), cfg.get("partial_rotary_factor"), 1.0)
     if partial not in (None, 1, 1.0):
         raise PrefillConfigError(
             f"config.json partial_rotary_factor={partial!r} is unsupported: RoPE over the whole head only"
@@ -200,9 +216,9 @@ def read_rope(cfg: dict[str, Any], max_position: int) -> tuple[float, RopeScalin
         raise PrefillConfigError(
             f"config.json rope_scaling.rope_type={kind!r} is unsupported: only {COMPUTED_ROPE_TYPES} are computed"
         )
-    # transformers fills a missing pretraining length from the top-level keys.
-    original = cfg.get("original_max_position_embeddings") or scaling.get("original_max_position_embeddings")
-    original = max_position if original is None else original
+    original = _first_given(
+        cfg.get("original_max_position_embeddings"), scaling.get("original_max_position_embeddings"), max_position
+    )
     if kind == "default":
         return float(theta), None
     if kind == "linear":

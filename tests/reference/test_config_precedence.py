@@ -1,0 +1,111 @@
+"""Keys a config.json can give in two places resolve as transformers 5 resolves them, by a property over both.
+
+The oracle is transformers' own config class on the same raw dict
+(``from_dict``: what ``from_pretrained`` runs on a folder's config.json), and
+its RoPE initialisers for the frequencies: RoPE fields inside
+``rope_parameters`` / ``rope_scaling`` and beside them, the two RoPE
+spellings together, ``dtype`` and ``torch_dtype``, for every family the
+loader computes. A mismatch used to be silent: a top-level ``rope_theta``
+beat ``rope_parameters.rope_theta`` (logits off by about 3 on a tiny model).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from prefill_shell.reference.config import LlamaSpec
+from prefill_shell.reference.llama import rope_inv_freq
+
+transformers = pytest.importorskip("transformers")
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: E402
+
+SIZES = dict(
+    vocab_size=64,
+    hidden_size=64,
+    intermediate_size=64,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=32,
+    max_position_embeddings=512,
+)
+CONFIGS = {
+    "llama": transformers.LlamaConfig,
+    "mistral": transformers.MistralConfig,
+    "qwen2": transformers.Qwen2Config,
+    "qwen3": transformers.Qwen3Config,
+}
+THETAS = st.sampled_from([500.0, 10000.0, 1e6])
+
+
+@st.composite
+def rope_tables(draw):
+    """A RoPE table of a computed type, each optional key present or not."""
+    kind = draw(st.sampled_from(["default", "linear", "llama3", "yarn"]))
+    table = {"rope_type": kind}
+    if draw(st.booleans()):
+        table["rope_theta"] = draw(THETAS)
+    if kind != "default":
+        table["factor"] = draw(st.sampled_from([2.0, 4.0]))
+    if kind == "llama3":
+        table.update(low_freq_factor=1.0, high_freq_factor=4.0)
+    if kind in ("llama3", "yarn") and (kind == "llama3" or draw(st.booleans())):
+        table["original_max_position_embeddings"] = draw(st.sampled_from([128, 256]))
+    if draw(st.booleans()):
+        table["partial_rotary_factor"] = 1.0
+    return table
+
+
+@st.composite
+def configs(draw):
+    family = draw(st.sampled_from(sorted(CONFIGS)))
+    cfg = {"model_type": family, **SIZES}
+    if family == "mistral":
+        cfg["sliding_window"] = None
+    if draw(st.booleans()):
+        cfg["rope_parameters"] = draw(rope_tables())
+    if draw(st.booleans()):
+        cfg["rope_scaling"] = draw(st.one_of(st.none(), st.just({}), rope_tables()))
+    if draw(st.booleans()):
+        cfg["rope_theta"] = draw(THETAS)
+    if draw(st.booleans()):
+        cfg["original_max_position_embeddings"] = 64  # beside the table: it beats the table's at RoPE time
+    if draw(st.booleans()):
+        cfg["partial_rotary_factor"] = 1.0
+    for key in ("dtype", "torch_dtype"):
+        if draw(st.booleans()):
+            cfg[key] = draw(st.sampled_from(["float32", "bfloat16", "float16"]))
+    return family, cfg
+
+
+def _transformers_inv_freq(config) -> torch.Tensor:
+    params = config.rope_parameters
+    kind = params["rope_type"]
+    if kind == "default":  # computed inline by each model's rotary embedding
+        dim = config.head_dim
+        return 1.0 / (params["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    return ROPE_INIT_FUNCTIONS[kind](config, "cpu")[0]
+
+
+@settings(max_examples=150, deadline=None)
+@given(configs())
+def test_every_key_given_in_two_places_resolves_as_transformers_resolves_it(case):
+    family, cfg = case
+    config = CONFIGS[family].from_dict(dict(cfg))
+    spec = LlamaSpec.from_hf_dict(dict(cfg))
+    assert spec.rope_theta == float(config.rope_parameters["rope_theta"])
+    ours = "default" if spec.rope_scaling is None else spec.rope_scaling.to_hf_dict()["rope_type"]
+    assert ours == config.rope_parameters["rope_type"]
+    assert torch.allclose(rope_inv_freq(spec), _transformers_inv_freq(config), rtol=1e-6, atol=0)
+    assert getattr(torch, spec.dtype) == (config.dtype or torch.float32)
+
+
+def test_rope_parameters_theta_beats_the_top_level_one_as_in_transformers():
+    """The quoted case: both placements, the table's theta wins (the top level is a default)."""
+    cfg = {**SIZES, "rope_theta": 500.0, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}
+    for family, config_class in CONFIGS.items():
+        spec = LlamaSpec.from_hf_dict({**cfg, "model_type": family, "sliding_window": None})
+        assert config_class.from_dict(dict(cfg)).rope_parameters["rope_theta"] == spec.rope_theta == 1e6
