@@ -12,7 +12,7 @@ ENV = PYTHONPATH=$(CURDIR) PYTHONDONTWRITEBYTECODE=1 PREFILL_SMOLLM2=$(MODEL)
 RUN = $(ENV) $(VENV)/bin/python
 PYTEST = -m pytest -q -p no:cacheprovider --durations=15
 
-.PHONY: venv venvs model demo test test-core fuzz-core lint lint-imports test-py312 test-py310 test-tt fuzz bench explain
+.PHONY: venv venvs model demo test test-vllm test-core fuzz-core lint lint-imports test-py312 test-py310 test-tt fuzz bench explain
 
 # Prints the interpreter to use (the 3.12 venv's python).
 venv:
@@ -51,6 +51,13 @@ test-py312:
 
 test-py310:
 	HYPOTHESIS_PROFILE=ci $(if $(OMP_NUM_THREADS),OMP_NUM_THREADS=$(OMP_NUM_THREADS)) $(ENV) $(VENV310)/bin/python $(PYTEST)
+
+# vLLM 0.33's own scheduler, KV cache manager and grouping driving the facade as
+# the Tenstorrent plugin does (tests/vllm), in a venv of vLLM --no-deps over the
+# 3.12 one (scripts/ensure-vllm-venv.sh; `make test` skips tests/vllm).
+test-vllm: model
+	venv="$$(scripts/ensure-vllm-venv.sh)"; \
+	OMP_NUM_THREADS=1 $(ENV) "$$venv/bin/python" $(PYTEST) tests/vllm
 
 # The laptop path: tests/core on any CPython >= 3.10 (PYTHON=/path/to/python3.x
 # picks it; python3 by default) in a light venv of the core's dependencies and
