@@ -16,18 +16,18 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed here: `make test-vllm` builds the venv that has it")
 
-import torch  # noqa: E402
-from vllm.sampling_params import SamplingParams  # noqa: E402
-from vllm.utils.hashing import get_hash_fn_by_name  # noqa: E402
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
-from vllm.v1.request import Request  # noqa: E402
+import torch
+from vllm.sampling_params import SamplingParams
+from vllm.utils.hashing import get_hash_fn_by_name
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.request import Request
 
-from prefill_core import PrefillPolicy, vllm_layer_groups  # noqa: E402
-from prefill_shell.backends.torch_backend import TorchBackend  # noqa: E402
-from prefill_shell.serving import HybridServingFacade, serving_facade  # noqa: E402
-from tests.vllm import vllm_side  # noqa: E402
-from tests.vllm.checkpoints import ARCHITECTURES, BLOCK, checkpoint, project_model  # noqa: E402
-from tests.vllm.plugin_runner import PluginRunner  # noqa: E402
+from prefill_core import PrefillPolicy, vllm_layer_groups
+from prefill_shell.backends.torch_backend import TorchBackend
+from prefill_shell.serving import HybridServingFacade, serving_facade
+from tests.vllm import vllm_side
+from tests.vllm.checkpoints import ARCHITECTURES, BLOCK, checkpoint, project_model
+from tests.vllm.plugin_runner import PluginRunner
 
 SEQS = 4
 MAX_BLOCKS = vllm_side.MAX_MODEL_LEN // BLOCK
