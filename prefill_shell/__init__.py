@@ -19,24 +19,37 @@ Re-exported here: ``PrefillRuntimeConfig``, ``PrefillRuntime``,
 ``PrefillResult`` value. ``TtnnBackend`` is in ``prefill_shell.tt.backend`` and
 imported only on request.
 
-Everything here needs the ``shell`` extra (torch, numpy, safetensors); a
-missing one is named with its ``pip install`` line before anything else loads
-(``prefill_shell.extras``).
+Everything here but ``extras`` and ``console`` needs the ``shell`` extra
+(torch, numpy, safetensors): each subpackage names it with its ``pip
+install`` line before anything else loads (``extras.require_shell``), and the
+re-exports load on first use, so the console scripts (``console``) can say
+so in one line.
 """
 
-from prefill_shell.extras import requires_extra
+from __future__ import annotations
 
-with requires_extra("shell", "prefill_shell"):
-    import numpy  # noqa: F401
-    import safetensors  # noqa: F401
-    import torch  # noqa: F401
+import importlib
+from typing import TYPE_CHECKING
 
-from prefill_shell.backends import TorchBackend
-from prefill_shell.engine.config import PrefillRuntimeConfig
-from prefill_shell.engine.executor import PrefillExecutor
-from prefill_shell.engine.result import PrefillResult
-from prefill_shell.engine.runtime import PrefillRuntime, PreparedBatch
-from prefill_shell.lanes.group import LaneGroup
+from prefill_shell.extras import require_shell
+
+if TYPE_CHECKING:
+    from prefill_shell.backends import TorchBackend
+    from prefill_shell.engine.config import PrefillRuntimeConfig
+    from prefill_shell.engine.executor import PrefillExecutor
+    from prefill_shell.engine.result import PrefillResult
+    from prefill_shell.engine.runtime import PrefillRuntime, PreparedBatch
+    from prefill_shell.lanes.group import LaneGroup
+
+_HOMES = {
+    "LaneGroup": "prefill_shell.lanes.group",
+    "PrefillExecutor": "prefill_shell.engine.executor",
+    "PrefillResult": "prefill_shell.engine.result",
+    "PrefillRuntime": "prefill_shell.engine.runtime",
+    "PrefillRuntimeConfig": "prefill_shell.engine.config",
+    "PreparedBatch": "prefill_shell.engine.runtime",
+    "TorchBackend": "prefill_shell.backends",
+}
 
 __all__ = [
     "LaneGroup",
@@ -47,3 +60,18 @@ __all__ = [
     "PreparedBatch",
     "TorchBackend",
 ]
+
+
+def __getattr__(name: str):
+    """A re-export, imported on first use (``MissingExtraError`` without the ``shell`` extra)."""
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'prefill_shell' has no attribute {name!r}")
+    require_shell("prefill_shell")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_HOMES})

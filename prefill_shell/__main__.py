@@ -1,5 +1,5 @@
-"""``python -m prefill_shell run``: see ``prefill_shell.cli.main``."""
+"""``python -m prefill_shell run``: see ``prefill_shell.cli.main`` (a missing extra: ``prefill_shell.console``)."""
 
-from prefill_shell.cli.main import main
+from prefill_shell.console import module_main
 
-main()
+module_main()

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 from prefill_core.errors import PrefillConfigError
 
-__all__ = ["LM_EVAL_PYTHONS", "TTNN_PYTHONS", "MissingExtraError", "requires_extra"]
+__all__ = ["LM_EVAL_PYTHONS", "TTNN_PYTHONS", "MissingExtraError", "require_shell", "requires_extra"]
 
 TTNN_PYTHONS = ("3.10", "3.12")
 """The CPythons ttnn 0.81.1 ships wheels for (the ``shell`` extra's ttnn marker)."""
@@ -63,3 +63,17 @@ def requires_extra(extra: str, needed_by: str, *, pythons: tuple[str, ...] = ())
         if isinstance(exc, MissingExtraError):
             raise
         raise MissingExtraError(needed_by, exc.name, extra, pythons) from exc
+
+
+def require_shell(needed_by: str) -> None:
+    """Imports the ``shell`` extra's packages (numpy, safetensors, torch); a missing one is a ``MissingExtraError``.
+
+    Every subpackage of ``prefill_shell`` calls it first, so any module of the
+    shell names the extra before its own ``import torch`` would fail raw; the
+    package root and ``prefill_shell.console`` do not, so a console script can
+    report a missing extra in one line.
+    """
+    with requires_extra("shell", needed_by):
+        import numpy  # noqa: F401
+        import safetensors  # noqa: F401
+        import torch  # noqa: F401

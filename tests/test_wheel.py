@@ -21,6 +21,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("prefill_core", "prefill_shell")
+SHELL_WITHOUT_TORCH = ("prefill_shell", "prefill_shell.console", "prefill_shell.extras")
+"""The shell's modules that import without the ``shell`` extra, so a console script can name it in one line."""
 PRELOAD = ("torch",)  # the one import that costs seconds: the child imports it once for every run that keeps it
 
 pytestmark = pytest.mark.skipif(sys.version_info[:2] != (3, 12), reason="the wheel is built and checked on 3.12 only")
@@ -148,7 +150,8 @@ def test_wheel_ships_every_file_of_both_packages(wheel: Path):
 def test_every_module_imports_or_names_the_extra_it_needs(wheel: Path, target: Path, work: Path):
     """Installed outside the clone, each module imports with each extra's packages refused, or says which extra.
 
-    prefill_core imports with every extra missing; without ``shell`` no prefill_shell module imports.
+    prefill_core imports with every extra missing; without ``shell`` no prefill_shell module imports but the
+    three ``SHELL_WITHOUT_TORCH`` names.
     """
     refused = refused_by_extra(wheel)
     modules = module_names(wheel)
@@ -173,7 +176,8 @@ def test_every_module_imports_or_names_the_extra_it_needs(wheel: Path, target: P
     assert sorted(files) == modules
     assert all(Path(file).is_relative_to(target) for file in files.values()), files
     shell_failed = {module for module, error in results["shell"]["imports"].items() if error is not None}
-    assert shell_failed == {module for module in modules if module.startswith("prefill_shell")}
+    light = set(SHELL_WITHOUT_TORCH)  # the package root (its re-exports load on use) and what the scripts need
+    assert shell_failed == {module for module in modules if module.startswith("prefill_shell")} - light
 
 
 def test_console_scripts_run_help_from_outside_the_clone(target: Path, work: Path):
@@ -193,3 +197,48 @@ def test_console_scripts_run_help_from_outside_the_clone(target: Path, work: Pat
         out, err = (stream.decode() for stream in process.communicate(timeout=300))
         assert process.returncode == 0, f"{name} --help exited {process.returncode}:\n{out}\n{err}"
         assert "usage" in out.lower(), f"{name} --help printed:\n{out}"
+
+
+def test_console_scripts_without_an_extra_say_so_in_one_line(wheel: Path, target: Path, work: Path):
+    """Each console script's ``--help`` with each extra's packages refused: it answers, or it prints one
+    ``error:`` line naming an extra those packages come from and its ``pip install`` line, and exits 2.
+
+    The installed script file itself runs (``runpy``), after the wheel test's finder refuses the names, so the
+    import its wrapper makes comes first, as on a machine without them. Those that need torch must say so.
+    """
+    import tomllib
+
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    refused = refused_by_extra(wheel)
+    shutil.copy2(Path(__file__).with_name("wheel_imports.py"), work / "wheel_imports.py")
+    env = outside_env(PYTHONPATH=str(target))
+    running = {}
+    for name in scripts:
+        script = str(target / "bin" / name)
+        for extra, names in refused.items():
+            child = (
+                f"import runpy, sys; sys.path.insert(0, {str(work)!r}); from wheel_imports import Refuse; "
+                f"sys.meta_path.insert(0, Refuse({sorted(names)!r})); sys.argv = [{script!r}, '--help']; "
+                f"runpy.run_path({script!r}, run_name='__main__')"
+            )
+            running[name, extra] = subprocess.Popen(
+                [sys.executable, "-c", child], cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            )
+    failed = {}
+    for (name, extra), process in running.items():
+        out, err = (stream.decode() for stream in process.communicate(timeout=300))
+        if process.returncode == 0:
+            assert "usage" in out.lower(), f"{name} without {extra!r}: --help printed:\n{out}"
+            continue
+        lines = err.strip().splitlines()
+        assert process.returncode == 2 and len(lines) == 1, (
+            f"{name} without {extra!r}: exit {process.returncode}:\n{err}"
+        )
+        (line,) = lines
+        named = [e for e, names in refused.items() if f"prefill-runtime[{e}]" in line]
+        assert line.startswith("error: ") and "pip install" in line and "Traceback" not in err, line
+        assert any(refused[e] & refused[extra] for e in named), (name, extra, line)  # an extra the refused names are in
+        failed[name, extra] = line
+    needs_torch = [name for name, entry in scripts.items() if entry.startswith("prefill_shell")]
+    assert needs_torch and all((name, "shell") in failed for name in needs_torch), failed
+    assert ("prefill-lm-eval", "lm-eval") in failed, failed

@@ -4,6 +4,10 @@
 imported only on request, so nothing on the torch path imports ttnn.
 """
 
+from prefill_shell.extras import require_shell
+
+require_shell(__name__)  # before any module here imports torch
+
 from .base import Backend, TraceHandle
 from .torch_backend import TorchBackend
 

@@ -4,3 +4,7 @@
 ``lm_eval_harness`` (``prefill-lm-eval``: lm-eval's own CLI with the model registered).
 The top layer: nothing else in the shell imports it.
 """
+
+from prefill_shell.extras import require_shell
+
+require_shell(__name__)  # before any module here imports torch

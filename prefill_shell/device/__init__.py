@@ -6,3 +6,7 @@ the runtime borrows (``PrefillModel``, ``ModelSpec``), ``ledger`` the single
 owner of every device tensor the runtime creates, and ``notes`` how a cleanup
 failure is attached to a primary error. Imports only ``prefill_core``.
 """
+
+from prefill_shell.extras import require_shell
+
+require_shell(__name__)  # before any module here imports torch

@@ -9,3 +9,7 @@ one call at a time, ``progress`` reports long stages. The per-step
 collaborators (staging, step loop, traces, postprocessing, readback) live in
 ``engine.steps`` and are private to this package.
 """
+
+from prefill_shell.extras import require_shell
+
+require_shell(__name__)  # before any module here imports torch

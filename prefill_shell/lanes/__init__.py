@@ -4,6 +4,10 @@
 ``dispatch`` runs the lanes' calls in turn or on threads.
 """
 
+from prefill_shell.extras import require_shell
+
+require_shell(__name__)  # before any module here imports torch
+
 from prefill_shell.lanes.group import LaneGroup
 
 __all__ = ["LaneGroup"]

@@ -41,7 +41,11 @@ __all__ = [
     "LlamaSpec",
     "YarnRopeScaling",
     "check_computed",
+    "in_folder",
+    "needs_hybrid",
+    "read_config_dict",
     "read_config_json",
+    "sliding_layers",
 ]
 
 
@@ -163,10 +167,22 @@ def _refuse_uncomputed(cfg: dict[str, Any]) -> None:
         raise PrefillConfigError(f"config.json {key}={value!r} is unsupported: the reference model computes {rule}")
 
 
+GEMMA3_ARCHITECTURES = {"gemma3_text": "Gemma3ForCausalLM", "gemma3": "Gemma3ForConditionalGeneration"}
+"""Gemma 3's ``model_type``s and the architecture each loads: a hybrid model only (``hybrid.load_hybrid_folder``)."""
+
+HYBRID_LOADER = "prefill_shell.reference.load_model_folder"
+"""The loader that picks the plain or the hybrid model for any supported folder (named by the plain one's errors)."""
+
+
 def check_computed(cfg: dict[str, Any]) -> str:
     """The config's ``model_type``, after refusing (naming key and value) any setting the reference does not compute."""
     model_type = cfg.get("model_type") or "llama"
     family = FAMILIES.get(model_type)
+    if model_type in GEMMA3_ARCHITECTURES:
+        raise PrefillConfigError(
+            f"config.json model_type={model_type!r} is Gemma 3, whose layers slide: the plain reference Llama does "
+            f"not compute it; load the folder with {HYBRID_LOADER} (it returns a HybridLlama)"
+        )
     if family is None:
         raise PrefillConfigError(
             f"config.json model_type={model_type!r} is unsupported: the reference model computes {sorted(FAMILIES)}"
@@ -179,6 +195,23 @@ def check_computed(cfg: dict[str, Any]) -> str:
             )
     _refuse_uncomputed(cfg)
     return model_type
+
+
+def needs_hybrid(cfg: dict[str, Any]) -> bool:
+    """Whether transformers would slide any layer of this config (Gemma 3, or a Llama-family window).
+
+    Refuses what ``check_computed`` refuses for a Llama-family config.
+    """
+    if cfg.get("model_type") in GEMMA3_ARCHITECTURES:
+        return True
+    return bool(sliding_layers(cfg)[1])
+
+
+def sliding_layers(cfg: dict[str, Any]) -> tuple[int | None, list[int]]:
+    """``(window, layers it slides)`` as transformers reads a Llama-family config (``(None, [])``: none slides)."""
+    family = FAMILIES[check_computed(cfg)]
+    layers = _int(cfg, "num_hidden_layers")
+    return _windowed_layers(cfg, family, layers, _int(cfg, "max_position_embeddings", family.default_max_position))
 
 
 def _windowed_layers(
@@ -295,8 +328,8 @@ class LlamaSpec:
         window, windowed = _windowed_layers(cfg, family, layers, max_position)
         if windowed:
             raise PrefillConfigError(
-                f"config.json sliding_window={window!r} is unsupported: it slides layers {windowed} "
-                "and the reference model computes only full attention"
+                f"config.json sliding_window={window!r} slides layers {windowed}: the plain reference Llama "
+                f"computes full attention only; load the folder with {HYBRID_LOADER} (it returns a HybridLlama)"
             )
         theta, scaling = read_rope(cfg, max_position)
         default_head_dim = family.default_head_dim or (hidden // heads if heads > 0 else 0)
@@ -365,9 +398,17 @@ def _number(cfg: dict[str, Any], key: str, default: float) -> float:
     return float(value)
 
 
-def read_config_json(folder: str | Path) -> LlamaSpec:
-    """Parses ``folder/config.json`` into a ``LlamaSpec``."""
-    path = Path(folder) / "config.json"
+def read_config_dict(folder: str | Path) -> dict[str, Any]:
+    """``folder/config.json`` as a dict: the one reader every folder loader uses.
+
+    A missing folder or file, an unreadable or non-UTF-8 file, text that is
+    not JSON, or JSON that is not an object is a ``PrefillConfigError``
+    naming the path and the fix; nothing else is read.
+    """
+    folder = Path(folder)
+    path = folder / "config.json"
+    if not folder.is_dir():
+        raise PrefillConfigError(f"{folder} is not a folder: a Hugging Face model folder holds config.json")
     if not path.is_file():
         raise PrefillConfigError(f"{path} does not exist: a Hugging Face model folder needs config.json")
     try:
@@ -376,11 +417,26 @@ def read_config_json(folder: str | Path) -> LlamaSpec:
         raise PrefillConfigError(
             f"{path} is not valid JSON ({error}): restore the model folder's config.json"
         ) from None
+    except OSError as error:
+        raise PrefillConfigError(f"{path} cannot be read ({error.strerror or error})") from None
+    if not isinstance(cfg, dict):
+        raise PrefillConfigError(f"{path} holds a JSON {type(cfg).__name__}, expected an object of config keys")
+    return cfg
+
+
+def read_config_json(folder: str | Path) -> LlamaSpec:
+    """Parses ``folder/config.json`` into a ``LlamaSpec``."""
+    cfg = read_config_dict(folder)
     try:
         return LlamaSpec.from_hf_dict(cfg)
-    except PrefillConfigError as error:  # name the file: the message alone does not say which folder
-        message = str(error)
-        named = (
-            f"{path} {message[len('config.json ') :]}" if message.startswith("config.json ") else f"{path}: {message}"
-        )
-        raise PrefillConfigError(named) from None
+    except PrefillConfigError as error:
+        raise in_folder(folder, error) from None
+
+
+def in_folder(folder: str | Path, error: PrefillConfigError) -> PrefillConfigError:
+    """``error`` naming ``folder``'s config.json: a config reader's message alone does not say which folder."""
+    path = Path(folder) / "config.json"
+    message = str(error)
+    if message.startswith("config.json "):
+        return PrefillConfigError(f"{path} {message[len('config.json ') :]}")
+    return PrefillConfigError(f"{path}: {message}")

@@ -28,6 +28,7 @@ from prefill_core.dtype import DTYPES
 from prefill_core.errors import PrefillConfigError
 from prefill_shell.device.model import ModelSpec
 from prefill_shell.reference.config import COMPUTED_KEYS, INERT_KEYS, _int, _number, _positive
+from prefill_shell.reference.config import GEMMA3_ARCHITECTURES as ARCHITECTURES
 from prefill_shell.reference.rope import RopeScaling, read_rope
 
 __all__ = ["GEMMA3_COMPUTED_KEYS", "GEMMA3_INERT_KEYS", "GEMMA3_REFUSED_KEYS", "Gemma3Spec", "text_config_of"]
@@ -57,8 +58,6 @@ GEMMA3_REFUSED_KEYS: dict[str, object] = {
     "quantization_config": None,
 }
 """Text-config keys refused unless absent or this value."""
-
-ARCHITECTURES = {"gemma3_text": "Gemma3ForCausalLM", "gemma3": "Gemma3ForConditionalGeneration"}
 
 
 def text_config_of(cfg: dict[str, Any]) -> dict[str, Any]:

@@ -20,7 +20,6 @@ CUDA graph capture that is a sync, so a capture is refused by name.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import attrs
@@ -28,9 +27,9 @@ import torch
 
 from prefill_core import AttentionLayout, KVBuffers
 from prefill_core.errors import PrefillConfigError
-from prefill_shell.reference.config import FAMILIES, LlamaSpec, _int, _windowed_layers, check_computed
+from prefill_shell.reference.config import GEMMA3_ARCHITECTURES as GEMMA3_TYPES
+from prefill_shell.reference.config import LlamaSpec, in_folder, read_config_dict, sliding_layers
 from prefill_shell.reference.gemma3 import PagedGemma3, text_weights
-from prefill_shell.reference.gemma3_config import ARCHITECTURES as GEMMA3_TYPES
 from prefill_shell.reference.gemma3_config import Gemma3Spec
 from prefill_shell.reference.llama import PagedLlama
 from prefill_shell.reference.packed_windowed import PackedGroupStep, packed_windowed_attention
@@ -126,19 +125,22 @@ def load_hybrid_folder(
     and ``language_model.`` weights) loads as a ``PagedGemma3``.
     """
     folder = Path(folder)
-    cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    cfg = read_config_dict(folder)
     if cfg.get("model_type") in GEMMA3_TYPES:
         return _load_gemma3(folder, cfg, block_size, sliding_block_size, device, dtype)
-    family = FAMILIES[check_computed(cfg)]
-    layers = _int(cfg, "num_hidden_layers")
-    window, windowed = _windowed_layers(
-        cfg, family, layers, _int(cfg, "max_position_embeddings", family.default_max_position)
-    )
+    try:
+        window, windowed = sliding_layers(cfg)
+        plain = {key: value for key, value in cfg.items() if key not in ("layer_types", "use_sliding_window")}
+        plain["sliding_window"] = None  # read as full attention; the window lives in the attention layout
+        spec = LlamaSpec.from_hf_dict(plain)
+    except PrefillConfigError as error:
+        raise in_folder(folder, error) from None
     if not windowed:
-        raise PrefillConfigError(f"{folder}/config.json slides no layer: load it with load_hf_folder")
-    plain = {key: value for key, value in cfg.items() if key not in ("layer_types", "use_sliding_window")}
-    plain["sliding_window"] = None  # read as full attention; the window lives in the attention layout
-    model = load_weights(folder, LlamaSpec.from_hf_dict(plain), device, dtype)
+        raise PrefillConfigError(
+            f"{folder}/config.json slides no layer: load it with load_hf_folder (load_model_folder picks for you)"
+        )
+    layers = spec.num_layers
+    model = load_weights(folder, spec, device, dtype)
     types = ["sliding_attention" if i in windowed else "full_attention" for i in range(layers)]
     attention = AttentionLayout.from_layer_types(
         types, sliding_window=window, block_size=block_size, sliding_block_size=sliding_block_size
@@ -148,7 +150,10 @@ def load_hybrid_folder(
 
 def _load_gemma3(folder: Path, cfg: dict, block_size: int, sliding_block_size, device, dtype) -> HybridLlama:
     """A Gemma 3 folder's text decoder, its layer types and window as transformers reads them."""
-    spec = Gemma3Spec.from_hf_dict(cfg)
+    try:
+        spec = Gemma3Spec.from_hf_dict(cfg)
+    except PrefillConfigError as error:
+        raise in_folder(folder, error) from None
     if dtype is not None:
         spec = attrs.evolve(spec, dtype=dtype)
     weights: dict[str, torch.Tensor] = {}

@@ -114,6 +114,10 @@ class PagedKVCache:
         per_layer = [torch.stack((k[:n], v[:n])) for k, v in zip(self.keys, self.values)]
         return torch.stack(per_layer).clone()
 
+    def allocated_bytes(self) -> int:
+        """Bytes of every layer's K and V pool, the sink block included where there is one."""
+        return sum(t.numel() * t.element_size() for t in self.keys + self.values)
+
     def block_bytes(self, block: int) -> torch.Tensor:
         """Raw bytes of one addressable block over all layers, for bit-exact comparisons.
 

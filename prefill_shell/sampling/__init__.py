@@ -4,3 +4,7 @@
 Below the backends: the torch backend samples with these, and the ttnn
 emulation uses them where ttnn ships no reference sampler.
 """
+
+from prefill_shell.extras import require_shell
+
+require_shell(__name__)  # before any module here imports torch

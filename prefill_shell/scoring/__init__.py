@@ -5,6 +5,10 @@ for lm-evaluation-harness; needs lm-eval installed, so it is not
 imported here). Independent of ``prefill_shell.serving``.
 """
 
+from prefill_shell.extras import require_shell
+
+require_shell(__name__)  # before any module here imports torch
+
 from prefill_shell.scoring.scorer import Scorer
 
 __all__ = ["Scorer"]

@@ -9,6 +9,10 @@ turns the plugin's ``TTSamplingParams`` into per-row sampling values.
 Independent of ``prefill_shell.scoring``.
 """
 
+from prefill_shell.extras import require_shell
+
+require_shell(__name__)  # before any module here imports torch
+
 from prefill_shell.serving.entry import serving_facade
 from prefill_shell.serving.facade import ServingFacade
 from prefill_shell.serving.hybrid_facade import HybridServingFacade

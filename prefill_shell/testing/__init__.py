@@ -8,6 +8,10 @@
   step (``run_lifecycle_machine``).
 """
 
+from prefill_shell.extras import require_shell
+
+require_shell(__name__)  # before any module here imports torch
+
 from .faults import FAULT_KINDS, FaultInjectingBackend, FaultInjectingModel, FaultPlan, InjectedFault
 
 __all__ = ["FAULT_KINDS", "FaultInjectingBackend", "FaultInjectingModel", "FaultPlan", "InjectedFault"]

@@ -22,6 +22,8 @@ from prefill_shell.reference.llama import rope_inv_freq
 transformers = pytest.importorskip("transformers")
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: E402
 
+from tests.reference.test_config import CONFIGS  # noqa: E402  (the four families' config classes)
+
 SIZES = dict(
     vocab_size=64,
     hidden_size=64,
@@ -32,12 +34,6 @@ SIZES = dict(
     head_dim=32,
     max_position_embeddings=512,
 )
-CONFIGS = {
-    "llama": transformers.LlamaConfig,
-    "mistral": transformers.MistralConfig,
-    "qwen2": transformers.Qwen2Config,
-    "qwen3": transformers.Qwen3Config,
-}
 THETAS = st.sampled_from([500.0, 10000.0, 1e6])
 
 

@@ -2,7 +2,8 @@
 
 Per step, as the runner does it: ``scheduler.schedule()``; new requests'
 block ids recorded, cached requests' ``new_block_ids`` appended (a resumed
-request's replace them); ``_prepare_model_inputs``' tokens, ``prompt_lens``
+request's replace them; vLLM 0.33 names a preempted request in
+``preempted_req_ids`` and sends it back as a new request); ``_prepare_model_inputs``' tokens, ``prompt_lens``
 (computed + scheduled) and ``start_pos`` (computed); ``page_table`` group
 0's block ids; ``_block_tables_per_layer``: each layer its group's table as
 a fresh ``[max_num_seqs, max_blocks]`` zero-padded tensor, passed only when
@@ -82,6 +83,7 @@ class PluginRunner:
     def step(self) -> None:
         out = self.scheduler.schedule()
         self.stats.steps += 1
+        self.stats.preemptions += len(out.preempted_req_ids or ())
         for new in out.scheduled_new_reqs:
             state = self.live[new.req_id]
             state.blocks = [list(ids) for ids in new.block_ids]
@@ -93,7 +95,6 @@ class PluginRunner:
             ids = cached.new_block_ids[i]
             if req_id in cached.resumed_req_ids:
                 state.blocks = [list(g) for g in ids]
-                self.stats.preemptions += 1
             elif ids is not None:
                 for g, more in enumerate(ids):
                     state.blocks[g].extend(more)

@@ -3,14 +3,17 @@
 Gemma 3 at 2:1 (6 layers: three groups of two) and 5:1 (12 layers: six
 groups of two), a Qwen3 hybrid (two groups of one), Mistral with a window on
 every layer and a full-attention Llama (one group each): prefix caching on,
-chunked prefill under a small token budget, a small pool (preemptions counted, not forced),
-eager and traced. Every finished request equals transformers' one-shot
+chunked prefill under a small token budget, a small pool, and preemption (four
+requests admitted by their first chunk into a pool two of them fill), eager and
+traced. Every finished request equals transformers' one-shot
 forward of its prompt (logits and kept KV within 1e-4) and no KV byte outside
 each step's written blocks changes (``plugin_runner``). Runs under
 ``make test-vllm`` (vLLM installed ``--no-deps`` over the project venv).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import pytest
 
@@ -26,18 +29,47 @@ from prefill_core import PrefillPolicy, vllm_layer_groups
 from prefill_shell.backends.torch_backend import TorchBackend
 from prefill_shell.serving import HybridServingFacade, serving_facade
 from tests.vllm import vllm_side
-from tests.vllm.checkpoints import ARCHITECTURES, BLOCK, checkpoint, project_model
+from tests.vllm.checkpoints import ARCHITECTURES, BLOCK, S, checkpoint, project_model
 from tests.vllm.plugin_runner import PluginRunner
 
 SEQS = 4
 MAX_BLOCKS = vllm_side.MAX_MODEL_LEN // BLOCK
 POLICY = PrefillPolicy(length_ladder=(32, 64), max_chunk_length=64, chunk_quantum=64, waves=(1, 2, 4), lane_size=SEQS)
+
+
+class Workload(NamedTuple):
+    budget: int  # max_num_batched_tokens
+    per_request: int  # long_prefill_token_threshold: the most tokens one request gets a step (0: no cap)
+    pool: str  # "ample": 64 blocks; "one": about one request's worth; "two": two requests' worth
+    waves: list[list[int]]  # prompt lengths, a wave added once the previous one finished
+    admit_by_first_chunk: bool = False  # --no-scheduler-reserve-full-isl: admit a request when its first chunk fits
+
+
 WORKLOADS = {
-    # name: (token budget, pool blocks, waves of prompt lengths; a later wave shares the first prompt's prefix)
-    "prefix-hits": (48, 64, [[100], [90, 120]]),
-    "concurrent-chunks": (40, 64, [[70, 45, 130, 58]]),
-    "small-pool": (64, None, [[120, 110, 100]]),  # None: 9 blocks per KV group, about one request's worth
+    # a later wave shares the first prompt's 80-token prefix
+    "prefix-hits": Workload(48, 0, "ample", [[100], [90, 120]]),
+    "concurrent-chunks": Workload(40, 0, "ample", [[70, 45, 130, 58]]),
+    "small-pool": Workload(64, 0, "one", [[120, 110, 100]]),
+    # four requests admitted by their first chunk and prefilled 16 tokens a step side by side in a pool two
+    # of them fill: vLLM preempts the last running one when an earlier one cannot grow, and resumes it later
+    "preemption": Workload(64, 16, "two", [[128, 120, 112, 104]], admit_by_first_chunk=True),
 }
+
+
+def _pool_blocks(name: str, pool: str) -> int:
+    """Blocks in vLLM's pool (every group draws from it; block 0 is vLLM's null block)."""
+    if pool == "ample":
+        return 64
+    types = ARCHITECTURES[name]
+    groups = vllm_layer_groups(types)
+    # a 128-token request holds 8 blocks in a full group and at most 3 in a sliding one (16-token window and
+    # chunks at 16-token blocks); "one" keeps the earlier small pool of 9 blocks a group
+    if pool == "one":
+        return 9 * len(groups) + 2
+    need = sum(3 if types[group[0]] == S else 8 for group in groups)
+    return 2 * need + 1
+
+
 STATS: dict[tuple[str, str, str], dict] = {}
 
 
@@ -53,7 +85,7 @@ def _requests(workload: str, vocab: int):
     hasher = _block_hasher()
     shared = torch.randint(1, vocab, (80,), generator=gen)
     waves, count = [], 0
-    for wave in WORKLOADS[workload][2]:
+    for wave in WORKLOADS[workload].waves:
         reqs = []
         for n in wave:
             tail = torch.randint(1, vocab, (max(n - 80, 0),), generator=gen)
@@ -88,16 +120,24 @@ def _facade_and_pool(name, model, kv_config):
 @pytest.mark.parametrize("name", list(ARCHITECTURES))
 def test_vllms_scheduler_through_the_facade_equals_transformers(name, workload, enable_trace):
     model = project_model(name)
-    budget, num_blocks, _ = WORKLOADS[workload]
-    num_blocks = num_blocks or 9 * len(vllm_layer_groups(ARCHITECTURES[name])) + 2
+    work = WORKLOADS[workload]
     scheduler, kv_config = vllm_side.vllm_setup(
-        name, model.spec, num_blocks=num_blocks, token_budget=budget, max_num_seqs=SEQS
+        name,
+        model.spec,
+        num_blocks=_pool_blocks(name, work.pool),
+        token_budget=work.budget,
+        max_num_seqs=SEQS,
+        per_request_tokens=work.per_request,
+        reserve_full_prompt=not work.admit_by_first_chunk,
     )
     facade, kv = _facade_and_pool(name, model, kv_config)
     groups = vllm_side.layer_groups(kv_config)
+    planned = vllm_side.planned_bytes(kv_config)
     if isinstance(facade, HybridServingFacade):
         assert facade.model.attention.layer_groups == groups  # the facade formed vLLM's groups itself
-        assert kv.allocated_bytes() == vllm_side.planned_bytes(kv_config)  # and holds the memory vLLM planned
+        assert kv.allocated_bytes() == planned  # and holds the memory vLLM planned
+    else:  # the plain pool: vLLM's plan plus the one sink block per layer its capturable fill writes -1 into
+        assert kv.allocated_bytes() == planned + planned // kv_config.num_blocks
     facade.warmup_model_prefill(kv_cache=kv, can_sample_on_device=False, enable_trace=enable_trace)
     _, oracle = checkpoint(name)
     runner = PluginRunner(
@@ -108,9 +148,12 @@ def test_vllms_scheduler_through_the_facade_equals_transformers(name, workload, 
             runner.add(request)
         runner.run()
     stats = runner.stats
-    assert stats.finished == sum(len(w) for w in WORKLOADS[workload][2])
+    assert stats.finished == sum(map(len, work.waves))
     if workload == "prefix-hits":
         assert stats.prefix_hit_tokens > 0
+    if workload == "preemption":
+        assert stats.preemptions > 0, "vLLM preempted nothing: the workload no longer tests resumption"
+
     buffers = len({*vllm_side.tensor_index_of(kv_config).values()})
     STATS[(name, workload, "traced" if enable_trace else "eager")] = dict(
         groups=len(groups), buffers=buffers, **vars(stats)

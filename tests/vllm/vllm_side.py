@@ -29,7 +29,16 @@ def layer_name(layer: int) -> str:
     return f"model.layers.{layer}.self_attn.attn"
 
 
-def vllm_setup(name: str, spec, *, num_blocks: int, token_budget: int, max_num_seqs: int):
+def vllm_setup(
+    name: str,
+    spec,
+    *,
+    num_blocks: int,
+    token_budget: int,
+    max_num_seqs: int,
+    per_request_tokens=0,
+    reserve_full_prompt=True,
+):
     """``(scheduler, kv_cache_config)`` for architecture ``name`` with a pool of ``num_blocks`` blocks."""
     folder, _ = checkpoint(name)
     model = ModelConfig(model=str(folder), skip_tokenizer_init=True, dtype="float32", max_model_len=MAX_MODEL_LEN)
@@ -39,6 +48,8 @@ def vllm_setup(name: str, spec, *, num_blocks: int, token_budget: int, max_num_s
         max_num_seqs=max_num_seqs,
         max_model_len=MAX_MODEL_LEN,
         enable_chunked_prefill=True,
+        long_prefill_token_threshold=per_request_tokens,
+        scheduler_reserve_full_isl=reserve_full_prompt,
         is_encoder_decoder=False,
     )
     config = VllmConfig(

@@ -1,0 +1,52 @@
+"""``load_model_folder``: one loader for every supported Hugging Face folder.
+
+A serving engine hands over a folder and wants the model that computes it:
+the plain ``PagedLlama`` when transformers would attend every layer fully,
+the ``HybridLlama`` (KV groups) when it slides any layer (Mistral or
+Qwen2/Qwen3 with a window, Gemma 3). The choice is ``config.needs_hybrid``
+over the one folder reader; ``prefill_shell.serving.serving_facade`` then
+picks the facade that serves either.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from prefill_core.errors import PrefillConfigError
+from prefill_shell.reference.config import in_folder, needs_hybrid, read_config_dict
+from prefill_shell.reference.hybrid import HybridLlama, load_hybrid_folder
+from prefill_shell.reference.llama import PagedLlama
+from prefill_shell.reference.weights import load_hf_folder
+
+__all__ = ["PROVISIONAL_BLOCK_SIZE", "load_model_folder"]
+
+PROVISIONAL_BLOCK_SIZE = 32
+"""A hybrid model's KV block until the serving engine's arrives (the facade regroups at allocation)."""
+
+
+def load_model_folder(
+    folder: str | Path,
+    *,
+    device: torch.device | str = "cpu",
+    dtype: str | None = None,
+    block_size: int = PROVISIONAL_BLOCK_SIZE,
+    sliding_block_size: int | None = None,
+) -> PagedLlama | HybridLlama:
+    """The folder's model: a ``HybridLlama`` where transformers slides a layer, a ``PagedLlama`` else.
+
+    ``block_size`` and ``sliding_block_size`` are the hybrid model's KV
+    blocks (ignored for a plain model, whose pool takes its block size at
+    allocation). Every error is the loaders' named ``PrefillConfigError``.
+    """
+    cfg = read_config_dict(folder)
+    try:
+        hybrid = needs_hybrid(cfg)
+    except PrefillConfigError as error:
+        raise in_folder(folder, error) from None
+    if hybrid:
+        return load_hybrid_folder(
+            folder, block_size=block_size, sliding_block_size=sliding_block_size, device=device, dtype=dtype
+        )
+    return load_hf_folder(folder, device=device, dtype=dtype)
