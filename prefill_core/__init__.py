@@ -6,6 +6,7 @@ numpy, no I/O, no clocks, no environment, no global mutable state.
 
 from .attention_layout import AttentionKind, AttentionLayout, KVGroup
 from .batch import PrefillBatch, PrefillRow
+from .call_plan import CallContext, CallPlan, LaneTraces, PlanKind, plan_call
 from .errors import *  # noqa: F403 (the hierarchy is public API)
 from .errors import __all__ as _error_names
 from .execution import ExecutionMode, execution_mode, plans_packed, replays
@@ -29,7 +30,12 @@ from .tables import SKIP, PageTableView, TableRole, materialize_table
 from .trace_check import can_trace
 
 __all__ = [
+    "CallContext",
+    "CallPlan",
     "ExecutionMode",
+    "LaneTraces",
+    "PlanKind",
+    "plan_call",
     "AttentionKind",
     "AttentionLayout",
     "can_trace",

@@ -123,6 +123,7 @@ def prepare_grouped_packed(
     *,
     null_block: int | None = None,
     max_position: int | None = None,
+    shared_blocks: bool = True,
 ) -> tuple[GroupedPackedRequest, ...] | None:
     """Plans a hybrid call as packed steps (arguments as ``prepare_grouped``); None where rule 3 forbids it.
 
@@ -130,7 +131,8 @@ def prepare_grouped_packed(
     """
     if len(batch) > policy.lane_size:  # packed steps have no waves to split: the whole call is one lane
         policy = attrs.evolve(policy, lane_size=len(batch))
-    _, spans, masked = judged_groups(batch, policy, layout, attention, group_blocks, null_block, max_position)
+    judged = (batch, policy, layout, attention, group_blocks, null_block, max_position, shared_blocks)
+    _, spans, masked = judged_groups(*judged)
     if _reads_another_rows_writes(masked, spans):
         return None
     floors = tuple(tuple(span.kept.start for span in group_spans) for group_spans in spans)

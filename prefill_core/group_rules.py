@@ -95,20 +95,25 @@ def _check_kept(g: int, rows, spans, num_blocks: int, null_block: int | None, wi
                 raise _error(RepeatedBlockError, row, g, column, block, rule)
 
 
-def _writers(layout: AttentionLayout, tables, all_spans) -> dict[int, tuple[int, int, int]]:
-    """Block -> (group, row, column) of its writer; two writers (any groups) are an error."""
-    writer: dict[int, tuple[int, int, int]] = {}
+def _space(g: int, shared: bool) -> int:
+    """The block-id space of group g: one for all groups where they share KV buffers, else the group's own."""
+    return 0 if shared else g
+
+
+def _writers(layout: AttentionLayout, tables, all_spans, shared: bool) -> dict[tuple[int, int], tuple[int, int, int]]:
+    """(space, block) -> (group, row, column) of its writer; two writers in one space are an error."""
+    writer: dict[tuple[int, int], tuple[int, int, int]] = {}
     for g, (rows, spans) in enumerate(zip(tables, all_spans)):
         for row, (blocks, span) in enumerate(zip(rows, spans)):
             for column in span.written:
-                found = writer.setdefault(blocks[column], (g, row, column))
+                found = writer.setdefault((_space(g, shared), blocks[column]), (g, row, column))
                 if found != (g, row, column):
                     rule = f"one block takes one writer; row {found[1]} writes it in group {found[0]}"
                     raise _error(BlockConflictError, row, g, column, blocks[column], rule)
     return writer
 
 
-def _check_reads(layout, tables, all_spans, writer, lengths) -> None:
+def _check_reads(layout, tables, all_spans, writer, lengths, shared: bool) -> None:
     for g, (group, rows, spans) in enumerate(zip(layout.groups, tables, all_spans)):
         shared: dict[int, tuple[int, int]] = {}
         bs = group.block_size
@@ -121,7 +126,7 @@ def _check_reads(layout, tables, all_spans, writer, lengths) -> None:
                         f"rows sharing a cached block map it at one column; row {other_row} maps it at {other_column}"
                     )
                     raise _error(SharedBlockColumnError, row, g, column, block, rule)
-                found = writer.get(block)
+                found = writer.get((_space(g, shared), block))
                 if found is None:
                     continue
                 wg, wrow, wcol = found
@@ -141,12 +146,17 @@ def check_group_tables(
     *,
     num_blocks: int,
     null_block: int | None = None,
+    shared_blocks: bool = True,
 ) -> tuple[tuple[GroupRowSpan, ...], ...]:
     """Raises the first broken rule as a named ``PrefillInputError``; returns every group's row spans.
 
     ``tables[g][r]`` is row r's page-table row of group g; ``null_block`` is
     the caller's never-written block (vLLM's id 0), which no kept column may
     name. Lengths and offsets must already have passed the batch rules.
+    ``shared_blocks``: the groups share KV buffers (vLLM's plan), so block ids
+    form one space and a block serves one group; False where every layer has
+    a buffer of its own, so each group's ids are its own (one table may then
+    serve every group).
     """
     if type(tables) is not tuple or len(tables) != len(layout.groups):
         msg = f"group_blocks must be a tuple of one table per KV group ({len(layout.groups)})"
@@ -157,9 +167,10 @@ def check_group_tables(
         spans = group_spans(group, lengths, cached)
         _check_kept(g, rows, spans, num_blocks, null_block, group.window)
         all_spans.append(spans)
-    writer = _writers(layout, tables, all_spans)
-    _check_reads(layout, tables, all_spans, writer, lengths)
-    _check_one_group_per_block(tables, all_spans)
+    writer = _writers(layout, tables, all_spans, shared_blocks)
+    _check_reads(layout, tables, all_spans, writer, lengths, shared_blocks)
+    if shared_blocks:
+        _check_one_group_per_block(tables, all_spans)
     return tuple(all_spans)
 
 

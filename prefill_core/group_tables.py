@@ -168,7 +168,7 @@ def body_groups(
     return tuple(widths)
 
 
-def _dependencies(requests, attention: AttentionLayout, masked, spans) -> list[set[int]]:
+def group_dependencies(requests, attention: AttentionLayout, masked, spans) -> list[set[int]]:
     """Per request, the requests writing a block it reads as cached, in any group (rule 3)."""
     writer: dict[tuple[int, int], int] = {}
     reads: list[set[tuple[int, int]]] = []
@@ -185,7 +185,7 @@ def _dependencies(requests, attention: AttentionLayout, masked, spans) -> list[s
     return [{writer[key] for key in read if key in writer} - {i} for i, read in enumerate(reads)]
 
 
-def judged_groups(batch, policy, layout, attention, group_blocks, null_block, max_position):
+def judged_groups(batch, policy, layout, attention, group_blocks, null_block, max_position, shared_blocks=True):
     """``(scope, spans, masked)``: the call judged (inputs, fit, every group's table, rule 2) and its rows masked.
 
     ``spans[g][row]`` are the row's kept and written columns in group g;
@@ -194,7 +194,13 @@ def judged_groups(batch, policy, layout, attention, group_blocks, null_block, ma
     scope = checked_scope(batch, policy, layout, max_position=max_position, block_rules=False)
     attention.check_fits(layout.block_size)
     spans = check_group_tables(
-        attention, group_blocks, batch.lengths, batch.cached, num_blocks=layout.num_blocks, null_block=null_block
+        attention,
+        group_blocks,
+        batch.lengths,
+        batch.cached,
+        num_blocks=layout.num_blocks,
+        null_block=null_block,
+        shared_blocks=shared_blocks,
     )
     masked = tuple(
         tuple(_masked(b, s, ceil_div(n, g.block_size)) for b, s, n in zip(rows, group_spans, batch.lengths))
@@ -212,18 +218,21 @@ def prepare_grouped(
     *,
     null_block: int | None = None,
     max_position: int | None = None,
+    shared_blocks: bool = True,
 ) -> tuple[GroupedRequest, ...]:
     """Plans a call with one table per KV group (``group_blocks[g][row]``); raises ``PrefillInputError``.
 
     ``batch.blocks`` is not read: every group's table, group 0's (the
     plugin's ``page_table``) included, is ``group_blocks``, in the group's
     own block size. ``null_block`` is the caller's never-written block (vLLM's 0), which no
-    column a step reads or writes may name.
+    column a step reads or writes may name. ``shared_blocks``: one block-id
+    space for every group (``group_rules.check_group_tables``).
     """
-    scope, spans, masked = judged_groups(batch, policy, layout, attention, group_blocks, null_block, max_position)
+    judged = (batch, policy, layout, attention, group_blocks, null_block, max_position, shared_blocks)
+    scope, spans, masked = judged_groups(*judged)
     planning = attrs.evolve(batch, blocks=masked[0])
     requests = plan_geometry(planning, scope.needs, policy, layout)
-    requests = order_by_dependencies(requests, _dependencies(requests, attention, masked, spans))
+    requests = order_by_dependencies(requests, group_dependencies(requests, attention, masked, spans))
     planned = []
     for request in requests:
         prepared = prepare_request(request, policy)

@@ -82,6 +82,17 @@ class KVBuffers:
             return cls(attention, tuple(attention.position_in_group(i) for i in range(attention.num_layers)))
         return cls(attention, tuple(range(attention.num_layers)))
 
+    @classmethod
+    def per_layer(cls, attention: AttentionLayout) -> KVBuffers:
+        """A buffer per layer, as a plain model's pool has: no two groups share a page, so each group's block
+        ids are its own and one page table can serve every group."""
+        return cls(attention, tuple(range(attention.num_layers)))
+
+    @property
+    def shares_pages(self) -> bool:
+        """Whether two groups' layers hold their pages in one buffer (then block ids are one space)."""
+        return self.num_buffers < self.attention.num_layers
+
     @property
     def num_buffers(self) -> int:
         return len(set(self.buffer_of))

@@ -8,17 +8,30 @@ step length is its rows' own), so the answer is per row: every row's step
 length must be one of the policy's ``trace_lengths`` (``None``: all are).
 Unlike tt-transformers, a fully cached row is plannable (it re-runs its
 final block), so it does not make the answer False.
+
+``replays_call`` is the question a serving engine means by it on a lane
+that has warmed up: whether a traced call of these rows would replay every
+request *on what the lane captured*. It plans the call with ``plan_call``
+(the function the runtime plans with) over fresh, distinct block ids, so
+its answer is the traced call's: True exactly when that call runs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import attrs
+
+from .batch import PrefillBatch
+from .call_plan import CallContext, plan_call
+from .errors import PrefillInputError
+from .execution import ExecutionMode
+from .intmath import ceil_div
 from .layout import PageTableLayout
 from .plan import chunk_plan
 from .policy import PrefillPolicy
 
-__all__ = ["can_trace", "step_length"]
+__all__ = ["can_trace", "replays_call", "step_length"]
 
 
 def step_length(length: int, cached: int, policy: PrefillPolicy, block_size: int) -> int:
@@ -42,3 +55,51 @@ def can_trace(lengths: Sequence[int], cached: Sequence[int], policy: PrefillPoli
         if not policy.is_trace_eligible(step_length(length, done, policy, layout.block_size)):
             return False
     return True
+
+
+def _fresh_ids(counts, skip: int | None, start: int) -> tuple[tuple[tuple[int, ...], ...], int]:
+    """Rows of ``counts[r]`` block ids, all distinct, from ``start`` on, never ``skip``; and the next free id."""
+    rows, next_id = [], start
+    for count in counts:
+        row = []
+        while len(row) < count:
+            if next_id != skip:
+                row.append(next_id)
+            next_id += 1
+        rows.append(tuple(row))
+    return tuple(rows), next_id
+
+
+def replays_call(
+    lengths: Sequence[int], cached: Sequence[int], context: CallContext, slots: Sequence[int] | None = None
+) -> bool:
+    """Whether a ``traced`` call of rows ``(length, cached)`` on the lane ``context`` describes replays every
+    request (``plan_call``); False for rows a call would refuse. ``context.mode`` is ignored (a traced call is
+    asked about); block ids are fresh and distinct (their values never change a plan's geometry)."""
+    if not isinstance(context, CallContext) or not lengths or len(lengths) != len(cached):
+        return False
+    if any(type(n) is not int or type(c) is not int or not 0 <= c <= n or n < 1 for n, c in zip(lengths, cached)):
+        return False
+    layout, skip = context.layout, context.null_block
+    blocks, next_id = _fresh_ids([ceil_div(n, layout.block_size) for n in lengths], skip, 0)
+    groups = None
+    if context.attention is not None:
+        groups = []
+        for group in context.attention.groups:
+            rows, next_id = _fresh_ids([ceil_div(n, group.block_size) for n in lengths], skip, next_id)
+            groups.append(rows)
+        groups = tuple(groups)
+    wide = attrs.evolve(layout, num_blocks=max(layout.num_blocks, next_id + 1))
+    chosen = slots is not None
+    try:
+        batch = PrefillBatch(
+            tuple(lengths),
+            tuple(cached),
+            tuple(slots if chosen else range(len(lengths))),
+            blocks,
+            (None,) * len(lengths),
+        )
+        asked = attrs.evolve(context, layout=wide, mode=ExecutionMode.TRACED, slots_chosen=chosen, group_tables=groups)
+        return not plan_call(batch, asked).gaps
+    except PrefillInputError:
+        return False

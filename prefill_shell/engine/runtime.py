@@ -17,6 +17,7 @@ import random
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
+import attrs
 import torch
 
 from prefill_core import (
@@ -29,13 +30,10 @@ from prefill_core import (
     SamplingParams,
     SamplingPath,
     execution_mode,
-    plans_packed,
-    prepare_in_sub_batches,
-    prepare_packed,
-    prepare_prefill,
     replays,
 )
-from prefill_core.errors import CleanupError, PrefillStateError
+from prefill_core.call_plan import CallContext, plan_call
+from prefill_core.errors import CleanupError, PrefillInputError, PrefillStateError
 from prefill_shell.device.contract import (
     CHUNK_START,
     FILL_TABLE,
@@ -55,9 +53,8 @@ from prefill_shell.engine.config import PrefillRuntimeConfig
 from prefill_shell.engine.progress import ProgressCallback, ProgressCounter
 from prefill_shell.engine.result import BatchResult, InvocationResult, PrefillResult
 from prefill_shell.engine.steps.assembler import PrefillResultAssembler
-from prefill_shell.engine.steps.grouped_inputs import grouped_call
-from prefill_shell.engine.steps.inputs import DeviceStep, PrefillInputStager, build_host_steps
-from prefill_shell.engine.steps.packed_inputs import build_packed_host_steps
+from prefill_shell.engine.steps.call_steps import call_steps
+from prefill_shell.engine.steps.inputs import DeviceStep, PrefillInputStager
 from prefill_shell.engine.steps.partial_writes import StepLog, note_partial_writes
 from prefill_shell.engine.steps.postprocess import PrefillPostprocessor, wave_params
 from prefill_shell.engine.steps.prepared_batch import PreparedBatch, check_runnable, checked_request
@@ -145,7 +142,7 @@ class PrefillRuntime:
             return self.config.model.forward_packed_grouped(*values, self.config.kv)
         if step.kind is RequestKind.PACKED:  # packed step (prefill_core.packed): segments end to end
             return self.config.model.forward_packed(*(step[spec].value for spec in PACKED_INPUTS), self.config.kv)
-        if GROUP_FILL_TABLES in step:  # a hybrid model: each KV group's tables (steps/grouped_inputs.py)
+        if GROUP_FILL_TABLES in step:  # a hybrid model: each KV group's tables (steps/call_steps.py)
             values = (None if spec not in step else step[spec].value for spec in GROUPED_INPUTS)
             return self.config.model.forward_grouped(
                 step[INPUT_TOKENS].value, step[CHUNK_START].value, *values, self.config.kv
@@ -198,30 +195,18 @@ class PrefillRuntime:
         writes (``prefill_core.prepare_grouped_packed``), else padded waves.
         """
         self._check_open()
-        mode = execution_mode(mode)
         config = self.config
         matrix = as_token_matrix(tokens)
         table = host_page_table(page_table, matrix.shape[0])
         batch = build_batch(matrix, table, prompt_lengths, cached_lengths, slots, sampling, config.layout)
         check_token_ids(matrix, batch, config.model.spec.vocab_size)
-        max_position = config.model.spec.max_position
-        if group_page_tables is not None or getattr(config.model, "attention", None) is not None:
-            packed = plans_packed(config.packed_steps, mode, bool(self._traces.traces))
-            requests, steps = grouped_call(config, matrix, batch, group_page_tables, null_block, packed)
-        elif plans_packed(config.packed_steps, mode, bool(self._traces.traces)):
-            requests = prepare_packed(
-                batch, config.policy, config.layout, max_position=max_position, whole_call_lane=slots is None
-            )
-            steps = tuple(tuple(build_packed_host_steps(matrix, p.request, table)) for p in requests)
-        else:
-            if slots is None and len(batch) > config.policy.lane_size:
-                requests = prepare_in_sub_batches(batch, config.policy, config.layout, max_position=max_position)
-            else:
-                requests = prepare_prefill(batch, config.policy, config.layout, max_position=max_position)
-            steps = tuple(build_host_steps(matrix, p.request, table) for p in requests)
+        groups, shared = self._group_tables(group_page_tables, table, len(batch))
+        context = self.call_context(mode, slots_chosen=slots is not None, group_tables=groups, null_block=null_block)
+        plan = plan_call(batch, attrs.evolve(context, groups_share_blocks=shared))
+        requests, steps = plan.prepared, call_steps(plan, matrix, table, config.model.spec.hidden_size)
         spans = requested_spans(batch)
         prompt = tuple(prompt_steps(matrix, spans, p.request, s) for p, s in zip(requests, steps)) if spans else ()
-        return PreparedBatch(requests, steps, len(batch), self, config.layout, prompt)
+        return PreparedBatch(requests, steps, len(batch), self, config.layout, prompt, plan=plan)
 
     @exclusive
     def invoke(
@@ -347,6 +332,57 @@ class PrefillRuntime:
         """prepare + invoke + assemble in ``mode`` (planned for it): one result per caller row, in caller order."""
         batch = self.prepare(tokens, page_table, prompt_lengths, cached_lengths, slots, sampling, mode=mode)
         return self.assemble(self.invocations(batch, mode=mode, on_progress=on_progress), batch.num_rows)
+
+    def _group_tables(self, group_page_tables, table: torch.Tensor, rows: int) -> tuple[tuple | None, bool]:
+        """Each KV group's host rows and whether the groups share one block-id space.
+
+        A call without ``group_page_tables`` on a model with KV groups gives
+        every group ``page_table`` where the pool keeps a buffer per layer
+        (``KVBuffers.per_layer``: what ``new_kv_cache(num_blocks, block_size)``
+        allocates), so each group's ids are its own; over vLLM's shared
+        buffers one table cannot serve two groups, which is refused by name.
+        """
+        attention = getattr(self.config.model, "attention", None)
+        if group_page_tables is not None:
+            if not isinstance(group_page_tables, (list, tuple)):
+                msg = "group_page_tables is invalid: must be a list of one table per KV group"
+                raise PrefillInputError(msg, field="group_page_tables")
+            return tuple(tuple(map(tuple, host_page_table(t, rows).tolist())) for t in group_page_tables), True
+        if attention is None:
+            return None, True
+        buffers = getattr(self.config.kv, "buffers", None)
+        if buffers is None or buffers.shares_pages:
+            msg = (
+                "group_page_tables is invalid: this pool's KV groups share buffers (vLLM's plan), so each group "
+                "needs its own table; pass group_page_tables and null_block, or allocate the pool with "
+                "model.new_kv_cache(num_blocks, block_size) (a buffer per layer) to serve one page_table"
+            )
+            raise PrefillInputError(msg, field="group_page_tables")
+        rows_of_table = tuple(map(tuple, table.tolist()))
+        return (rows_of_table,) * len(attention.groups), False
+
+    def call_context(
+        self,
+        mode: ExecutionMode | str = ExecutionMode.AUTO,
+        *,
+        slots_chosen: bool = True,
+        group_tables=None,
+        null_block: int | None = None,
+    ) -> CallContext:
+        """What a call's plan depends on besides its rows (``prefill_core.plan_call``): this lane as it is now."""
+        config = self.config
+        return CallContext(
+            config.policy,
+            config.layout,
+            execution_mode(mode),
+            config.packed_steps,
+            self._traces.lane_traces(),
+            slots_chosen,
+            getattr(config.model, "attention", None),
+            group_tables,
+            null_block,
+            config.model.spec.max_position,
+        )
 
     def _resolve_seeds(self, prepared: PreparedPrefill) -> tuple[int, ...]:
         """A seed per physical row: the row's own, else one drawn from the runtime's generator.

@@ -26,7 +26,7 @@ import attrs
 import torch
 
 from prefill_core import AttentionLayout, KVBuffers
-from prefill_core.errors import PrefillConfigError
+from prefill_core.errors import InvalidLayoutError, PrefillConfigError, field_error
 from prefill_shell.reference.config import GEMMA3_ARCHITECTURES as GEMMA3_TYPES
 from prefill_shell.reference.config import LlamaSpec, in_folder, read_config_dict, sliding_layers
 from prefill_shell.reference.gemma3 import PagedGemma3, text_weights
@@ -56,10 +56,28 @@ class HybridLlama:
         return HybridLlama(self.model, attention)
 
     def new_kv_cache(
-        self, num_blocks: int, device: torch.device | str | None = None, buffers: KVBuffers | None = None
+        self,
+        num_blocks: int,
+        block_size: int | None = None,
+        *,
+        device: torch.device | str | None = None,
+        buffers: KVBuffers | None = None,
     ) -> GroupedKVCache:
-        """Zeroed KV buffers of ``num_blocks`` blocks, shared by the groups as ``buffers`` says (vLLM's plan by
-        default: ``KVBuffers.shared``), one block-id space for all."""
+        """Zeroed KV buffers of ``num_blocks`` blocks, held as ``buffers`` says.
+
+        Without ``block_size`` the buffers default to vLLM's plan
+        (``KVBuffers.shared``: groups share buffers, one block-id space, one
+        table per group). With it, as every generic entry calls a model
+        (``new_kv_cache(num_blocks, block_size)``), a buffer per layer
+        (``KVBuffers.per_layer``), so one page table in blocks of
+        ``block_size`` serves every group, as it serves a plain model; each
+        group's block size must then be ``block_size`` (``InvalidLayoutError``
+        naming the group otherwise).
+        """
+        if block_size is not None:
+            _check_one_block_size(self.attention, block_size)
+            if buffers is None:
+                buffers = KVBuffers.per_layer(self.attention)
         spec = self.spec
         return GroupedKVCache(
             self.attention,
@@ -103,6 +121,15 @@ class HybridLlama:
 
     def lm_head(self, hidden_rows: torch.Tensor) -> torch.Tensor:
         return self.model.lm_head(hidden_rows)
+
+
+def _check_one_block_size(attention: AttentionLayout, block_size: int) -> None:
+    for index, group in enumerate(attention.groups):
+        if group.block_size != block_size:
+            rule = f"must be the pool's block_size={block_size}: one page table serves every group"
+            raise field_error(
+                InvalidLayoutError, f"AttentionLayout.groups[{index}]", "block_size", group.block_size, rule
+            )
 
 
 def load_hybrid_folder(

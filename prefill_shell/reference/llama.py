@@ -293,8 +293,11 @@ class PagedLlama:
         """The weights by HF name (shared tensors, not copies)."""
         return dict(self.weights)
 
-    def new_kv_cache(self, num_blocks: int, block_size: int, device: torch.device | str | None = None) -> PagedKVCache:
-        """A zeroed pool sized for this model."""
+    def new_kv_cache(
+        self, num_blocks: int, block_size: int, *, device: torch.device | str | None = None
+    ) -> PagedKVCache:
+        """A zeroed pool of ``num_blocks`` blocks of ``block_size`` tokens sized for this model (``device`` by
+        keyword: every model's ``new_kv_cache`` takes ``(num_blocks, block_size)`` the same way)."""
         spec = self.spec
         return PagedKVCache(
             spec.num_layers,

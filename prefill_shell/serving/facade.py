@@ -18,8 +18,17 @@ from typing import Any
 import attrs
 import torch
 
-from prefill_core import PageTableLayout, PrefillPolicy, SamplingPath, can_trace, ceil_div, manifest_for
+from prefill_core import (
+    ExecutionMode,
+    PageTableLayout,
+    PrefillPolicy,
+    SamplingPath,
+    ceil_div,
+    manifest_for,
+    route_to_lanes,
+)
 from prefill_core.errors import KVCacheMismatchError, PrefillConfigError, PrefillInputError, PrefillStateError
+from prefill_core.trace_check import replays_call
 from prefill_core.warmup import limited_to
 from prefill_shell.backends.base import Backend
 from prefill_shell.device.model import PrefillModel
@@ -202,17 +211,18 @@ class PluginFacade:
 
     # -- the call -------------------------------------------------------
     def can_trace(self, *, tokens, prompt_lens=None, start_pos=None) -> bool:
-        """Whether ``prefill_forward(..., enable_trace=True)`` could trace a call of this geometry.
+        """Whether ``prefill_forward(..., enable_trace=True)`` of this geometry replays on what was warmed up.
 
-        tt-transformers' static question: it reads the arguments' shapes and
-        values only (nothing is planned into tensors, nothing allocated, what
-        is captured is not looked at) and answers False, never raises, for
+        It reads the arguments' shapes and values only (nothing is staged,
+        nothing allocated, nothing runs) and answers False, never raises, for
         input a call would refuse: tokens that are not a non-empty 2-D
         integer tensor, ``prompt_lens``/``start_pos`` that are not one int
         per row, ``start_pos`` outside ``[0, prompt_lens]``, ``prompt_lens``
         past the token width or the layout's capacity; and when prefill
-        traces are off or no pool is allocated yet. Otherwise the core's
-        ``prefill_core.can_trace``: every row's step length is a trace length.
+        traces are off or no pool is allocated yet. Otherwise each lane's
+        rows (routed as a call without ``empty_slots`` is) are planned as the
+        traced call would plan them, against that lane's captured traces
+        (``prefill_core.replays_call``): True exactly when that call runs.
         """
         if not self.prefill_traces or not self.lanes.built:
             return False
@@ -224,8 +234,24 @@ class PluginFacade:
         cached = _int_list(_cast(start_pos, torch.int64), [0] * num_rows)
         if lengths is None or cached is None or any(n > width for n in lengths):
             return False
-        configs = [executor.runtime.config for executor in self.lanes.executors()]  # a lane group: every lane's
-        return all(can_trace(lengths, cached, config.policy, config.layout) for config in configs)
+        executors = self.lanes.executors()
+        if len(executors) == 1:
+            context = executors[0].runtime.call_context(ExecutionMode.TRACED)
+            return replays_call(lengths, cached, context)
+        per_lane = executors[0].runtime.config.policy.lane_size
+        try:
+            routes = route_to_lanes(None, num_rows, per_lane, len(executors))
+        except PrefillInputError:
+            return False
+        return all(
+            replays_call(
+                [lengths[r] for r in route.source_rows],
+                [cached[r] for r in route.source_rows],
+                executors[route.lane].runtime.call_context(ExecutionMode.TRACED),
+                route.slots,
+            )
+            for route in routes
+        )
 
     def prefill_forward(
         self,

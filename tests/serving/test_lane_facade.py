@@ -216,7 +216,8 @@ def test_a_slot_past_the_last_rank_is_refused_naming_the_row(tiny_model, call):
 
 
 def test_can_trace_answers_for_a_lane_group_as_for_one_lane(tiny_model, call):
-    """tt-transformers' static question on the lane facade: the one-lane answer, and False before a pool exists.
+    """can_trace on the lane facade: False before a pool exists and before a traced warm-up, then the one-lane
+    answer (each lane's rows planned against that lane's captures).
 
     Regression: the lane facade inherited a check of the one-lane executor it never has, so it answered False
     for every call."""
@@ -226,6 +227,9 @@ def test_can_trace_answers_for_a_lane_group_as_for_one_lane(tiny_model, call):
     assert not group.can_trace(**args)  # nothing is allocated yet
     group.allocate_kv_cache(*_shape(tiny_model))
     single.allocate_kv_cache(*_shape(tiny_model))
+    assert not single.can_trace(**args) and not group.can_trace(**args)  # nothing captured yet
+    for facade in (group, single):
+        facade.warmup_model_prefill(kv_cache=facade.kv, can_sample_on_device=False, enable_trace=True)
     assert single.can_trace(**args)
     assert group.can_trace(**args) == single.can_trace(**args)
     assert not group.can_trace(tokens=call.tokens[:, :0])

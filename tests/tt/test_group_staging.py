@@ -14,7 +14,7 @@ import torch
 from prefill_core import PageTableLayout, PrefillBatch, prepare_grouped
 from prefill_core.errors import PrefillInputError
 from prefill_shell.device.contract import GROUP_FILL_TABLES, GROUP_READ_TABLES, GROUPED_INPUTS
-from prefill_shell.engine.steps.grouped_inputs import GroupedSteps
+from prefill_shell.engine.steps.call_steps import GroupedSteps
 from prefill_shell.engine.steps.inputs import build_host_steps
 from prefill_shell.tt import staging as ttnn_staging
 from tests import window_kit as kit

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import attrs
 
 from prefill_core import PageTableLayout, PreparedPrefill
+from prefill_core.call_plan import CallPlan
 from prefill_core.errors import PrefillInputError, PrefillStateError
 from prefill_shell.engine.steps.inputs import HostStep
 from prefill_shell.engine.steps.prompt_logprobs import PromptEntries, PromptPiece
@@ -38,6 +39,8 @@ class PreparedBatch:
     prompt_steps: tuple[tuple[tuple[PromptPiece, ...], ...] | None, ...] = ()
     # Prompt log-probs scored so far, until the request that returns their row takes them.
     prompt_entries: PromptEntries = attrs.field(factory=PromptEntries, repr=False)
+    # The core's plan of the call (``prefill_core.plan_call``): its kind, gaps and replay decision.
+    plan: CallPlan | None = attrs.field(default=None, repr=False)
 
     @property
     def num_steps(self) -> int:

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from prefill_core import PrefillProgramSignature, PrefillTraceSignature, PreparedPrefill
+from prefill_core.call_plan import LaneTraces, workspace_key
 from prefill_core.errors import CleanupError, TraceCoverageError
 from prefill_shell.backends.base import Backend, TraceHandle
 from prefill_shell.device.contract import (
@@ -141,11 +142,6 @@ def warmup_step(body: PrefillTraceSignature, hidden_size: int) -> HostStep:
     return HostStep(None, values, body.variant)
 
 
-def workspace_key(signature: PrefillProgramSignature) -> tuple:
-    """Program aliases with equal keys share one workspace (same tensors, same shapes)."""
-    return (signature.padded_batch, signature.sampling_path, signature.logprobs)
-
-
 class PrefillTraceLifecycle:
     """Captures traces, keeps per-alias workspaces, and replays prepared requests."""
 
@@ -214,15 +210,13 @@ class PrefillTraceLifecycle:
         self.traces[body_signature] = trace
         return trace
 
+    def lane_traces(self) -> LaneTraces:
+        """What this lane has captured, as the core plans with it (``prefill_core.LaneTraces``)."""
+        return LaneTraces(frozenset(self.traces), frozenset(self.workspaces))
+
     def gap(self, prepared: PreparedPrefill) -> str | None:
-        """Why ``prepared`` cannot be replayed, or None when it can."""
-        if prepared.trace_signature is None:
-            return "its invocation length is not trace-eligible under the policy"
-        if prepared.trace_signature not in self.traces:
-            return f"no trace was captured for {prepared.trace_signature} ({prepared.trace_signature.key})"
-        if workspace_key(prepared.program_signature) not in self.workspaces:
-            return f"no workspace was allocated for program {prepared.program_signature.key}"
-        return None
+        """Why ``prepared`` cannot be replayed, or None when it can (``LaneTraces.gap``)."""
+        return self.lane_traces().gap(prepared)
 
     def mode_for(self, prepared: PreparedPrefill) -> tuple[TracedSteps, int]:
         """The traced step mode of ``prepared`` and the workspace generation it claimed.

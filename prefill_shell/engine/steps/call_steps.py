@@ -1,4 +1,8 @@
-"""Host steps of a hybrid model's request: the padded step's values with one table set per KV group.
+"""Host steps of a call, built by its plan's kind (``call_steps``), and a hybrid model's steps.
+
+``call_steps`` is the one place a plan kind (``prefill_core.PlanKind``) meets
+its host-step builder: padded waves (``inputs.build_host_steps``), packed
+steps (``packed_inputs``), and the two hybrid kinds below.
 
 A padded hybrid step keeps the tokens, the chunk start, the slots and the last-token
 index of ``inputs.build_host_steps`` and replaces the single fill and read
@@ -20,16 +24,8 @@ from collections.abc import Sequence
 
 import torch
 
-from prefill_core import (
-    SKIP,
-    GroupedPackedRequest,
-    GroupedRequest,
-    RequestKind,
-    prepare_grouped,
-    prepare_grouped_packed,
-)
-from prefill_core.errors import PrefillInputError
-from prefill_core.intmath import ceil_div
+from prefill_core import SKIP, GroupedPackedRequest, GroupedRequest, RequestKind
+from prefill_core.call_plan import CallPlan, PlanKind
 from prefill_core.plan import CHUNKED_FILLER
 from prefill_shell.device.contract import (
     FILL_TABLE,
@@ -47,10 +43,10 @@ from prefill_shell.device.contract import (
     READ_TABLE,
     body_geometry,
 )
-from prefill_shell.engine.batch_builder import host_page_table
 from prefill_shell.engine.steps.inputs import HostStep, build_host_steps
+from prefill_shell.engine.steps.packed_inputs import build_packed_host_steps
 
-__all__ = ["GroupedPackedSteps", "GroupedSteps", "grouped_call"]
+__all__ = ["GroupedPackedSteps", "GroupedSteps", "call_steps"]
 
 
 def _stacked(rows_per_group, width: int, filler: int) -> torch.Tensor:
@@ -122,36 +118,17 @@ class GroupedPackedSteps(Sequence):
         return HostStep(index, values, RequestKind.PACKED)
 
 
-def grouped_call(
-    config, matrix: torch.Tensor, batch, group_page_tables, null_block: int | None, packed: bool = False
-) -> tuple[tuple, tuple[Sequence[HostStep], ...]]:
-    """Plans a hybrid model's call (``prefill_core.prepare_grouped``) and builds its host steps.
+def call_steps(plan: CallPlan, matrix: torch.Tensor, table: torch.Tensor, hidden_size: int) -> tuple:
+    """Every request's host steps, by the plan's kind: the one place a request kind meets its step builder.
 
-    ``group_page_tables[g]`` is group g's table (a ``[rows, width]`` tensor or
-    nested lists, like ``page_table``); the batch was built from group 0's.
-    ``packed``: plan packed steps where ``prepare_grouped_packed`` can (else padded waves).
-    A model without an ``attention`` layout, or a call without the tables,
-    is a ``PrefillInputError`` naming ``group_page_tables``.
+    ``matrix``: the caller's ``[rows, width]`` tokens; ``table``: its page
+    table (the padded and packed kinds stage its rows; grouped kinds stage
+    each group's, which the plan holds).
     """
-    attention = getattr(config.model, "attention", None)
-    if attention is None or group_page_tables is None:
-        why = "the model has no KV groups" if attention is None else "the model's KV groups need one table each"
-        raise PrefillInputError(f"group_page_tables is invalid: {why}", field="group_page_tables")
-    if not isinstance(group_page_tables, (list, tuple)) or len(group_page_tables) != len(attention.groups):
-        msg = f"group_page_tables is invalid: must be a list of one table per KV group ({len(attention.groups)})"
-        raise PrefillInputError(msg, field="group_page_tables")
-    rows = len(batch)
-    group_blocks = []
-    for group, table in zip(attention.groups, group_page_tables):
-        host = host_page_table(table, rows).tolist()
-        need = [ceil_div(n, group.block_size) for n in batch.lengths]
-        group_blocks.append(tuple(tuple(row[:n]) for row, n in zip(host, need)))
-    args = (batch, config.policy, config.layout, attention, tuple(group_blocks))
-    limits = {"null_block": null_block, "max_position": config.model.spec.max_position}
-    packed_plan = prepare_grouped_packed(*args, **limits) if packed else None
-    if packed_plan is not None:
-        return tuple(g.prepared for g in packed_plan), tuple(GroupedPackedSteps(matrix, g) for g in packed_plan)
-    planned = prepare_grouped(*args, **limits)
-    hidden = config.model.spec.hidden_size
-    steps = tuple(GroupedSteps(build_host_steps(matrix, g.request), g, hidden) for g in planned)
-    return tuple(g.prepared for g in planned), steps
+    if plan.kind is PlanKind.GROUPED_PACKED:
+        return tuple(GroupedPackedSteps(matrix, g) for g in plan.grouped)
+    if plan.kind is PlanKind.GROUPED:
+        return tuple(GroupedSteps(build_host_steps(matrix, g.request), g, hidden_size) for g in plan.grouped)
+    if plan.kind is PlanKind.PACKED:
+        return tuple(tuple(build_packed_host_steps(matrix, p.request, table)) for p in plan.prepared)
+    return tuple(build_host_steps(matrix, p.request, table) for p in plan.prepared)
