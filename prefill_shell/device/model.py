@@ -14,7 +14,15 @@ from typing import Any, Protocol, runtime_checkable
 import attrs
 import torch
 
-__all__ = ["PACKED_CAPABILITY", "ModelSpec", "PrefillModel", "model_difference", "supports_packed"]
+__all__ = [
+    "PACKED_CAPABILITY",
+    "GroupedPrefillModel",
+    "ModelSpec",
+    "PackedPrefillModel",
+    "PrefillModel",
+    "model_difference",
+    "supports_packed",
+]
 
 
 def _positive_int(_instance: object, attribute: attrs.Attribute, value: int) -> None:
@@ -108,6 +116,68 @@ same-step prefix hit, planned writer first). Eager only: shapes follow the step.
 model without it (the ttnn adapter) stays a ``PrefillModel``; ``supports_packed``
 reads it.
 """
+
+
+@runtime_checkable
+class PackedPrefillModel(PrefillModel, Protocol):
+    """A ``PrefillModel`` that runs packed steps (``packed_steps = True``; ``PACKED_CAPABILITY`` says how)."""
+
+    packed_steps: bool
+
+    def forward_packed(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        write_slots: torch.Tensor,
+        segments: torch.Tensor,
+        prefix_table: torch.Tensor,
+        kv: Any,
+    ) -> torch.Tensor:
+        """One packed step (``contract.PACKED_INPUTS`` in order): ``[T]`` tokens end to end -> ``[1, T, hidden]``."""
+        ...
+
+
+@runtime_checkable
+class GroupedPrefillModel(PrefillModel, Protocol):
+    """A model whose layers fall into KV groups (``prefill_core.AttentionLayout``): windowed or hybrid.
+
+    The runtime plans its calls with the groups (``prefill_core.plan_call``)
+    and hands each step every group's tables instead of one table: a padded
+    step to ``forward_grouped``, a packed one to ``forward_packed_grouped``.
+    ``forward_hidden`` (one table for every layer) is never called on it.
+    ``new_kv_cache(num_blocks, block_size)`` keeps a buffer per layer, so one
+    page table can serve every group; ``buffers=`` lays them out as vLLM plans.
+    """
+
+    attention: Any  # prefill_core.AttentionLayout
+
+    def forward_grouped(
+        self,
+        tokens: torch.Tensor,
+        start: torch.Tensor,
+        fill_tables: torch.Tensor,
+        read_tables: torch.Tensor | None,
+        read_from: torch.Tensor,
+        reused: torch.Tensor,
+        kv: Any,
+    ) -> torch.Tensor:
+        """One padded step: ``forward_hidden``'s tokens and start with ``[G, B, W]`` tables per group
+        (``contract.GROUPED_INPUTS``: fill, read, first readable column, reused span). Returns ``[B, S, hidden]``."""
+        ...
+
+    def forward_packed_grouped(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        segments: torch.Tensor,
+        write_slots: torch.Tensor,
+        prefix_tables: torch.Tensor,
+        prefix_from: torch.Tensor,
+        kv: Any,
+    ) -> torch.Tensor:
+        """One packed step with each group's slots and prefix tables (``contract.GROUPED_PACKED_INPUTS``).
+        Returns ``[1, T, hidden]``."""
+        ...
 
 
 def supports_packed(model: object) -> bool:

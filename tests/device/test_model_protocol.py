@@ -1,0 +1,47 @@
+"""The model protocol declares every forward the runtime calls, and each shipped model implements its kind.
+
+``PrefillModel`` (padded steps), ``PackedPrefillModel`` (packed steps) and
+``GroupedPrefillModel`` (KV groups): the reference Llama is the first two, a
+``HybridLlama`` the first and the third, and every method the runtime's step
+dispatch calls is declared by one of them, with the parameters it is called with.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from prefill_shell.device.contract import GROUPED_INPUTS, GROUPED_PACKED_INPUTS, PACKED_INPUTS
+from prefill_shell.device.model import GroupedPrefillModel, PackedPrefillModel, PrefillModel
+from prefill_shell.engine import runtime as runtime_module
+from prefill_shell.reference import random_llama
+from prefill_shell.reference.hybrid import HybridLlama
+from tests import window_kit as kit
+
+
+def _params(protocol, name: str) -> list[str]:
+    return [p for p in inspect.signature(getattr(protocol, name)).parameters if p != "self"]
+
+
+def test_the_shipped_models_implement_their_protocols():
+    """The reference Llama runs padded and packed steps; a HybridLlama padded and packed grouped steps."""
+    llama = random_llama(0, "tiny")
+    assert isinstance(llama, PrefillModel) and isinstance(llama, PackedPrefillModel)
+    assert not isinstance(llama, GroupedPrefillModel)
+    hybrid = HybridLlama(llama, kit.attention_of(("sliding_attention",) * llama.spec.num_layers, 16, 16))
+    assert isinstance(hybrid, GroupedPrefillModel)
+    for protocol, name in ((PackedPrefillModel, "forward_packed"), (GroupedPrefillModel, "forward_grouped")):
+        model = llama if protocol is PackedPrefillModel else hybrid
+        assert _params(protocol, name) == [p for p in inspect.signature(getattr(model, name)).parameters]
+
+
+def test_every_forward_the_runtime_calls_is_declared_with_its_inputs():
+    """Each ``model.forward_*`` name in the runtime's dispatch is a protocol method; the packed and grouped
+    ones take the contract's inputs in the contract's order, then the pool."""
+    source = inspect.getsource(runtime_module.PrefillRuntime._run_body)
+    called = {word for word in source.replace("(", " ").split() if word.startswith("self.config.model.forward")}
+    names = {c.rsplit(".", 1)[1] for c in called}
+    declared = {n for proto in (PrefillModel, PackedPrefillModel, GroupedPrefillModel) for n in dir(proto)}
+    assert names and names <= declared
+    assert len(_params(PackedPrefillModel, "forward_packed")) == len(PACKED_INPUTS) + 1
+    assert len(_params(GroupedPrefillModel, "forward_grouped")) == 2 + len(GROUPED_INPUTS) + 1
+    assert len(_params(GroupedPrefillModel, "forward_packed_grouped")) == len(GROUPED_PACKED_INPUTS) + 1
