@@ -52,6 +52,7 @@ from prefill_core import (
 )
 from prefill_core.computed_positions import written_columns
 from prefill_core.histogram import HistogramEntry
+from prefill_core.pooling import ClassifyActivation, PoolerConfig, PoolingParams, PoolingType
 
 __all__ = [
     "BLOCK_SIZES",
@@ -72,6 +73,9 @@ __all__ = [
     "garbled_specs",
     "JUNK",
     "histograms",
+    "pooler_configs",
+    "pooling_params",
+    "chunk_runs",
 ]
 
 BLOCK_SIZES = (16, 32, 64)
@@ -961,3 +965,57 @@ def plugin_encodings(draw, max_rows: int = 12) -> list[dict]:
         )
     )
     return draw(st.lists(st.sampled_from(distinct), min_size=1, max_size=max_rows))
+
+
+# ---------------------------------------------------------------- pooling (prefill_core.pooling)
+
+
+@st.composite
+def pooler_configs(draw, max_hidden: int = 4096) -> PoolerConfig:
+    """A model's valid pooler: any pooling type, with or without a head and Matryoshka support."""
+    hidden = draw(st.integers(1, max_hidden))
+    matryoshka = draw(st.booleans())
+    dims = None
+    if matryoshka and draw(st.booleans()):
+        dims = tuple(sorted(draw(st.sets(st.integers(1, hidden), min_size=1, max_size=4))))
+    labels = draw(st.none() | st.integers(1, 8))
+    activation = None if labels is None else draw(st.sampled_from(list(ClassifyActivation)))
+    return PoolerConfig(
+        hidden_size=hidden,
+        pooling_type=draw(st.sampled_from(list(PoolingType))),
+        normalize=draw(st.booleans()),
+        dimensions=draw(st.none() | st.integers(1, hidden)),
+        matryoshka=matryoshka,
+        matryoshka_dimensions=dims,
+        num_labels=labels,
+        activation=activation,
+    )
+
+
+@st.composite
+def pooling_params(draw, config: PoolerConfig | None = None) -> PoolingParams:
+    """A row request valid for ``config`` (any model's valid request when None: embed, no dimensions)."""
+    tasks = ["embed"] if config is None or config.num_labels is None else ["embed", "classify"]
+    if draw(st.sampled_from(tasks)) == "classify":
+        return PoolingParams.classify(use_activation=draw(st.none() | st.booleans()))
+    dims = None
+    if config is not None and config.matryoshka and draw(st.booleans()):
+        choices = config.matryoshka_dimensions or range(1, config.hidden_size + 1)
+        dims = draw(st.sampled_from(list(choices)))
+    return PoolingParams.embed(dimensions=dims, normalize=draw(st.none() | st.booleans()))
+
+
+@st.composite
+def chunk_runs(draw, max_length: int = 5000) -> tuple[int, int, list[tuple[int, int]]]:
+    """``(length, cached, runs)``: a row's computed ``(start, length)`` runs from ``cached`` to its end.
+
+    The runs are chunk boundaries anywhere (block-aligned or not); a padded
+    wave's recomputed tail of a fully cached row shows as ``cached`` = length
+    with one run over the last positions.
+    """
+    length = draw(st.integers(1, max_length))
+    cached = draw(st.sampled_from([0, 0, draw(st.integers(0, length))]))
+    start = min(cached, length - 1) if cached == length else cached
+    cuts = sorted(draw(st.sets(st.integers(start + 1, length - 1), max_size=6))) if length - start > 1 else []
+    bounds = [start, *cuts, length]
+    return length, cached, [(a, b - a) for a, b in zip(bounds, bounds[1:])]
