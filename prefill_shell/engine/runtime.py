@@ -13,8 +13,9 @@ public methods here.
 from __future__ import annotations
 
 import contextlib
+import functools
 import random
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import attrs
@@ -216,6 +217,7 @@ class PrefillRuntime:
         *,
         mode: ExecutionMode | str = ExecutionMode.AUTO,
         progress: ProgressCounter | None = None,
+        on_hidden: Callable[[Any, int], None] | None = None,
     ) -> InvocationResult:
         """Runs request ``index`` of ``batch``: eagerly, or by replaying its captured trace.
 
@@ -223,7 +225,10 @@ class PrefillRuntime:
         eager (a request without a trace or workspace raises
         ``TraceCoverageError`` before anything runs); ``"auto"`` replays
         when the request has a trace, else runs it eagerly.
-        ``progress`` counts each body step as it finishes. An error raised
+        ``progress`` counts each body step as it finishes. ``on_hidden(hidden,
+        step)`` sees each step's hidden output before the next step replaces
+        it (after the prompt log-prob collector; pooling reads it,
+        ``prefill_shell.pooling.collector``). An error raised
         once a step has started carries ``partial_writes`` (see
         ``partial_writes.note_partial_writes``).
 
@@ -251,7 +256,8 @@ class PrefillRuntime:
         runner, generation = self._traces.mode_for(prepared) if traced else (self._eager, 0)
         seeds = self._resolve_seeds(prepared)
         pieces = batch.prompt_steps[index] if batch.prompt_steps else None
-        on_hidden = None if pieces is None else self._prompt.hook(pieces, batch.prompt_entries)
+        prompt_hook = None if pieces is None else self._prompt.hook(pieces, batch.prompt_entries)
+        on_hidden = _both(prompt_hook, on_hidden)
         try:
             with torch.inference_mode():
                 signature = prepared.program_signature
@@ -277,6 +283,7 @@ class PrefillRuntime:
         *,
         mode: ExecutionMode | str = ExecutionMode.AUTO,
         on_progress: ProgressCallback | None = None,
+        on_hidden: Callable[[int, Any, int], None] | None = None,
     ) -> Iterator[InvocationResult]:
         """Invocations in plan order, produced lazily (one in flight at a time).
 
@@ -299,7 +306,8 @@ class PrefillRuntime:
         run = ExecutionMode.TRACED if replays(mode, not gaps) else ExecutionMode.EAGER
         progress = ProgressCounter(on_progress, "prefill", batch.num_steps).start()
         for index in range(len(batch.requests)):
-            yield self.invoke(batch, index, mode=run, progress=progress)
+            hook = None if on_hidden is None else functools.partial(on_hidden, index)
+            yield self.invoke(batch, index, mode=run, progress=progress, on_hidden=hook)
 
     @exclusive_stream
     def stream(self, invocations: Iterable[InvocationResult]) -> Iterator[PrefillResult]:
@@ -519,3 +527,15 @@ class PrefillRuntime:
     def _check_open(self) -> None:
         if self._closed:
             raise PrefillStateError("this PrefillRuntime was closed; build a new one")
+
+
+def _both(first: Callable[[Any, int], None] | None, second: Callable[[Any, int], None] | None):
+    """One step-loop hook calling ``first`` then ``second`` (either may be None)."""
+    if first is None or second is None:
+        return first or second
+
+    def on_hidden(hidden: Any, step: int) -> None:
+        first(hidden, step)
+        second(hidden, step)
+
+    return on_hidden

@@ -1,0 +1,19 @@
+"""Embeddings and reranking over the runtime: pooled outputs of the final hidden states.
+
+``heads`` (the math: LAST/MEAN/CLS pooling accumulated across steps,
+Matryoshka truncation then normalisation, the classification head with
+vLLM's activations, the Qwen3-Reranker yes/no recipe), ``collector`` (the
+one runtime-facing piece: each step's hidden output in, each row's pooled
+vector out), ``runner`` (``PoolingRunner``: ``embed``, ``classify``,
+``score``, ``rerank`` over a model and its block pool, a shared query
+computed once). The folders load through ``prefill_shell.reference``
+(``load_pooling_folder``). Rules and values: ``prefill_core.pooling``.
+"""
+
+from prefill_shell.extras import require_shell
+
+require_shell(__name__)  # before any module here imports torch
+
+from prefill_shell.pooling.runner import PoolingRunner
+
+__all__ = ["PoolingRunner"]
