@@ -92,6 +92,7 @@ class PoolingRunner:
         self.tokenizer = tokenizer
         self.max_seq_length = max_seq_length
         self.block_size = block_size
+        self.computed_tokens = 0  # positions the model computed, prefix calls included (prefix sharing shows here)
         num_blocks = max(ceil_div(pool_tokens, block_size), 1)
         layout = PageTableLayout(block_size, ceil_div(model.spec.max_position, block_size), num_blocks)
         kv = model.new_kv_cache(num_blocks, block_size)
@@ -197,7 +198,9 @@ class PoolingRunner:
             if laid.prefixes:
                 tokens, table, lengths = laid.prefix_call()
                 runtime.prefill(tokens, table, lengths, mode=mode)
+                self.computed_tokens += sum(lengths)
             cached = effective_cached(sub_rows, laid.cached)
+            self.computed_tokens += sum(laid.lengths) - sum(cached)
             batch = runtime.prepare(laid.tokens, laid.page_table, list(laid.lengths), list(cached), mode=mode)
             call = pooled_call(runtime, batch, [r.pooling_type for r in sub_rows], mode=mode)
             for j, i in enumerate(members):

@@ -203,12 +203,12 @@ def load_pooling_folder(
         rule = f"model_type={model_type!r} pools from {sorted(known)}"
         raise in_folder(folder, PrefillConfigError(f"config.json architectures entry {arch!r} is unsupported: {rule}"))
     shape = known.get(arch, "causal")
+    body_cfg = {**cfg, "architectures": [family.architecture]}
     try:
-        if needs_hybrid(cfg):
+        if needs_hybrid(body_cfg):
             raise PrefillConfigError(
                 "config.json sliding_window is unsupported for pooling: the pooled body attends every position fully"
             )
-        body_cfg = {**cfg, "architectures": [family.architecture]}
         if shape != "causal":
             body_cfg["tie_word_embeddings"] = (
                 True  # no LM head stored: the runtime's last-token logits read the embeddings
