@@ -46,7 +46,7 @@ case "$kind" in
         }
         extras="shell text dev"
         name="venv-py${kind/./}"
-        check='import attrs, cattrs, torch, numpy, safetensors, hypothesis, pytest, transformers, gguf, accelerate, importlinter, ttnn; import sys; sys.version_info[:2] != (3, 12) or __import__("lm_eval.evaluator")'
+        check='import attrs, cattrs, torch, numpy, safetensors, hypothesis, pytest, transformers, gguf, accelerate, importlinter, ttnn; import sentence_transformers; import sys; sys.version_info[:2] != (3, 12) or __import__("lm_eval.evaluator")'
         ;;
     core)
         given="${PYTHON:-python3}"

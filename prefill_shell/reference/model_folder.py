@@ -18,6 +18,7 @@ from prefill_core.errors import PrefillConfigError
 from prefill_shell.reference.config import in_folder, needs_hybrid, read_config_dict
 from prefill_shell.reference.hybrid import HybridLlama, load_hybrid_folder
 from prefill_shell.reference.llama import PagedLlama
+from prefill_shell.reference.pooling_folder import is_pooling_folder, load_pooling_folder
 from prefill_shell.reference.weights import load_hf_folder
 
 __all__ = ["PROVISIONAL_BLOCK_SIZE", "load_model_folder"]
@@ -39,7 +40,12 @@ def load_model_folder(
     ``block_size`` and ``sliding_block_size`` are the hybrid model's KV
     blocks (ignored for a plain model, whose pool takes its block size at
     allocation). Every error is the loaders' named ``PrefillConfigError``.
+    A sentence-transformers or ``*ForSequenceClassification`` folder gives
+    its body (``pooling_folder.load_pooling_folder`` also returns its pooler
+    and head: ``prefill_shell.pooling.PoolingRunner.from_folder``).
     """
+    if is_pooling_folder(folder):
+        return load_pooling_folder(folder, device=device, dtype=dtype).model
     cfg = read_config_dict(folder)
     try:
         hybrid = needs_hybrid(cfg)
