@@ -16,6 +16,7 @@ from typing import NoReturn
 from prefill_core.errors import PrefillError
 from prefill_shell.cli import options
 from prefill_shell.cli.model_dtype import add_dtype_argument
+from prefill_shell.cli.pooling import add_pooling_parsers
 from prefill_shell.cli.score import add_score_parser
 from prefill_shell.reference.text import PromptError
 
@@ -31,7 +32,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """``python -m prefill_shell run`` and ``score`` (``score_cli``) with their options."""
+    """``python -m prefill_shell run``, ``score`` (``score_cli``), ``embed`` and ``rerank`` (``cli.pooling``)."""
     parser = _Parser(prog="python -m prefill_shell")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     run = sub.add_parser("run", help="prefill prompts (or, without any, the demo batch) and print next tokens")
@@ -61,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=options.seed, default=0, help="sampling seed (row i samples with seed + i)")
     run.add_argument("--debug", action="store_true", help="show the traceback of a failure")
     add_score_parser(sub)
+    add_pooling_parsers(sub)
     return parser
 
 

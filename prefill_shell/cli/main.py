@@ -150,6 +150,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         torch.manual_seed(getattr(args, "seed", 0))
         if args.command == "score":
             run_score(args)
+        elif args.command in ("embed", "rerank"):
+            from prefill_shell.cli.pooling import run_embed, run_rerank
+
+            (run_embed if args.command == "embed" else run_rerank)(args)
         elif args.prompt or args.prompts or args.token_ids:
             run_prompts(args)
         else:

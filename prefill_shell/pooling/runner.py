@@ -258,12 +258,19 @@ class PoolingRunner:
         return torch.stack(self.run(prompts, params, on_progress=on_progress, mode=mode))[:, 0]
 
     def yes_no_scores(
-        self, prompts: Sequence[Sequence[int]], yes: int, no: int, *, mode: str = "auto", share_prefixes: bool = True
+        self,
+        prompts: Sequence[Sequence[int]],
+        yes: int,
+        no: int,
+        *,
+        mode: str = "auto",
+        share_prefixes: bool = True,
+        on_progress: Callable[[int, int], None] | None = None,
     ) -> torch.Tensor:
         """``P(yes)`` over {no, yes} at each prompt's last token from the LM head (the Qwen3-Reranker recipe)."""
         prompts = [list(p) for p in prompts]
         rows = resolve_rows(PoolingParams.embed(normalize=False), len(prompts), _last_pooler(self.pooler))
-        _, logits = self._pooled(prompts, rows, share_prefixes, mode, None, want_logits=True)
+        _, logits = self._pooled(prompts, rows, share_prefixes, mode, on_progress, want_logits=True)
         return yes_no_probability(torch.stack(logits), yes, no)
 
     def rerank(
@@ -285,7 +292,7 @@ class PoolingRunner:
                 raise PrefillConfigError("rerank needs a tokenizer")
             yes, no = (tokenizer.convert_tokens_to_ids(t) for t in ("yes", "no"))
             prompts = [self._encode(qwen3_reranker_prompt(query, d, instruction)) for d in documents]
-            scores = self.yes_no_scores(prompts, yes, no, mode=mode)
+            scores = self.yes_no_scores(prompts, yes, no, mode=mode, on_progress=on_progress)
         order = sorted(range(len(documents)), key=lambda i: -float(scores[i]))
         return [(i, float(scores[i])) for i in order[: top_n or len(order)]]
 

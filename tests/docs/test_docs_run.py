@@ -40,6 +40,9 @@ NOT_RUN = {
     "python -m prefill_shell run --chat": "needs the SmolLM2 file and its chat template",
     "python -m prefill_shell run --model path/to/model.gguf": "names a file the reader has",
     "python -m prefill_shell score": "needs the SmolLM2 file; tests/cli/test_score.py runs score on it",
+    "python -m prefill_shell embed": "names a folder the reader has; tests/cli/test_pooling_cli.py runs embed on "
+    "folders sentence-transformers wrote",
+    "python -m prefill_shell rerank": "names a folder the reader has; tests/cli/test_pooling_cli.py runs rerank",
     "HF_DATASETS_OFFLINE=1": "lm-eval on SmolLM2: tests/e2e/test_lm_eval.py runs this line with --limit 4",
 }
 
