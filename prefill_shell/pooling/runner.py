@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from prefill_core import PageTableLayout, ceil_div
+from prefill_core import PageTableLayout, PrefillPolicy, SamplingPath, ceil_div, manifest_for
 from prefill_core.errors import CapacityError, PrefillConfigError
 from prefill_core.pooling import (
     PoolerConfig,
@@ -41,6 +41,7 @@ from prefill_core.pooling import (
 )
 from prefill_shell.backends import TorchBackend
 from prefill_shell.engine.config import PrefillRuntimeConfig
+from prefill_shell.engine.executor import PrefillExecutor
 from prefill_shell.engine.runtime import PrefillRuntime
 from prefill_shell.pooling.collector import pooled_call
 from prefill_shell.pooling.heads import activate, classify_logits, embed_vectors, yes_no_probability
@@ -83,6 +84,8 @@ class PoolingRunner:
         max_chunk: int = 512,
         pool_tokens: int = DEFAULT_POOL_TOKENS,
         device: str = "cpu",
+        policy: PrefillPolicy | None = None,
+        max_length: int | None = None,
     ):
         if (score is None) != (pooler.num_labels is None):
             raise PrefillConfigError("PoolingRunner: a score head and the pooler's num_labels come together")
@@ -94,9 +97,10 @@ class PoolingRunner:
         self.block_size = block_size
         self.computed_tokens = 0  # positions the model computed, prefix calls included (prefix sharing shows here)
         num_blocks = max(ceil_div(pool_tokens, block_size), 1)
-        layout = PageTableLayout(block_size, ceil_div(model.spec.max_position, block_size), num_blocks)
+        longest = model.spec.max_position if max_length is None else max_length
+        layout = PageTableLayout(block_size, ceil_div(longest, block_size), num_blocks)
         kv = model.new_kv_cache(num_blocks, block_size)
-        policy = scoring_policy(block_size, max_chunk)
+        policy = scoring_policy(block_size, max_chunk) if policy is None else policy
         self.runtime = PrefillRuntime(
             PrefillRuntimeConfig.resolve(model, TorchBackend(device), kv, layout=layout, policy=policy)
         )
@@ -127,6 +131,15 @@ class PoolingRunner:
             device=device,
             **options,
         )
+
+    def warm_up(self, on_progress=None) -> None:
+        """Captures every trace the runner's policy and layout plan (``mode="traced"`` calls replay them).
+
+        A traced call plans the padded waves a trace serves; the hidden-state
+        hook reads each replay's output as it reads an eager step's.
+        """
+        manifest = manifest_for(self.runtime.config.policy, self.runtime.config.layout, [SamplingPath.LOGITS])
+        PrefillExecutor(self.runtime).warm_up(manifest, on_progress)
 
     # -- token ids in, pooled rows out ---------------------------------------
     def run(

@@ -17,7 +17,8 @@ prefix:
 * the Qwen3-Reranker recipe: transformers' ``*ForCausalLM`` last-token
   logits, ``softmax([no, yes])[1]``.
 
-Every vector within 1e-5 relative (``max|ours - theirs| / max|theirs|``).
+Every vector within 1e-5 relative (``max|ours - theirs| / max|theirs|``),
+eager (packed steps) and traced (after a warm-up: replayed padded waves).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from prefill_core import PrefillPolicy
 from prefill_core.pooling import PoolingType
 from prefill_shell.pooling import PoolingRunner
 from prefill_shell.pooling.runner import qwen3_reranker_prompt
@@ -136,3 +138,32 @@ def test_the_yes_no_reranker_recipe_equals_transformers(family, tmp_path):
         scores[index] = score
     _close(scores[None], torch.stack(expected)[None])
     assert [i for i, _ in ranked] == sorted(range(len(documents)), key=lambda i: -float(expected[i]))
+
+
+TRACED = dict(
+    block_size=16,
+    pool_tokens=2048,
+    max_length=256,
+    policy=PrefillPolicy(max_chunk_length=64, chunk_quantum=64, length_ladder=(64,), waves=(1, 2), lane_size=4),
+)
+
+
+def test_traced_embeddings_and_scores_equal_sentence_transformers(family, tmp_path):
+    """After a warm-up, embed (MEAN) and score replay captured traces and still equal sentence-transformers."""
+    from sentence_transformers import CrossEncoder, SentenceTransformer
+
+    folder = st_folder(family, tmp_path / "st", "mean", normalize=True)
+    runner = PoolingRunner.from_folder(folder, **TRACED)
+    runner.warm_up()
+    rows = _texts(9)
+    _close(
+        runner.embed(rows, mode="traced"),
+        SentenceTransformer(str(folder), device="cpu").encode(rows, convert_to_tensor=True),
+    )
+    assert sum(trace.replays for trace in runner.runtime.captured_traces()) > 0
+    folder = seq_cls_folder(family, tmp_path / "ce", num_labels=1)
+    runner = PoolingRunner.from_folder(folder, **TRACED)
+    runner.warm_up()
+    query, *documents = texts(12, [70, 1, 9, 64, 120])
+    theirs = CrossEncoder(str(folder), device="cpu").predict([(query, d) for d in documents], convert_to_tensor=True)
+    _close(runner.score(query, documents, mode="traced")[None], theirs[None])

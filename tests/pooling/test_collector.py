@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from prefill_core import PrefillPolicy
 from prefill_core.pooling import (
     ClassifyActivation,
     InvalidPoolingError,
@@ -60,6 +61,25 @@ def test_a_row_pools_across_chunks_and_shared_prefixes_as_in_one_pass(model, poo
         expected = {PoolingType.LAST: hidden[-1], PoolingType.MEAN: hidden.mean(0), PoolingType.CLS: hidden[0]}
         torch.testing.assert_close(vector, expected[pooling_type], rtol=1e-5, atol=1e-5)
     assert runner.runtime.backend.ledger.live() == []
+
+
+TRACED_POLICY = PrefillPolicy(max_chunk_length=64, chunk_quantum=64, length_ladder=(64,), waves=(1, 2), lane_size=4)
+
+
+@pytest.mark.parametrize("pooling_type", [PoolingType.LAST, PoolingType.MEAN])
+def test_traced_replays_pool_as_eager_steps_do(model, pooling_type):
+    """After a warm-up, a traced call replays padded waves; rows past one chunk and a shared prefix pool as in one
+    pass (the hook copies what it keeps before the next replay overwrites the workspace)."""
+    pooler = PoolerConfig(hidden_size=64, pooling_type=pooling_type, normalize=False)
+    runner = PoolingRunner(model, pooler, block_size=16, pool_tokens=1024, policy=TRACED_POLICY, max_length=256)
+    runner.warm_up()
+    prompts = [p for p in _prompts() if len(p) <= 256]
+    traced = runner.run(prompts, mode="traced")
+    assert sum(trace.replays for trace in runner.runtime.captured_traces()) > 0
+    for prompt, vector in zip(prompts, traced):
+        hidden = _one_pass(model, prompt)
+        expected = hidden[-1] if pooling_type is PoolingType.LAST else hidden.mean(0)
+        torch.testing.assert_close(vector, expected, rtol=1e-5, atol=1e-5)
 
 
 def test_rounds_split_rows_that_do_not_fit_the_pool_together(model):
