@@ -124,3 +124,17 @@ def test_the_runner_names_bad_requests_before_running(model):
     with pytest.raises(InvalidPoolingError, match="row 0: dimensions=8.*Matryoshka"):
         runner.run([[1, 2]], PoolingParams.embed(dimensions=8))
     assert issubclass(PoolingPrefixError, InvalidPoolingError)
+
+
+def test_one_call_mixes_embed_and_classify_rows(model):
+    """Rows choose their task like sampling: an embed row's vector and a classify row's probabilities in one call."""
+    head = torch.randn(3, 64, generator=torch.Generator().manual_seed(2))
+    pooler = PoolerConfig(hidden_size=64, normalize=False, num_labels=3, activation=ClassifyActivation.SOFTMAX)
+    runner = PoolingRunner(model, pooler, score=head, block_size=16, max_chunk=64)
+    prompts = _prompts()[3:6]
+    params = [PoolingParams.embed(), PoolingParams.classify(), PoolingParams.classify(use_activation=False)]
+    embedded, probs, logits = runner.run(prompts, params)
+    last = [_one_pass(model, p)[-1] for p in prompts]
+    torch.testing.assert_close(embedded, last[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(probs, (head @ last[1]).softmax(-1), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(logits, head @ last[2], rtol=1e-5, atol=1e-5)
