@@ -368,9 +368,15 @@ class OneLane:
         self.model = model
         self.backend = backend
         self.pool_rows = max_batch_size  # slots the lane holds; a provisional pool holds a block of tail for each
-        self._kv_factory = kv_factory or model.new_kv_cache
+        self._kv_factory = kv_factory
+        # pool_factory(model, num_blocks, block_size): how a KV-group facade builds each lane's pool.
+        self.pool_factory: Callable[[Any, int, int], Any] | None = None
         self._seed = seed
         self.executor: PrefillExecutor | None = None
+
+    def regroup(self, regrouped: Callable[[Any], Any]) -> None:
+        """Replaces the lane's model by ``regrouped(model)`` (a KV-group facade at allocation)."""
+        self.model = regrouped(self.model)
 
     @property
     def built(self) -> bool:
@@ -387,7 +393,12 @@ class OneLane:
 
     def build(self, num_blocks: int, block_size: int, lane_executor) -> Any:
         """Builds the pool and the executor over it; returns the pool (what the plugin passes back as ``kv_cache``)."""
-        kv = self._kv_factory(num_blocks, block_size)
+        if self.pool_factory is not None:
+            kv = self.pool_factory(self.model, num_blocks, block_size)
+        elif self._kv_factory is not None:
+            kv = self._kv_factory(num_blocks, block_size)
+        else:
+            kv = self.model.new_kv_cache(num_blocks, block_size)
         self.executor = lane_executor(self.model, self.backend, kv, num_blocks, block_size, self._seed)
         return kv
 
