@@ -3,9 +3,9 @@
 ``ExecutionMode`` is the one spelling of "traced" below the serving facades:
 ``PrefillRuntime``, ``PrefillExecutor``, ``LaneGroup`` and ``Scorer`` all take
 ``mode``. A trace replays fixed shapes (padded waves, ``plan.py``); packed
-steps (``packed.py``) vary their shapes per call and run eagerly only. So the
-plan kind follows from the lane's capability and the call's mode, decided
-here once for every entry point.
+steps (``packed.py``) vary their shapes per call and run eagerly only.
+``plans_packed`` and ``replays`` are two of the rules ``call_plan.plan_call``
+applies, the one place a call's plan is chosen.
 """
 
 from __future__ import annotations
