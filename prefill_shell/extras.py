@@ -16,7 +16,7 @@ import contextlib
 import sys
 from collections.abc import Iterator
 
-from prefill_core.errors import PrefillConfigError
+from prefill_core.values.errors import PrefillConfigError
 
 __all__ = ["LM_EVAL_PYTHONS", "TTNN_PYTHONS", "MissingExtraError", "require_shell", "requires_extra"]
 

@@ -50,8 +50,8 @@ from prefill_core import (
     SharedBlockColumnError,
     prepare_prefill,
 )
-from prefill_core.computed_positions import written_columns
-from prefill_core.histogram import HistogramEntry
+from prefill_core.tuning.histogram import HistogramEntry
+from prefill_core.values.computed_positions import written_columns
 
 __all__ = [
     "BLOCK_SIZES",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from prefill_core.errors import PrefillConfigError
+from prefill_core.values.errors import PrefillConfigError
 from prefill_shell.extras import LM_EVAL_PYTHONS, TTNN_PYTHONS, MissingExtraError, requires_extra
 from prefill_shell.tt.backend import TtnnBackend
 

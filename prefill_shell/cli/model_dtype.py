@@ -3,7 +3,7 @@
 ``float32`` (the default: results equal fp32 transformers), ``bfloat16``,
 ``float16``, ``auto`` (the checkpoint's dtype, as lm-eval's ``hf`` model
 means it) or ``native`` (bfloat16 where the device computes it natively,
-else float32); ``prefill_core.dtype`` holds the rules. The resolved dtype
+else float32); ``prefill_core.values.dtype`` holds the rules. The resolved dtype
 and the reason are printed on stderr, so a run always says which it used.
 """
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from prefill_core.dtype import DTYPE_REQUESTS, DtypeChoice, canonical_dtype
-from prefill_core.errors import InvalidDtypeError
+from prefill_core.values.dtype import DTYPE_REQUESTS, DtypeChoice, canonical_dtype
+from prefill_core.values.errors import InvalidDtypeError
 from prefill_shell.reference import PagedLlama
 from prefill_shell.reference.text import load_model, model_dtype
 

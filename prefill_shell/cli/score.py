@@ -15,7 +15,7 @@ import argparse
 import json
 from pathlib import Path
 
-from prefill_core.errors import InvalidScoringRequestError
+from prefill_core.values.errors import InvalidScoringRequestError
 from prefill_shell.cli import options
 from prefill_shell.cli.model_dtype import add_dtype_argument, load_cli_model
 from prefill_shell.reference.text import load_tokenizer

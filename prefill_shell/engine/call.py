@@ -21,7 +21,7 @@ import attrs
 import torch
 
 from prefill_core import ExecutionMode, execution_mode
-from prefill_core.errors import PrefillInputError
+from prefill_core.values.errors import PrefillInputError
 from prefill_shell.engine.batch_builder import as_token_matrix, host_page_table, host_rows
 from prefill_shell.engine.progress import ProgressCallback
 

@@ -6,7 +6,7 @@ library is usable on its own. Rules:
 * Warm-up from a ``WarmupManifest`` first runs every program signature
   eagerly where the backend builds programs per shape (on a device this
   compiles it; on the CPU nothing is built, so only the smallest runs, once:
-  ``prefill_core.warmup``), then allocates every alias workspace, then
+  ``prefill_core.calls.warmup``), then allocates every alias workspace, then
   captures every trace signature, largest first. Nothing compiles or
   allocates after the first capture. Before it starts, ``on_progress`` gets
   stage ``"cost"`` whose detail is the ``WarmupCost``: the bodies, positions
@@ -29,8 +29,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from prefill_core import ExecutionMode, PrefillProgramSignature, WarmupManifest, execution_mode, replays
-from prefill_core.errors import PrefillStateError
-from prefill_core.warmup import ModelGeometry, WarmupCost, aliases_to_allocate, programs_to_compile, warmup_cost
+from prefill_core.calls.warmup import ModelGeometry, WarmupCost, aliases_to_allocate, programs_to_compile, warmup_cost
+from prefill_core.values.errors import PrefillStateError
 from prefill_shell.engine.call import PrefillCall, PrefillEntry
 from prefill_shell.engine.call_guard import HeldStream
 from prefill_shell.engine.progress import ProgressCallback, ProgressCounter

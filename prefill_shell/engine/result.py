@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 import torch
 
 from prefill_core import PreparedPrefill, SamplingParams
-from prefill_core.errors import InvalidSamplingError, PrefillStateError, row_error
+from prefill_core.values.errors import InvalidSamplingError, PrefillStateError, row_error
 from prefill_shell.device.ledger import DeviceTensor
 
 __all__ = ["BatchResult", "InvocationResult", "InvocationState", "PrefillResult", "refuse_per_row_extras"]

@@ -32,8 +32,8 @@ from prefill_core import (
     execution_mode,
     replays,
 )
-from prefill_core.call_plan import CallContext, plan_call
-from prefill_core.errors import CleanupError, PrefillInputError, PrefillStateError
+from prefill_core.calls.call_plan import CallContext, plan_call
+from prefill_core.values.errors import CleanupError, PrefillInputError, PrefillStateError
 from prefill_shell.device.contract import (
     CHUNK_START,
     FILL_TABLE,
@@ -141,7 +141,7 @@ class PrefillRuntime(PrefillEntry):
         if step.kind is RequestKind.PACKED and GROUP_WRITE_SLOTS in step:  # a hybrid model's packed step
             values = (step[spec].value for spec in GROUPED_PACKED_INPUTS)
             return self.config.model.forward_packed_grouped(*values, self.config.kv)
-        if step.kind is RequestKind.PACKED:  # packed step (prefill_core.packed): segments end to end
+        if step.kind is RequestKind.PACKED:  # packed step (prefill_core.planning.packed): segments end to end
             return self.config.model.forward_packed(*(step[spec].value for spec in PACKED_INPUTS), self.config.kv)
         if GROUP_FILL_TABLES in step:  # a hybrid model: each KV group's tables (steps/call_steps.py)
             values = (None if spec not in step else step[spec].value for spec in GROUPED_INPUTS)
@@ -184,7 +184,7 @@ class PrefillRuntime(PrefillEntry):
 
         Raises a ``PrefillInputError`` subclass naming the row and field on
         any malformed input; nothing is allocated or written in that case.
-        ``mode``: how the call will run (``prefill_core.execution``), which
+        ``mode``: how the call will run (``prefill_core.values.execution``), which
         decides its plan: packed steps where the config runs them and the
         call will not replay traces, else the padded waves a trace serves.
         It plans only: ``invoke`` / ``invocations`` take the mode they run in.

@@ -15,7 +15,7 @@ import attrs
 import torch
 
 from prefill_core import ExecutionMode, SamplingParams, WarmupManifest, route_to_lanes
-from prefill_core.errors import (
+from prefill_core.values.errors import (
     CleanupError,
     EmptyBatchError,
     PrefillConfigError,

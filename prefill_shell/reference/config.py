@@ -19,8 +19,8 @@ from typing import Any
 
 import attrs
 
-from prefill_core.dtype import DTYPES
-from prefill_core.errors import PrefillConfigError
+from prefill_core.values.dtype import DTYPES
+from prefill_core.values.errors import PrefillConfigError
 from prefill_shell.device.model import ModelSpec
 from prefill_shell.reference.rope import (
     LinearRopeScaling,

@@ -24,8 +24,8 @@ from typing import Any
 
 import attrs
 
-from prefill_core.dtype import DTYPES
-from prefill_core.errors import PrefillConfigError
+from prefill_core.values.dtype import DTYPES
+from prefill_core.values.errors import PrefillConfigError
 from prefill_shell.device.model import ModelSpec
 from prefill_shell.reference.config import COMPUTED_KEYS, INERT_KEYS, _int, _number, _positive
 from prefill_shell.reference.config import GEMMA3_ARCHITECTURES as ARCHITECTURES

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from prefill_core.errors import PrefillConfigError
+from prefill_core.values.errors import PrefillConfigError
 from prefill_shell.reference.config import in_folder, needs_hybrid, read_config_dict
 from prefill_shell.reference.hybrid import HybridLlama, load_hybrid_folder
 from prefill_shell.reference.llama import PagedLlama

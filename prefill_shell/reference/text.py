@@ -16,8 +16,8 @@ from typing import Any
 import attrs
 import torch
 
-from prefill_core.dtype import AUTO, DtypeChoice, canonical_dtype
-from prefill_core.errors import PrefillConfigError
+from prefill_core.values.dtype import AUTO, DtypeChoice, canonical_dtype
+from prefill_core.values.errors import PrefillConfigError
 from prefill_shell.backends.numerics import choose_dtype
 from prefill_shell.extras import requires_extra
 from prefill_shell.reference import PRESETS, PagedLlama, load_gguf, load_hf_folder, random_llama, read_config_json
@@ -81,7 +81,7 @@ def checkpoint_dtype(ref: str | None) -> str | None:
 
 
 def model_dtype(ref: str | None, request: str | torch.dtype = "float32", device: str = "cpu") -> DtypeChoice:
-    """The dtype a model named by ``ref`` runs in for ``request`` (``prefill_core.dtype``'s rules) and why."""
+    """The dtype a model named by ``ref`` runs in for ``request`` (``prefill_core.values.dtype``'s rules) and why."""
     request = str(request).removeprefix("torch.")
     return choose_dtype(request, checkpoint_dtype(ref) if canonical_dtype(request) == AUTO else None, device)
 

@@ -20,7 +20,7 @@ longest step, default 2048), ``num_blocks`` (KV pool size), ``traced``,
 ``dtype`` (as lm-eval's ``hf`` model takes it: ``float32``, the default,
 ``bfloat16``, ``float16``, or ``auto`` for the checkpoint's dtype; plus
 ``native``: bfloat16 where the device computes it natively, else float32;
-``prefill_core.dtype`` holds the rules). ``self.dtype_choice`` says which
+``prefill_core.values.dtype`` holds the rules). ``self.dtype_choice`` says which
 dtype it resolved to and why.
 """
 
@@ -33,9 +33,9 @@ import attrs
 import torch
 
 from prefill_core import ExecutionMode
-from prefill_core.dtype import canonical_dtype
-from prefill_core.errors import PrefillConfigError, PrefillError
-from prefill_core.options import OptionError, block_size_option, count_option
+from prefill_core.inputs.options import OptionError, block_size_option, count_option
+from prefill_core.values.dtype import canonical_dtype
+from prefill_core.values.errors import PrefillConfigError, PrefillError
 from prefill_shell.backends import TorchBackend
 from prefill_shell.extras import LM_EVAL_PYTHONS, requires_extra
 from prefill_shell.reference.text import load_model, load_tokenizer, model_dtype
@@ -57,7 +57,7 @@ _FALSE = ("0", "false", "no", "")
 
 
 def _model_option(name: str, value: Any, check: Callable[[Any], T], default: T | None) -> T | None:
-    """A ``--model_args`` value by ``prefill_core.options``' ``check`` (the command lines' own); None or "" is
+    """A ``--model_args`` value by ``prefill_core.inputs.options``' ``check`` (the command lines' own); None or "" is
     ``default``; a value the check refuses names the argument."""
     if value is None or value == "":
         return default

@@ -35,7 +35,7 @@ import attrs
 import torch
 
 from prefill_core import ExecutionMode, PageTableLayout, SamplingParams, ceil_div, execution_mode
-from prefill_core.errors import CapacityError, InvalidScoringRequestError, PrefillConfigError, row_error
+from prefill_core.values.errors import CapacityError, InvalidScoringRequestError, PrefillConfigError, row_error
 from prefill_shell.engine.runtime import PrefillRuntime
 from prefill_shell.scoring.prefix_sharing import share_prefix, sharing_groups
 
@@ -365,7 +365,7 @@ class Scorer:
 
         The contexts' rows write the shared blocks whole at the columns the
         follow-ups read them, so the planner runs them first (a same-step
-        prefix hit, ``prefill_core.block_order``): packed, in the same steps
+        prefix hit, ``prefill_core.planning.block_order``): packed, in the same steps
         where they fit. Their last-token output is not needed.
         """
         contexts = list(shared)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from prefill_core.errors import PrefillConfigError
+from prefill_core.values.errors import PrefillConfigError
 from prefill_shell.serving.facade import PluginFacade, ServingFacade
 from prefill_shell.serving.hybrid_facade import HybridLaneGroupFacade, HybridServingFacade
 from prefill_shell.serving.lane_facade import LaneGroupFacade

@@ -27,9 +27,9 @@ from prefill_core import (
     manifest_for,
     route_to_lanes,
 )
-from prefill_core.errors import KVCacheMismatchError, PrefillConfigError, PrefillInputError, PrefillStateError
-from prefill_core.trace_check import replays_call
-from prefill_core.warmup import limited_to
+from prefill_core.calls.trace_check import replays_call
+from prefill_core.calls.warmup import limited_to
+from prefill_core.values.errors import KVCacheMismatchError, PrefillConfigError, PrefillInputError, PrefillStateError
 from prefill_shell.backends.base import Backend
 from prefill_shell.device.model import PrefillModel
 from prefill_shell.device.notes import add_note
@@ -426,7 +426,7 @@ class ServingFacade(PluginFacade):
     ``policy.lane_size`` is set to it), so an ``empty_slots`` entry at or
     past it is an ``InvalidSlotError`` at its row. ``warmup_lengths`` limits
     both warm-up phases to those invocation lengths (tt-transformers'
-    ``WarmupConfig.prefill_seq_lens``; ``prefill_core.warmup.limited_to``):
+    ``WarmupConfig.prefill_seq_lens``; ``prefill_core.calls.warmup.limited_to``):
     a traced call of another length is then a ``TraceCoverageError``. ``kv_dtype`` is None or
     the model's dtype (the pool is built in it and the model runs on it);
     any other is a ``PrefillConfigError`` here, before any pool exists.

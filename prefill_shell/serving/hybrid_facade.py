@@ -1,7 +1,7 @@
 """``HybridServingFacade``: the serving facade for a model whose layers fall into KV groups (sliding windows).
 
 vLLM's hybrid KV cache manager decides the groups: groups of an equal number
-of layers (``prefill_core.kv_grouping``: Gemma 3's sliding, sliding, full is
+of layers (``prefill_core.kv_groups.kv_grouping``: Gemma 3's sliding, sliding, full is
 three groups of one layer), each with its own table and block size, sharing
 KV tensors (tensor i holds layer i of every group). The plugin at e3fc8494
 hands both over: ``allocate_kv_cache_per_layer`` gets one ``(shape, dtype,
@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from prefill_core import AttentionLayout, KVBuffers, vllm_layer_groups
-from prefill_core.errors import InvalidLayoutError, PrefillConfigError, PrefillInputError
+from prefill_core.values.errors import InvalidLayoutError, PrefillConfigError, PrefillInputError
 from prefill_shell.device.notes import add_note
 from prefill_shell.serving.facade import ServingFacade, _cast, _kv_heads_per_device
 from prefill_shell.serving.lane_facade import LaneGroupFacade

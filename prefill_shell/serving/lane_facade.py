@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from prefill_core import PrefillPolicy
-from prefill_core.errors import KVCacheMismatchError, PrefillConfigError, PrefillStateError
+from prefill_core.values.errors import KVCacheMismatchError, PrefillConfigError, PrefillStateError
 from prefill_shell.backends.base import Backend
 from prefill_shell.device.model import PrefillModel, model_difference
 from prefill_shell.engine.executor import PrefillExecutor

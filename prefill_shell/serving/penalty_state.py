@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from prefill_core.errors import InvalidSamplingError
+from prefill_core.values.errors import InvalidSamplingError
 
 __all__ = ["state_rows", "token_ids", "check_slot_remap"]
 

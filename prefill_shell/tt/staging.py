@@ -58,7 +58,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from prefill_core.errors import PrefillInputError
+from prefill_core.values.errors import PrefillInputError
 from prefill_shell.device.contract import (
     CHUNK_START,
     FILL_TABLE,

@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from prefill_core.errors import InvalidScoringRequestError
+from prefill_core.values.errors import InvalidScoringRequestError
 from prefill_shell.cli import model_dtype
 from prefill_shell.cli import score as score_cli
 from prefill_shell.cli.main import main

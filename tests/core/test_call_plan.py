@@ -26,9 +26,9 @@ from prefill_core import (
     prepare_packed,
     prepare_prefill,
 )
-from prefill_core.call_plan import workspace_key
-from prefill_core.errors import PrefillInputError, TraceCoverageError
-from prefill_core.trace_check import replays_call
+from prefill_core.calls.call_plan import workspace_key
+from prefill_core.calls.trace_check import replays_call
+from prefill_core.values.errors import PrefillInputError, TraceCoverageError
 from tests.strategies import cases
 
 MODES = st.sampled_from(list(ExecutionMode))
@@ -78,7 +78,8 @@ def test_a_traced_call_is_covered_exactly_when_replays_call_says_so(case, data):
     traces = LaneTraces(kept, {workspace_key(p.program_signature) for p in eager.prepared})
     context = CallContext(case.policy, case.layout, ExecutionMode.TRACED, traces=traces)
     plan = plan_call(case.batch, context)
-    answer = replays_call(list(case.batch.lengths), list(case.batch.cached), context, case.batch.slots)
+    batch = case.batch
+    answer = replays_call(list(batch.lengths), list(batch.cached), context, batch.slots, batch.sampling)
     assert answer == (not plan.gaps)
     if plan.gaps:
         with pytest.raises(TraceCoverageError):

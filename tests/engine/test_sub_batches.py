@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from prefill_core import SamplingParams
-from prefill_core.errors import BlockConflictError, InvalidCachedLengthError, InvalidSlotError
+from prefill_core.values.errors import BlockConflictError, InvalidCachedLengthError, InvalidSlotError
 from tests.helpers import (
     CHUNK_256_POLICY,
     TOL,

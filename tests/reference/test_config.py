@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from prefill_core.errors import PrefillConfigError
+from prefill_core.values.errors import PrefillConfigError
 from prefill_shell.reference.config import COMPUTED_KEYS, INERT_KEYS, REFUSED_KEYS, LayerAttention, read_config_json
 from prefill_shell.reference.llama import rope_inv_freq
 from prefill_shell.reference.rope import COMPUTED_ROPE_TYPES, YarnRopeScaling

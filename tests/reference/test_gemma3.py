@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from prefill_core import PageTableLayout
-from prefill_core.errors import PrefillConfigError
+from prefill_core.values.errors import PrefillConfigError
 from prefill_shell.reference.gemma3_config import (
     GEMMA3_COMPUTED_KEYS,
     GEMMA3_INERT_KEYS,

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from prefill_core import PrefillPolicy
-from prefill_core.errors import (
+from prefill_core.values.errors import (
     InvalidPageTableError,
     InvalidSamplingError,
     PrefillConfigError,

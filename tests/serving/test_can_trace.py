@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from prefill_core import PageTableLayout, PrefillPolicy, can_trace
-from prefill_core.errors import TraceCoverageError
+from prefill_core.values.errors import TraceCoverageError
 from prefill_shell.backends import TorchBackend
 from prefill_shell.serving.facade import ServingFacade
 from prefill_shell.serving.lane_facade import LaneGroupFacade

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from prefill_core import PrefillPolicy
-from prefill_core.errors import InvalidSamplingError
+from prefill_core.values.errors import InvalidSamplingError
 from prefill_shell.backends import TorchBackend
 from prefill_shell.serving.facade import ServingFacade
 from prefill_shell.serving.penalty_state import check_slot_remap, state_rows

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 from vllm.v1.outputs import ModelRunnerOutput
 
-from prefill_core.intmath import ceil_div
+from prefill_core.values.intmath import ceil_div
 from tests.vllm.checkpoints import BLOCK
 
 TOL = 1e-4
