@@ -317,14 +317,15 @@ class PluginFacade:
         given_prompts = state_rows(kwargs.get("prompt_tokens"), "prompt_tokens", slots, capacity)
         given_outputs = state_rows(kwargs.get("output_tokens"), "output_tokens", slots, capacity)
         lengths = prompt_lens.tolist() if isinstance(prompt_lens, torch.Tensor) else list(prompt_lens)
+        vocab = self.model.spec.vocab_size
         prompts, outputs = {}, {}
         for row in plugin.penalised:
             if given_prompts is None:
                 prompts[row] = torch.as_tensor(tokens[row][: lengths[row]], dtype=torch.int64)
             else:
-                prompts[row] = token_ids(given_prompts[row], "prompt_tokens", row)
+                prompts[row] = token_ids(given_prompts[row], "prompt_tokens", row, vocab)
             none = torch.zeros(0, dtype=torch.int64)
-            outputs[row] = none if given_outputs is None else token_ids(given_outputs[row], "output_tokens", row)
+            outputs[row] = none if given_outputs is None else token_ids(given_outputs[row], "output_tokens", row, vocab)
         return prompts, outputs
 
     def _sampled(self, out: BatchResult, plugin: PluginRows, prompts: dict, outputs: dict):
