@@ -21,11 +21,10 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from prefill_core import PageTableLayout, SamplingParams
-from prefill_shell.backends import TorchBackend
 from prefill_shell.cli.args import build_parser, failure_message
+from prefill_shell.cli.groups import GroupTablesRuntime, command_runtime
 from prefill_shell.cli.model_dtype import load_cli_model
 from prefill_shell.cli.score import run_score
-from prefill_shell.engine.config import PrefillRuntimeConfig
 from prefill_shell.engine.progress import Progress
 from prefill_shell.engine.result import PrefillResult
 from prefill_shell.engine.runtime import PrefillRuntime
@@ -58,14 +57,16 @@ def show_progress(progress: Progress) -> None:
         print(f"  {progress.stage} {progress.done}/{progress.total} {progress.detail}", file=sys.stderr, flush=True)
 
 
-def make_runtime(model, batch: SharedPrefixBatch, block_size: int, device: str = "cpu") -> PrefillRuntime:
-    """A runtime whose KV pool holds exactly ``batch``'s blocks, with the backend's preferred policy.
+def make_runtime(
+    model, batch: SharedPrefixBatch, block_size: int, device: str = "cpu"
+) -> PrefillRuntime | GroupTablesRuntime:
+    """A runtime whose KV pool holds exactly ``batch``'s blocks (per KV group for a hybrid model:
+    ``groups.command_runtime``), with the backend's preferred policy.
 
     (On the CPU that is ``PrefillPolicy.fine_rungs``: padding is pure extra work there.)
     """
-    kv = model.new_kv_cache(batch.num_blocks, block_size)
     layout = PageTableLayout(block_size, batch.max_blocks_per_row, batch.num_blocks)
-    return PrefillRuntime(PrefillRuntimeConfig.resolve(model, TorchBackend(device), kv, layout))
+    return command_runtime(model, layout, device)
 
 
 def row_sampling(rows: int, seed: int) -> list[SamplingParams]:

@@ -17,10 +17,11 @@ from pathlib import Path
 
 from prefill_core.errors import InvalidScoringRequestError
 from prefill_shell.cli import options
+from prefill_shell.cli.groups import command_runtime
 from prefill_shell.cli.model_dtype import add_dtype_argument, load_cli_model
 from prefill_shell.reference.text import load_tokenizer
-from prefill_shell.scoring.scorer import Scorer, encode_pair, window_length
-from prefill_shell.scoring.setup import scoring_runtime
+from prefill_shell.scoring.scorer import BlockPool, Scorer, encode_pair, scoring_layout, window_length
+from prefill_shell.scoring.setup import scoring_policy, scoring_runtime
 
 __all__ = ["add_score_parser", "run_score"]
 
@@ -71,10 +72,16 @@ def read_pairs(path: str | Path) -> list[tuple[str, str]]:
 
 
 def _scorer(args: argparse.Namespace, model, max_length: int) -> Scorer:
-    runtime = scoring_runtime(
-        model, args.device, max_length=max_length, block_size=args.block_size, max_chunk=args.max_chunk
-    )
-    return Scorer(runtime, max_length=max_length)
+    """The scoring runtime's layout and policy (``scoring.setup``) on any model: a hybrid model's KV groups get
+    their own blocks (``groups.command_runtime``), the scorer draws ids from the one-group pool."""
+    if getattr(model, "attention", None) is None:
+        runtime = scoring_runtime(
+            model, args.device, max_length=max_length, block_size=args.block_size, max_chunk=args.max_chunk
+        )
+        return Scorer(runtime, max_length=max_length)
+    layout = scoring_layout(max_length, args.block_size)
+    runtime = command_runtime(model, layout, args.device, scoring_policy(args.block_size, args.max_chunk))
+    return Scorer(runtime, BlockPool(range(layout.num_blocks)), max_length=max_length)
 
 
 def run_score(args: argparse.Namespace) -> None:
