@@ -113,7 +113,7 @@ def _writers(layout: AttentionLayout, tables, all_spans, shared: bool) -> dict[t
     return writer
 
 
-def _check_reads(layout, tables, all_spans, writer, lengths, shared: bool) -> None:
+def _check_reads(layout, tables, all_spans, writer, lengths, one_space: bool) -> None:
     for g, (group, rows, spans) in enumerate(zip(layout.groups, tables, all_spans)):
         shared: dict[int, tuple[int, int]] = {}
         bs = group.block_size
@@ -126,7 +126,7 @@ def _check_reads(layout, tables, all_spans, writer, lengths, shared: bool) -> No
                         f"rows sharing a cached block map it at one column; row {other_row} maps it at {other_column}"
                     )
                     raise _error(SharedBlockColumnError, row, g, column, block, rule)
-                found = writer.get((_space(g, shared), block))
+                found = writer.get((_space(g, one_space), block))
                 if found is None:
                     continue
                 wg, wrow, wcol = found

@@ -15,6 +15,7 @@ import sys
 from prefill_core.values.dtype import DTYPE_REQUESTS, DtypeChoice, canonical_dtype
 from prefill_core.values.errors import InvalidDtypeError
 from prefill_shell.reference import PagedLlama
+from prefill_shell.reference.hybrid import HybridLlama
 from prefill_shell.reference.text import load_model, model_dtype
 
 __all__ = ["add_dtype_argument", "load_cli_model"]
@@ -37,8 +38,12 @@ def add_dtype_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def load_cli_model(args: argparse.Namespace) -> tuple[PagedLlama, DtypeChoice]:
-    """``args.model`` loaded on ``args.device`` in the dtype ``args.dtype`` resolves to, and that resolution."""
+def load_cli_model(args: argparse.Namespace) -> tuple[PagedLlama | HybridLlama, DtypeChoice]:
+    """``args.model`` loaded on ``args.device`` in the dtype ``args.dtype`` resolves to, and that resolution.
+
+    A folder transformers slides loads as a ``HybridLlama`` whose KV groups take ``args.block_size``-token blocks.
+    """
     choice = model_dtype(args.model, args.dtype, args.device)
     print(f"[dtype] {choice.describe()}", file=sys.stderr, flush=True)
-    return load_model(args.model, dtype=choice.dtype, device=args.device), choice
+    model = load_model(args.model, dtype=choice.dtype, device=args.device, block_size=args.block_size)
+    return model, choice

@@ -71,6 +71,8 @@ def read_pairs(path: str | Path) -> list[tuple[str, str]]:
 
 
 def _scorer(args: argparse.Namespace, model, max_length: int) -> Scorer:
+    """The scoring runtime's layout and policy (``scoring.setup``) on any model the loader returns (a hybrid
+    model's pool keeps a buffer per layer, so the scorer's one table per row serves every KV group)."""
     runtime = scoring_runtime(
         model, args.device, max_length=max_length, block_size=args.block_size, max_chunk=args.max_chunk
     )

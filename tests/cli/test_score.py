@@ -122,7 +122,7 @@ def _score_args(tmp_path, text: str) -> argparse.Namespace:
 @pytest.mark.parametrize("text", ["", "\ufeff"], ids=["empty", "byte-order mark only"])
 def test_an_empty_document_scores_zero_not_a_division_by_zero(tiny_model, tmp_path, monkeypatch, capsys, text):
     """score --document on an empty file divided by its 0 tokens (ZeroDivisionError): now 0 tokens, log-likelihood 0."""
-    monkeypatch.setattr(model_dtype, "load_model", lambda ref, dtype, device: tiny_model)
+    monkeypatch.setattr(model_dtype, "load_model", lambda ref, dtype, device, **_: tiny_model)
     monkeypatch.setattr(score_cli, "load_tokenizer", lambda ref: _Tokenizer())
     score_cli.run_score(_score_args(tmp_path, text))
     out = capsys.readouterr().out

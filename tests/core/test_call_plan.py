@@ -103,3 +103,21 @@ def test_group_tables_without_kv_groups_are_refused_by_name():
     context = CallContext(PrefillPolicy(), PageTableLayout(32, 8, 64), group_tables=(((1,),),))
     with pytest.raises(PrefillInputError, match="group_page_tables"):
         plan_call(batch, context)
+
+
+def test_one_table_serves_every_group_only_where_the_groups_do_not_share_block_ids():
+    """Two rows, two KV groups (sliding, full), every group given the same table: planned where each group's
+    block ids are its own (a buffer per layer), refused by name where they are one space (vLLM's buffers)."""
+    from prefill_core import AttentionLayout
+    from prefill_core.values.errors import BlockConflictError
+
+    attention = AttentionLayout.from_layer_types(
+        ("sliding_attention", "full_attention"), sliding_window=16, block_size=16
+    )
+    batch = PrefillBatch((40, 30), (0, 0), (0, 1), ((1, 2, 3), (4, 5)), (None, None))
+    rows = ((1, 2, 3), (4, 5))
+    context = CallContext(PrefillPolicy(), PageTableLayout(16, 8, 64), attention=attention, group_tables=(rows, rows))
+    plan = plan_call(batch, attrs.evolve(context, groups_share_blocks=False))
+    assert plan.kind is PlanKind.GROUPED and _rows(plan) == [0, 1]
+    with pytest.raises(BlockConflictError, match="one block"):
+        plan_call(batch, context)

@@ -40,6 +40,8 @@ NOT_RUN = {
     "python -m prefill_shell run --chat": "needs the SmolLM2 file and its chat template",
     "python -m prefill_shell run --model path/to/model.gguf": "names a file the reader has",
     "python -m prefill_shell score": "needs the SmolLM2 file; tests/cli/test_score.py runs score on it",
+    "pip install 'prefill-runtime": "installs from a package index; tests/test_extras.py and tests/test_wheel.py check "
+    "what each extra installs",
     "HF_DATASETS_OFFLINE=1": "lm-eval on SmolLM2: tests/e2e/test_lm_eval.py runs this line with --limit 4",
 }
 

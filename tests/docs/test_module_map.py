@@ -1,7 +1,7 @@
 """docs/design.md's module map is the modules' own docstrings: it lists every module, each by its first line.
 
 The map cannot go stale: a module added, removed or re-described without the
-map changing fails here (at fb7b505 it missed ``testing/runtime_builder.py``).
+map changing fails here (it once missed ``testing/runtime_builder.py``).
 ``python tests/docs/test_module_map.py`` prints both tables as they should read.
 """
 

@@ -2,8 +2,8 @@
 
 The runtime, the executor and the lane group share ``PrefillEntry.prefill``
 (one signature, one normalisation); each runs a ``PrefillCall``. A lane group
-now takes a windowed model's group tables like the other two (at fb7b505
-``LaneGroup.prefill`` had no ``group_page_tables``), and its rows equal
+now takes a windowed model's group tables like the other two (its
+``prefill`` once had no ``group_page_tables``), and its rows equal
 transformers on every lane.
 """
 
