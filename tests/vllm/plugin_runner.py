@@ -17,6 +17,11 @@ each finished request's last-token logits and the KV of the positions its
 layers keep equal transformers' one-shot forward of its prompt. Statistics
 (prefix hits, window frees, stale entries at other live requests' blocks)
 are counted from vLLM's own managers.
+
+A step is the runner's phases (``schedule``, ``prepare``, the call,
+``collect``, ``update``), so ``DataParallelRunner`` runs one
+``PluginRunner`` per data-parallel rank and gathers their rows into one
+call, as the plugin's runner does under vLLM data parallelism.
 """
 
 from __future__ import annotations

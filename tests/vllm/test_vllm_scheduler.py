@@ -7,7 +7,11 @@ chunked prefill under a small token budget, a small pool, and preemption (four
 requests admitted by their first chunk into a pool two of them fill), eager and
 traced. Every finished request equals transformers' one-shot
 forward of its prompt (logits and kept KV within 1e-4) and no KV byte outside
-each step's written blocks changes (``plugin_runner``). Runs under
+each step's written blocks changes (``plugin_runner``). Data parallel: two
+DP ranks, each its own scheduler and KV cache manager over its own lane of
+``serving_facade(lanes=...)``, every step's rows of both gathered into one
+call (``plugin_runner.DataParallelRunner``), Gemma 3 2:1, Mistral sliding
+and the Qwen3 hybrid, with the same checks in both lanes' pools. Runs under
 ``make test-vllm`` (vLLM installed ``--no-deps`` over the project venv).
 """
 
