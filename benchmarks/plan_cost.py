@@ -66,7 +66,7 @@ from prefill_core import (
     plan_prefill,
     prepare_grouped,
 )
-from prefill_core.windows import positions_read
+from prefill_core.kv_groups.windows import positions_read
 from tests.tt_transformers_rule import GALAXY, tt_transformers_cost
 
 BLOCK = 32

@@ -48,7 +48,7 @@ from benchmarks._cached_case import CACHED_CASE, HFCachedRows, cached_prompts
 from benchmarks._profile import profile_call
 from benchmarks._report import RESULTS, write_json
 from prefill_core import PageTableLayout, PrefillPolicy, ceil_div
-from prefill_core.dtype import canonical_dtype
+from prefill_core.values.dtype import canonical_dtype
 from prefill_shell.backends import TorchBackend
 from prefill_shell.backends.numerics import choose_dtype, probe_numerics
 from prefill_shell.engine.config import PrefillRuntimeConfig

@@ -1,12 +1,14 @@
 """Like for like with tt-metal's prefill planner: its plan vs our ``PrefillRuntime.prepare``.
 
-tt-metal's ``models/common/llm_runtime/prefill/plan.py`` (at c00b44ce)
+tt-metal's ``models/common/llm_runtime/prefill/plan.py`` (``tenstorrent/tt-metal``
+at commit c00b44ce94c448b162e71940bfddd21684993929)
 builds each request's token and page-table tensors while it plans, so ours
 is timed as ``prepare`` including every host step value (tokens, starts,
 slots, fill and read tables, last-token indices). tt-metal's code is not
 part of this project: pass a copy of that file (it imports only torch and
 the standard library) with ``--tt-plan``; without it only ours is timed.
-Its settings are passed as tt-metal's ``llm_runtime/config.py`` (3514349e)
+Its settings are passed as tt-metal's ``models/common/llm_runtime/config.py`` (at
+commit 3514349e4c88d6b2ea16ac821f6c1cc1be6a4bf2)
 defaults them: block 32, max batch 32, max chunk 2048, batched prefill on,
 max prefill batch 32; ours runs the default ``PrefillPolicy`` on the same
 block size, page tables shuffled over an 8192-block pool.

@@ -4,30 +4,30 @@ Imports the standard library, attrs and cattrs only: no torch, no ttnn, no
 numpy, no I/O, no clocks, no environment, no global mutable state.
 """
 
-from .attention_layout import AttentionKind, AttentionLayout, KVGroup
-from .batch import PrefillBatch, PrefillRow
-from .call_plan import CallContext, CallPlan, LaneTraces, PlanKind, plan_call
-from .errors import *  # noqa: F403 (the hierarchy is public API)
-from .errors import __all__ as _error_names
-from .execution import ExecutionMode, execution_mode, plans_packed, replays
-from .group_packed import GroupedPackedRequest, GroupPackedTables, prepare_grouped_packed
-from .group_tables import GroupedRequest, GroupStepTables, prepare_grouped
-from .kv_buffers import KVBuffers
-from .kv_grouping import vllm_layer_groups
-from .lanes import LaneRoute, route_to_lanes
-from .layout import PageTableLayout
-from .manifest import WarmupManifest, manifest_for
-from .packed import PackedRequest, PackedStep, plan_packed
-from .plan import plan_prefill
-from .policy import PrefillPolicy, ceil_div, round_up
-from .prepared import PreparedPrefill, prepare_in_sub_batches, prepare_packed, prepare_prefill
-from .request import PrefillChunk, PrefillRequest, RequestKind, StepSegment
-from .rules import RULES, Rule
-from .sampling import GREEDY_TEMPERATURE, SamplingParams, SamplingPath, is_greedy
-from .serialize import converter, from_json, to_json
-from .signatures import PrefillProgramSignature, PrefillTraceSignature
-from .tables import SKIP, PageTableView, TableRole, materialize_table
-from .trace_check import can_trace
+from prefill_core.calls.call_plan import CallContext, CallPlan, LaneTraces, PlanKind, plan_call
+from prefill_core.calls.manifest import WarmupManifest, manifest_for
+from prefill_core.calls.trace_check import can_trace
+from prefill_core.inputs.batch import PrefillBatch, PrefillRow
+from prefill_core.inputs.rules import RULES, Rule
+from prefill_core.kv_groups.attention_layout import AttentionKind, AttentionLayout, KVGroup
+from prefill_core.kv_groups.group_packed import GroupedPackedRequest, GroupPackedTables, prepare_grouped_packed
+from prefill_core.kv_groups.group_tables import GroupedRequest, GroupStepTables, prepare_grouped
+from prefill_core.kv_groups.kv_buffers import KVBuffers
+from prefill_core.kv_groups.kv_grouping import vllm_layer_groups
+from prefill_core.planning.packed import PackedRequest, PackedStep, plan_packed
+from prefill_core.planning.plan import plan_prefill
+from prefill_core.planning.prepared import PreparedPrefill, prepare_in_sub_batches, prepare_packed, prepare_prefill
+from prefill_core.planning.request import PrefillChunk, PrefillRequest, RequestKind, StepSegment
+from prefill_core.planning.signatures import PrefillProgramSignature, PrefillTraceSignature
+from prefill_core.values.errors import *  # noqa: F403 (the hierarchy is public API)
+from prefill_core.values.errors import __all__ as _error_names
+from prefill_core.values.execution import ExecutionMode, execution_mode, plans_packed, replays
+from prefill_core.values.lanes import LaneRoute, route_to_lanes
+from prefill_core.values.layout import PageTableLayout
+from prefill_core.values.policy import PrefillPolicy, ceil_div, round_up
+from prefill_core.values.sampling import GREEDY_TEMPERATURE, SamplingParams, SamplingPath, is_greedy
+from prefill_core.values.serialize import converter, from_json, to_json
+from prefill_core.values.tables import SKIP, PageTableView, TableRole, materialize_table
 
 __all__ = [
     "CallContext",

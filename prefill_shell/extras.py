@@ -1,9 +1,9 @@
 """Optional packages: an import that needs an extra says which one installs it.
 
 ``prefill_core`` needs only attrs and cattrs; everything else comes from an
-extra of ``pyproject.toml`` (``shell``: torch, numpy, safetensors and, on the
-Pythons ttnn has wheels for, ttnn; ``text``: transformers, gguf; ``testing``:
-hypothesis; ``lm-eval``: lm-eval). Each import of one sits in a
+extra of ``pyproject.toml`` (``shell``: torch, numpy, safetensors; ``tt``: the
+shell and, on the Pythons ttnn has wheels for, ttnn with its ``numpy<2``;
+``text``: transformers, gguf; ``testing``: hypothesis; ``lm-eval``: lm-eval). Each import of one sits in a
 ``requires_extra`` block, so a user missing it reads the ``pip install`` line
 that fixes it, or, on a Python the extra skips the package on, which Pythons
 it has. The wheel test (``tests/test_wheel.py``) imports every module with
@@ -16,12 +16,15 @@ import contextlib
 import sys
 from collections.abc import Iterator
 
-from prefill_core.errors import PrefillConfigError
+from prefill_core.values.errors import PrefillConfigError
 
-__all__ = ["LM_EVAL_PYTHONS", "TTNN_PYTHONS", "MissingExtraError", "require_shell", "requires_extra"]
+__all__ = ["LM_EVAL_PYTHONS", "TTNN_EXTRA", "TTNN_PYTHONS", "MissingExtraError", "require_shell", "requires_extra"]
 
 TTNN_PYTHONS = ("3.10", "3.12")
-"""The CPythons ttnn 0.81.1 ships wheels for (the ``shell`` extra's ttnn marker)."""
+"""The CPythons ttnn 0.81.1 ships wheels for (the ``tt`` extra's ttnn marker)."""
+
+TTNN_EXTRA = "tt"
+"""The extra that installs ttnn (the ``shell`` extra is torch only: no Tenstorrent stack, no ``numpy<2``)."""
 
 LM_EVAL_PYTHONS = ("3.12",)
 """The CPython the ``lm-eval`` extra installs lm-eval on (its tests run there only)."""

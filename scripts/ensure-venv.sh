@@ -44,7 +44,7 @@ case "$kind" in
             echo "error: no Python $kind found (ttnn ships wheels for 3.10 and 3.12 only); set PYTHON${kind/./}=/path/to/python$kind" >&2
             exit 1
         }
-        extras="shell text dev"
+        extras="shell tt text dev"
         name="venv-py${kind/./}"
         check='import attrs, cattrs, torch, numpy, safetensors, hypothesis, pytest, transformers, gguf, accelerate, importlinter, ttnn; import sentence_transformers; import sys; sys.version_info[:2] != (3, 12) or __import__("lm_eval.evaluator")'
         ;;

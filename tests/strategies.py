@@ -50,9 +50,9 @@ from prefill_core import (
     SharedBlockColumnError,
     prepare_prefill,
 )
-from prefill_core.computed_positions import written_columns
-from prefill_core.histogram import HistogramEntry
-from prefill_core.pooling import ClassifyActivation, PoolerConfig, PoolingParams, PoolingType
+from prefill_core.tuning.histogram import HistogramEntry
+from prefill_core.values.computed_positions import written_columns
+from prefill_core.values.pooling import ClassifyActivation, PoolerConfig, PoolingParams, PoolingType
 
 __all__ = [
     "BLOCK_SIZES",
@@ -967,7 +967,7 @@ def plugin_encodings(draw, max_rows: int = 12) -> list[dict]:
     return draw(st.lists(st.sampled_from(distinct), min_size=1, max_size=max_rows))
 
 
-# ---------------------------------------------------------------- pooling (prefill_core.pooling)
+# ---------------------------------------------------------------- pooling (prefill_core.values.pooling)
 
 
 @st.composite

@@ -242,3 +242,24 @@ def test_console_scripts_without_an_extra_say_so_in_one_line(wheel: Path, target
     needs_torch = [name for name, entry in scripts.items() if entry.startswith("prefill_shell")]
     assert needs_torch and all((name, "shell") in failed for name in needs_torch), failed
     assert ("prefill-lm-eval", "lm-eval") in failed, failed
+
+
+def test_the_wheel_metadata_keeps_ttnn_and_its_numpy_pin_out_of_the_shell_extra(wheel: Path):
+    """In the wheel's metadata, ``[shell]`` asks for torch, numpy (2 allowed) and safetensors and no ttnn on 3.10 or
+    3.12; ``[tt]`` asks for the shell, ttnn and numpy < 2 there."""
+    from packaging.requirements import Requirement
+
+    meta = wheel_metadata(wheel)
+    assert {"shell", "tt"} <= set(meta.get_all("Provides-Extra"))
+    requirements = [Requirement(line) for line in meta.get_all("Requires-Dist")]
+    for python in ("3.10", "3.12"):
+
+        def asked(extra: str) -> list[Requirement]:
+            env = {"extra": extra, "python_version": python}
+            return [r for r in requirements if r.marker is not None and r.marker.evaluate(env)]
+
+        shell, tt = asked("shell"), asked("tt")
+        assert {r.name for r in shell} == {"torch", "numpy", "safetensors"}, [str(r) for r in shell]
+        assert all(r.specifier.contains("2.2.0") for r in shell if r.name == "numpy")
+        assert "ttnn" in {r.name for r in tt} and any(r.name == "prefill-runtime" and r.extras == {"shell"} for r in tt)
+        assert any(not r.specifier.contains("2.2.0") for r in tt if r.name == "numpy")

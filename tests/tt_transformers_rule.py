@@ -1,8 +1,16 @@
 """tt-transformers' batched-prefill rule, written from its documented semantics (not its code): a test oracle.
 
-What its planner (``llm_runtime/prefill/plan.py`` at 9e524fed, policy in
-``prefill/config.py`` at afaba6b0; facts in ANCHORS.md, "Round 4") does with
-one call's rows, counted as steps and positions:
+What its planner does with one call's rows, counted as steps and positions.
+Upstream (read for facts; none of its code is here), repository
+``tenstorrent/tt-transformers``:
+
+* the planner: ``src/tt_transformers/llm_runtime/prefill/plan.py`` at
+  commit 9e524fed556c21988d1c0e1f75e0cf32969b75c9 (``_plan_prefill_requests``,
+  ``_batched_prefill_size``, ``_plan_chunks``);
+* the policy: ``src/tt_transformers/llm_runtime/prefill/config.py`` at
+  commit afaba6b042fb084886524ff287bf29b464f4d69b (``BatchedPrefillPolicy.default``).
+
+The rule:
 
 * A row's work is its uncached part ``u = length - cached`` (cached is
   block aligned there); a row with ``u == 0`` runs nothing and returns no

@@ -15,10 +15,10 @@ Capabilities, checked once by ``PrefillRuntimeConfig.resolve``:
 ``max_device_top_k`` (the largest K device sampling takes; ``None``: no
 limit) and ``max_sampled_wave`` (the most rows one device-sampling call
 serves; ``None``: no limit), ``packed_steps`` (whether it stages and runs
-packed steps, ``prefill_core.packed``: the contract's ``PACKED_INPUTS``;
+packed steps, ``prefill_core.planning.packed``: the contract's ``PACKED_INPUTS``;
 ttnn does not, its programs are padded waves), ``compiles_programs`` (whether an eager run of
 a new shape builds a program: a warm-up runs compile bodies only where it does,
-``prefill_core.warmup``). ``preferred_policy`` is the planning policy
+``prefill_core.calls.warmup``). ``preferred_policy`` is the planning policy
 the backend wants when the caller gives none: a device that compiles a
 program per shape wants tt-metal's coarse ladder; an eager CPU wants every
 padded position gone.

@@ -1,4 +1,4 @@
-"""What a torch device computes natively, probed once per process: the facts ``prefill_core.dtype`` decides on.
+"""What a torch device computes natively, probed once per process: the facts ``prefill_core.values.dtype`` decides on.
 
 On a CPU: torch's dispatch capability (``torch.backends.cpu.
 get_cpu_capability()``, which stops at "AVX512" and cannot tell AMX), the
@@ -17,8 +17,8 @@ import time
 
 import torch
 
-from prefill_core.dtype import DTYPES, DeviceNumerics, DtypeChoice, canonical_dtype, resolve_dtype
-from prefill_core.errors import InvalidDtypeError
+from prefill_core.values.dtype import DTYPES, DeviceNumerics, DtypeChoice, canonical_dtype, resolve_dtype
+from prefill_core.values.errors import InvalidDtypeError
 
 __all__ = ["choose_dtype", "matmul_gflops", "probe_numerics", "torch_dtype"]
 
@@ -27,7 +27,7 @@ _PROBE_CALLS = 7
 
 
 def torch_dtype(name: str | torch.dtype) -> torch.dtype:
-    """``"bfloat16"`` (or ``torch.bfloat16``, ``"bf16"``) -> ``torch.bfloat16``; only ``prefill_core.dtype.DTYPES``."""
+    """``"bfloat16"`` (or ``torch.bfloat16``, ``"bf16"``) -> ``torch.bfloat16``; only ``values.dtype.DTYPES``'s."""
     canonical = canonical_dtype(str(name))
     if canonical not in DTYPES:
         raise InvalidDtypeError(f"dtype={name!r} is invalid here: expected one of {DTYPES} (resolve it first)")
@@ -74,6 +74,6 @@ def probe_numerics(device: str = "cpu") -> DeviceNumerics:
 
 
 def choose_dtype(request: str, checkpoint: str | None, device: str = "cpu") -> DtypeChoice:
-    """``prefill_core.dtype.resolve_dtype`` with the device probed only when the request is ``native``."""
+    """``prefill_core.values.dtype.resolve_dtype`` with the device probed only when the request is ``native``."""
     needs_probe = canonical_dtype(request) == "native"
     return resolve_dtype(request, checkpoint, probe_numerics(device) if needs_probe else None)

@@ -15,7 +15,7 @@ import attrs
 import torch
 
 from prefill_core import PrefillPolicy
-from prefill_core.errors import PrefillConfigError, PrefillStateError
+from prefill_core.values.errors import PrefillConfigError, PrefillStateError
 from prefill_shell.device.contract import SAMPLING_INPUTS, TensorSpec
 from prefill_shell.device.ledger import DeviceTensor, Ownership, ResourceLedger
 from prefill_shell.sampling.torch_sampling import sample_row, top_logprobs

@@ -13,7 +13,7 @@ import argparse
 import sys
 from typing import NoReturn
 
-from prefill_core.errors import PrefillError
+from prefill_core.values.errors import PrefillError
 from prefill_shell.cli import options
 from prefill_shell.cli.model_dtype import add_dtype_argument
 from prefill_shell.cli.pooling import add_pooling_parsers

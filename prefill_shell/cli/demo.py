@@ -21,7 +21,7 @@ import random
 import time
 
 from prefill_core import WarmupManifest
-from prefill_core.explain import plan_table
+from prefill_core.cli.explain import plan_table
 from prefill_shell.cli.main import make_runtime, print_rows, row_sampling, show_progress, stage
 from prefill_shell.cli.model_dtype import load_cli_model
 from prefill_shell.engine.executor import PrefillExecutor

@@ -25,7 +25,7 @@ def main() -> None:
         from lm_eval._cli import HarnessCLI  # what lm_eval.__main__.cli_evaluate runs, with the check between
         from lm_eval.utils import setup_logging
 
-    from prefill_core.errors import PrefillConfigError
+    from prefill_core.values.errors import PrefillConfigError
     from prefill_shell.scoring.lm_eval_model import check_model_arguments  # importing it registers the model
 
     setup_logging()

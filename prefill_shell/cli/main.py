@@ -61,7 +61,9 @@ def show_progress(progress: Progress) -> None:
 def make_runtime(model, batch: SharedPrefixBatch, block_size: int, device: str = "cpu") -> PrefillRuntime:
     """A runtime whose KV pool holds exactly ``batch``'s blocks, with the backend's preferred policy.
 
-    (On the CPU that is ``PrefillPolicy.fine_rungs``: padding is pure extra work there.)
+    (On the CPU that is ``PrefillPolicy.fine_rungs``: padding is pure extra work there.) Any model the loader
+    returns: a hybrid one's pool keeps a buffer per layer (``new_kv_cache(num_blocks, block_size)``), so the
+    command's one page table per row serves every KV group (``prefill_core.plan_call``).
     """
     kv = model.new_kv_cache(batch.num_blocks, block_size)
     layout = PageTableLayout(block_size, batch.max_blocks_per_row, batch.num_blocks)

@@ -3,7 +3,7 @@
 ``float32`` (the default: results equal fp32 transformers), ``bfloat16``,
 ``float16``, ``auto`` (the checkpoint's dtype, as lm-eval's ``hf`` model
 means it) or ``native`` (bfloat16 where the device computes it natively,
-else float32); ``prefill_core.dtype`` holds the rules. The resolved dtype
+else float32); ``prefill_core.values.dtype`` holds the rules. The resolved dtype
 and the reason are printed on stderr, so a run always says which it used.
 """
 
@@ -12,9 +12,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from prefill_core.dtype import DTYPE_REQUESTS, DtypeChoice, canonical_dtype
-from prefill_core.errors import InvalidDtypeError
+from prefill_core.values.dtype import DTYPE_REQUESTS, DtypeChoice, canonical_dtype
+from prefill_core.values.errors import InvalidDtypeError
 from prefill_shell.reference import PagedLlama
+from prefill_shell.reference.hybrid import HybridLlama
 from prefill_shell.reference.text import load_model, model_dtype
 
 __all__ = ["add_dtype_argument", "load_cli_model"]
@@ -37,8 +38,12 @@ def add_dtype_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def load_cli_model(args: argparse.Namespace) -> tuple[PagedLlama, DtypeChoice]:
-    """``args.model`` loaded on ``args.device`` in the dtype ``args.dtype`` resolves to, and that resolution."""
+def load_cli_model(args: argparse.Namespace) -> tuple[PagedLlama | HybridLlama, DtypeChoice]:
+    """``args.model`` loaded on ``args.device`` in the dtype ``args.dtype`` resolves to, and that resolution.
+
+    A folder transformers slides loads as a ``HybridLlama`` whose KV groups take ``args.block_size``-token blocks.
+    """
     choice = model_dtype(args.model, args.dtype, args.device)
     print(f"[dtype] {choice.describe()}", file=sys.stderr, flush=True)
-    return load_model(args.model, dtype=choice.dtype, device=args.device), choice
+    model = load_model(args.model, dtype=choice.dtype, device=args.device, block_size=args.block_size)
+    return model, choice

@@ -1,6 +1,6 @@
 """The argparse types of ``python -m prefill_shell run`` and ``score``: one check per option for both commands.
 
-Counts and block sizes are ``prefill_core.options``' checks (the core's
+Counts and block sizes are ``prefill_core.inputs.options``' checks (the core's
 command line and lm-eval's model arguments use them too); the device is
 checked by building the torch backend on it, so ``--device foo`` and
 ``--device cuda`` without CUDA are usage errors that name the flag (exit 2).
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import argparse
 
-from prefill_core.errors import PrefillError
-from prefill_core.options import argparse_type, block_size_option, count_option
+from prefill_core.inputs.options import argparse_type, block_size_option, count_option
+from prefill_core.values.errors import PrefillError
 from prefill_shell.backends import TorchBackend
 
 __all__ = ["MAX_SEED", "block_size", "count", "device", "model", "seed"]

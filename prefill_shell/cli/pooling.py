@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from prefill_core.pooling import InvalidPoolingError
+from prefill_core.values.pooling import InvalidPoolingError
 from prefill_shell.cli import options
 from prefill_shell.pooling import PoolingRunner
 

@@ -15,11 +15,11 @@ import argparse
 import json
 from pathlib import Path
 
-from prefill_core.errors import InvalidScoringRequestError
+from prefill_core.values.errors import InvalidScoringRequestError
 from prefill_shell.cli import options
 from prefill_shell.cli.model_dtype import add_dtype_argument, load_cli_model
 from prefill_shell.reference.text import load_tokenizer
-from prefill_shell.scoring.scorer import Scorer, encode_pair, window_length
+from prefill_shell.scoring.scorer import Scorer, encode_pair, prefix_token_id, window_length
 from prefill_shell.scoring.setup import scoring_runtime
 
 __all__ = ["add_score_parser", "run_score"]
@@ -71,6 +71,8 @@ def read_pairs(path: str | Path) -> list[tuple[str, str]]:
 
 
 def _scorer(args: argparse.Namespace, model, max_length: int) -> Scorer:
+    """The scoring runtime's layout and policy (``scoring.setup``) on any model the loader returns (a hybrid
+    model's pool keeps a buffer per layer, so the scorer's one table per row serves every KV group)."""
     runtime = scoring_runtime(
         model, args.device, max_length=max_length, block_size=args.block_size, max_chunk=args.max_chunk
     )
@@ -87,8 +89,7 @@ def run_score(args: argparse.Namespace) -> None:
     scorer = _scorer(args, model, max_length)
     if document is not None:
         tokens = tokenizer.encode(document)
-        prefix = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
-        (total,) = scorer.score_rolling([tokens], prefix)
+        (total,) = scorer.score_rolling([tokens], prefix_token_id(tokenizer))
         per_token = total / max(len(tokens), 1)  # an empty document scores 0 over its 0 tokens
         print(f"document: {len(tokens)} tokens, log-likelihood {total:.4f}, per token {per_token:.4f}")
         print(f"positions computed: {scorer.positions_computed}")

@@ -215,7 +215,7 @@ PROMPT_SPECS = (
 )
 """What a program with prompt log-probs stages and produces per LM-head call (all transient, eager and traced)."""
 
-# Packed steps only (``prefill_core.packed``): staged by the backends that
+# Packed steps only (``prefill_core.planning.packed``): staged by the backends that
 # declare ``packed_steps``. ``T``: the step's tokens, ``G``: its segments.
 _PACKED_BACKENDS = ("torch",)
 PACKED_TOKENS = TensorSpec(

@@ -13,7 +13,7 @@ import itertools
 from collections.abc import Iterable
 from typing import Any
 
-from prefill_core.errors import PrefillStateError
+from prefill_core.values.errors import PrefillStateError
 
 __all__ = ["Ownership", "DeviceTensor", "ResourceLedger"]
 

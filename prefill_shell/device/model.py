@@ -103,7 +103,7 @@ PACKED_CAPABILITY = "packed_steps"
 
 ``forward_packed(tokens [T], positions [T], write_slots [T], segments [G, 3],
 prefix_table [G, Wp], kv) -> [1, T, hidden_size]``: one packed step
-(``prefill_core.packed``), its segments' tokens end to end. Segment ``g`` is
+(``prefill_core.planning.packed``), its segments' tokens end to end. Segment ``g`` is
 ``(offset, length, start)``: tokens ``offset .. offset + length - 1`` are its
 row's positions ``start ..``; their queries attend to the row's positions
 before ``start`` read through ``prefix_table[g]`` (its row's blocks) and to

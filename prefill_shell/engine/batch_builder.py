@@ -20,8 +20,8 @@ from collections.abc import Sequence
 import torch
 
 from prefill_core import PageTableLayout, PrefillBatch, SamplingParams
-from prefill_core.errors import PrefillInputError
-from prefill_core.intmath import ceil_div_column
+from prefill_core.values.errors import PrefillInputError
+from prefill_core.values.intmath import ceil_div_column
 
 __all__ = ["build_batch", "as_token_matrix", "check_token_ids", "host_page_table", "host_rows"]
 

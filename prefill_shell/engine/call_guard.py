@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prefill_core.errors import PrefillStateError
+from prefill_core.values.errors import PrefillStateError
 
 __all__ = ["CallGuard", "HeldStream", "exclusive", "exclusive_stream"]
 

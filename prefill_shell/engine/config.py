@@ -10,8 +10,8 @@ import attrs
 import torch
 
 from prefill_core import PageTableLayout, PrefillPolicy, ceil_div
-from prefill_core.errors import PrefillConfigError, PrefillInputError
-from prefill_core.policy import check_policy_fits_layout
+from prefill_core.values.errors import PrefillConfigError, PrefillInputError
+from prefill_core.values.policy import check_policy_fits_layout
 from prefill_shell.backends.base import Backend
 from prefill_shell.device.model import ModelSpec, PrefillModel, supports_chunked_waves, supports_packed
 

@@ -6,7 +6,7 @@ library is usable on its own. Rules:
 * Warm-up from a ``WarmupManifest`` first runs every program signature
   eagerly where the backend builds programs per shape (on a device this
   compiles it; on the CPU nothing is built, so only the smallest runs, once:
-  ``prefill_core.warmup``), then allocates every alias workspace, then
+  ``prefill_core.calls.warmup``), then allocates every alias workspace, then
   captures every trace signature, largest first. Nothing compiles or
   allocates after the first capture. Before it starts, ``on_progress`` gets
   stage ``"cost"`` whose detail is the ``WarmupCost``: the bodies, positions
@@ -29,18 +29,19 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from prefill_core import ExecutionMode, PrefillProgramSignature, WarmupManifest, execution_mode, replays
-from prefill_core.errors import PrefillStateError
-from prefill_core.warmup import ModelGeometry, WarmupCost, aliases_to_allocate, programs_to_compile, warmup_cost
+from prefill_core.calls.warmup import ModelGeometry, WarmupCost, aliases_to_allocate, programs_to_compile, warmup_cost
+from prefill_core.values.errors import PrefillStateError
+from prefill_shell.engine.call import PrefillCall, PrefillEntry
 from prefill_shell.engine.call_guard import HeldStream
 from prefill_shell.engine.progress import ProgressCallback, ProgressCounter
-from prefill_shell.engine.result import BatchResult, InvocationResult, PrefillResult, refuse_per_row_extras
+from prefill_shell.engine.result import BatchResult, InvocationResult, PrefillResult
 from prefill_shell.engine.runtime import PrefillRuntime, PreparedBatch
 from prefill_shell.engine.steps.trace import require_coverage
 
 __all__ = ["PrefillExecutor"]
 
 
-class PrefillExecutor:
+class PrefillExecutor(PrefillEntry):
     """Owns the program registry, the warm-up order and the eager-or-traced choice of one runtime."""
 
     def __init__(self, runtime: PrefillRuntime):
@@ -140,43 +141,15 @@ class PrefillExecutor:
             run = ExecutionMode.TRACED if traced else ExecutionMode.EAGER
             yield self.runtime.invoke(batch, index, mode=run, progress=progress)
 
-    def prefill(
-        self,
-        tokens,
-        page_table,
-        prompt_lengths,
-        cached_lengths=None,
-        slots=None,
-        sampling=None,
-        mode: ExecutionMode | str = ExecutionMode.AUTO,
-        on_progress: ProgressCallback | None = None,
-        *,
-        batched: bool = False,
-        group_page_tables=None,
-        null_block: int | None = None,
-    ) -> list[PrefillResult] | BatchResult:
-        """prepare + (traced or eager) invoke + streaming assemble, in caller row order.
+    def run(self, call: PrefillCall) -> list[PrefillResult] | BatchResult:
+        """prepare + (traced or eager) invoke + streaming assemble of one call, in caller row order.
 
-        ``batched=True``: the outputs as caller-ordered tensors
-        (``BatchResult``, ``PrefillRuntime.assemble_batch``), no per-row
-        result built; a row asking top or prompt log-probs then raises
-        ``InvalidSamplingError`` before anything runs. ``group_page_tables``
-        and ``null_block``: a hybrid model's tables (``PrefillRuntime.prepare``).
+        ``PrefillEntry.prefill`` builds the call; with ``batched=True`` a row
+        asking top or prompt log-probs raises ``InvalidSamplingError`` before
+        anything runs.
         """
-        call = (tokens, page_table, prompt_lengths, cached_lengths, slots, sampling)
-        groups = {} if group_page_tables is None else {"group_page_tables": group_page_tables, "null_block": null_block}
-        return self._prefill(call, mode, on_progress, batched=batched, groups=groups)
-
-    def _prefill(
-        self, call: tuple, mode: ExecutionMode | str, on_progress, *, batched: bool, groups: dict | None = None
-    ):
         with self.runtime.hold():
-            batch = self.runtime.prepare(*call, mode=mode, **(groups or {}))
-            if not batched:
-                return self.runtime.assemble(self.invocations(batch, mode, on_progress), batch.num_rows)
-            for prepared in batch.requests:
-                refuse_per_row_extras(prepared.request.source_rows, prepared.request.sampling)
-            return self.runtime.assemble_batch(self.invocations(batch, mode, on_progress), batch.num_rows)
+            return self.runtime.run(call, self.invocations)
 
     def close(self) -> None:
         """Closes its runtime (traces, workspaces, orphans: ``PrefillRuntime.close``); refuses further calls.

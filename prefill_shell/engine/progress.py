@@ -4,7 +4,7 @@ A long operation takes an optional ``on_progress`` callback and calls it
 with a frozen ``Progress(stage, done, total, detail)`` value:
 
 * ``PrefillExecutor.warm_up``: stage ``"cost"`` (total 0, its detail the
-  ``prefill_core.warmup.WarmupCost``: bodies, positions and persistent bytes,
+  ``prefill_core.calls.warmup.WarmupCost``: bodies, positions and persistent bytes,
   before anything runs), then ``"compile"`` (program signatures the backend
   builds), ``"allocate"`` (alias workspaces) and ``"capture"`` (traces),
   one stage after the other (``compile_programs``: ``"cost"`` and ``"compile"``);

@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 import torch
 
 from prefill_core import PreparedPrefill, SamplingParams
-from prefill_core.errors import InvalidSamplingError, PrefillStateError, row_error
+from prefill_core.values.errors import InvalidSamplingError, PrefillStateError, row_error
 from prefill_shell.device.ledger import DeviceTensor
 
 __all__ = ["BatchResult", "InvocationResult", "InvocationState", "PrefillResult", "refuse_per_row_extras"]
@@ -20,6 +20,11 @@ def _same_logits(a: Any, b: Any) -> bool:
     if a is None or b is None:
         return a is b
     return a.shape == b.shape and a.dtype == b.dtype and torch.allclose(a, b, rtol=0, atol=0, equal_nan=True)
+
+
+def _nonfinite_rows(logits: torch.Tensor) -> torch.Tensor:
+    """bool ``[B]``: rows of ``logits [B, V]`` holding NaN or +inf (softmax over them is undefined)."""
+    return (torch.isnan(logits) | torch.isposinf(logits)).any(dim=-1)
 
 
 class PrefillResult(NamedTuple):
@@ -43,6 +48,18 @@ class PrefillResult(NamedTuple):
     logprob: float | None = None
     top_logprobs: tuple[tuple[int, float], ...] = ()
     prompt_logprobs: tuple = ()
+
+    @property
+    def nonfinite(self) -> bool:
+        """Whether the row's last-token logits held NaN or +inf (a float16 overflow, say): then its token
+        (whatever an argmax or draw over them gave, often 0) and its log-probs mean nothing.
+
+        Read from what the row holds: its logits, or its sampled token's log-prob, which is NaN exactly
+        when the logits held NaN or +inf (or were all -inf). Every other row of the call is unaffected.
+        """
+        if self.logits is not None:
+            return _nonfinite_rows(self.logits.reshape(1, -1)).item()
+        return self.logprob is not None and self.logprob != self.logprob  # NaN
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, PrefillResult):
@@ -70,6 +87,15 @@ class BatchResult(NamedTuple):
     tokens: torch.Tensor
     logprobs: torch.Tensor
     logits: torch.Tensor | None = None
+
+    @property
+    def nonfinite(self) -> torch.Tensor:
+        """bool ``[B]``: row ``r`` is ``PrefillResult.nonfinite`` of row ``r`` (NaN or +inf logits)."""
+        sampled = self.tokens >= 0
+        flags = sampled & torch.isnan(self.logprobs)
+        if self.logits is not None:
+            flags |= ~sampled & _nonfinite_rows(self.logits)
+        return flags
 
     @classmethod
     def from_results(cls, results: Sequence[PrefillResult]) -> BatchResult:

@@ -33,8 +33,8 @@ from prefill_core import (
     execution_mode,
     replays,
 )
-from prefill_core.call_plan import CallContext, plan_call
-from prefill_core.errors import CleanupError, PrefillInputError, PrefillStateError
+from prefill_core.calls.call_plan import CallContext, plan_call
+from prefill_core.values.errors import CleanupError, PrefillInputError, PrefillStateError
 from prefill_shell.device.contract import (
     CHUNK_START,
     FILL_TABLE,
@@ -48,11 +48,12 @@ from prefill_shell.device.contract import (
 )
 from prefill_shell.device.ledger import DeviceTensor
 from prefill_shell.device.notes import add_note
-from prefill_shell.engine.batch_builder import as_token_matrix, build_batch, check_token_ids, host_page_table
+from prefill_shell.engine.batch_builder import build_batch, check_token_ids
+from prefill_shell.engine.call import PrefillCall, PrefillEntry
 from prefill_shell.engine.call_guard import CallGuard, exclusive, exclusive_stream
 from prefill_shell.engine.config import PrefillRuntimeConfig
 from prefill_shell.engine.progress import ProgressCallback, ProgressCounter
-from prefill_shell.engine.result import BatchResult, InvocationResult, PrefillResult
+from prefill_shell.engine.result import BatchResult, InvocationResult, PrefillResult, refuse_per_row_extras
 from prefill_shell.engine.steps.assembler import PrefillResultAssembler
 from prefill_shell.engine.steps.call_steps import call_steps
 from prefill_shell.engine.steps.inputs import DeviceStep, PrefillInputStager
@@ -82,7 +83,7 @@ def _warmup_params(signature: PrefillProgramSignature) -> tuple:
     return (SamplingParams(top_k=2, top_p=0.9),) * b
 
 
-class PrefillRuntime:
+class PrefillRuntime(PrefillEntry):
     """Plans, runs and collects prefill for one execution lane.
 
     Thread safety: one call at a time. A runtime owns one lane's device
@@ -141,7 +142,7 @@ class PrefillRuntime:
         if step.kind is RequestKind.PACKED and GROUP_WRITE_SLOTS in step:  # a hybrid model's packed step
             values = (step[spec].value for spec in GROUPED_PACKED_INPUTS)
             return self.config.model.forward_packed_grouped(*values, self.config.kv)
-        if step.kind is RequestKind.PACKED:  # packed step (prefill_core.packed): segments end to end
+        if step.kind is RequestKind.PACKED:  # packed step (prefill_core.planning.packed): segments end to end
             return self.config.model.forward_packed(*(step[spec].value for spec in PACKED_INPUTS), self.config.kv)
         if GROUP_FILL_TABLES in step:  # a hybrid model: each KV group's tables (steps/call_steps.py)
             values = (None if spec not in step else step[spec].value for spec in GROUPED_INPUTS)
@@ -184,7 +185,7 @@ class PrefillRuntime:
 
         Raises a ``PrefillInputError`` subclass naming the row and field on
         any malformed input; nothing is allocated or written in that case.
-        ``mode``: how the call will run (``prefill_core.execution``), which
+        ``mode``: how the call will run (``prefill_core.values.execution``), which
         decides its plan: packed steps where the config runs them and the
         call will not replay traces, else the padded waves a trace serves.
         It plans only: ``invoke`` / ``invocations`` take the mode they run in.
@@ -195,14 +196,26 @@ class PrefillRuntime:
         packed steps as other calls do, where no row reads another row's
         writes (``prefill_core.prepare_grouped_packed``), else padded waves.
         """
+        call = PrefillCall.of(
+            tokens, page_table, prompt_lengths, cached_lengths, slots, sampling, mode,
+            group_page_tables=group_page_tables, null_block=null_block,
+        )  # fmt: skip
+        return self.prepare_call(call)
+
+    @exclusive
+    def prepare_call(self, call: PrefillCall) -> PreparedBatch:
+        """``prepare`` of a normalised call (``engine.call.PrefillCall``): every entry plans through here."""
         self._check_open()
         config = self.config
-        matrix = as_token_matrix(tokens)
-        table = host_page_table(page_table, matrix.shape[0])
-        batch = build_batch(matrix, table, prompt_lengths, cached_lengths, slots, sampling, config.layout)
+        matrix, table = call.tokens, call.page_table
+        batch = build_batch(
+            matrix, table, call.prompt_lengths, call.cached_lengths, call.slots, call.sampling, config.layout
+        )
         check_token_ids(matrix, batch, config.model.spec.vocab_size)
-        groups, shared = self._group_tables(group_page_tables, table, len(batch))
-        context = self.call_context(mode, slots_chosen=slots is not None, group_tables=groups, null_block=null_block)
+        groups, shared = self._group_tables(call.group_page_tables, table, len(batch))
+        context = self.call_context(
+            call.mode, slots_chosen=call.slots is not None, group_tables=groups, null_block=call.null_block
+        )
         plan = plan_call(batch, attrs.evolve(context, groups_share_blocks=shared))
         requests, steps = plan.prepared, call_steps(plan, matrix, table, config.model.spec.hidden_size)
         spans = requested_spans(batch)
@@ -325,21 +338,21 @@ class PrefillRuntime:
         return self._assembler.assemble_batch(invocations, num_rows)
 
     @exclusive
-    def prefill(
-        self,
-        tokens,
-        page_table,
-        prompt_lengths,
-        cached_lengths=None,
-        slots=None,
-        sampling=None,
-        *,
-        mode: ExecutionMode | str = ExecutionMode.AUTO,
-        on_progress: ProgressCallback | None = None,
-    ) -> list[PrefillResult]:
-        """prepare + invoke + assemble in ``mode`` (planned for it): one result per caller row, in caller order."""
-        batch = self.prepare(tokens, page_table, prompt_lengths, cached_lengths, slots, sampling, mode=mode)
-        return self.assemble(self.invocations(batch, mode=mode, on_progress=on_progress), batch.num_rows)
+    def run(self, call: PrefillCall, invocations=None) -> list[PrefillResult] | BatchResult:
+        """prepare + invoke + assemble of one call (``PrefillEntry.prefill`` builds it): results in caller order.
+
+        ``invocations(batch, mode=, on_progress=)``: what streams the prepared
+        call (``PrefillExecutor.invocations``: its registry and preflight);
+        this runtime's own ``invocations`` by default.
+        """
+        batch = self.prepare_call(call)
+        if call.batched:  # refused before anything runs: a batched result has no per-row extras
+            for prepared in batch.requests:
+                refuse_per_row_extras(prepared.request.source_rows, prepared.request.sampling)
+        stream = (invocations or self.invocations)(batch, mode=call.mode, on_progress=call.on_progress)
+        if call.batched:
+            return self.assemble_batch(stream, batch.num_rows)
+        return self.assemble(stream, batch.num_rows)
 
     def _group_tables(self, group_page_tables, table: torch.Tensor, rows: int) -> tuple[tuple | None, bool]:
         """Each KV group's host rows and whether the groups share one block-id space.
@@ -351,14 +364,18 @@ class PrefillRuntime:
         buffers one table cannot serve two groups, which is refused by name.
         """
         attention = getattr(self.config.model, "attention", None)
-        if group_page_tables is not None:
-            if not isinstance(group_page_tables, (list, tuple)):
-                msg = "group_page_tables is invalid: must be a list of one table per KV group"
-                raise PrefillInputError(msg, field="group_page_tables")
-            return tuple(tuple(map(tuple, host_page_table(t, rows).tolist())) for t in group_page_tables), True
+        if group_page_tables is not None:  # host tables already (PrefillCall)
+            return tuple(tuple(map(tuple, t.tolist())) for t in group_page_tables), True
         if attention is None:
             return None, True
         buffers = getattr(self.config.kv, "buffers", None)
+        sizes = {group.block_size for group in attention.groups}
+        if sizes != {self.config.layout.block_size}:
+            msg = (
+                f"group_page_tables is invalid: the model's KV groups have block sizes {sorted(sizes)}, so one "
+                f"page_table in blocks of {self.config.layout.block_size} cannot serve them; pass one table per group"
+            )
+            raise PrefillInputError(msg, field="group_page_tables")
         if buffers is None or buffers.shares_pages:
             msg = (
                 "group_page_tables is invalid: this pool's KV groups share buffers (vLLM's plan), so each group "

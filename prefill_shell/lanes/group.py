@@ -11,10 +11,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import attrs
 import torch
 
-from prefill_core import ExecutionMode, SamplingParams, WarmupManifest, execution_mode, route_to_lanes
-from prefill_core.errors import (
+from prefill_core import ExecutionMode, SamplingParams, WarmupManifest, route_to_lanes
+from prefill_core.values.errors import (
     CleanupError,
     EmptyBatchError,
     PrefillConfigError,
@@ -23,7 +24,7 @@ from prefill_core.errors import (
 )
 from prefill_shell.device.model import model_difference
 from prefill_shell.device.notes import add_note
-from prefill_shell.engine.batch_builder import as_token_matrix, host_page_table, host_rows
+from prefill_shell.engine.call import PrefillCall, PrefillEntry
 from prefill_shell.engine.call_guard import CallGuard, exclusive
 from prefill_shell.engine.executor import PrefillExecutor
 from prefill_shell.engine.progress import ProgressCallback
@@ -95,7 +96,7 @@ def _in_caller_rows(error: PrefillInputError, lane: int, rows: tuple[int, ...]) 
     return type(error)(f"row {caller}: (lane {lane}, its row {error.row}) {rest}", row=caller, field=error.field)
 
 
-class LaneGroup:
+class LaneGroup(PrefillEntry):
     """Data-parallel lanes of ``per_lane_batch`` slots each, routed by slot (see module doc).
 
     ``threaded=False`` (the default) runs the lanes in turn from the calling
@@ -145,65 +146,48 @@ class LaneGroup:
             executor.warm_up(lane_manifest, on_progress)
 
     @exclusive
-    def prefill(
-        self,
-        tokens,
-        page_table,
-        prompt_lengths,
-        cached_lengths=None,
-        slots=None,
-        sampling=None,
-        mode: ExecutionMode | str = ExecutionMode.AUTO,
-        *,
-        batched: bool = False,
-    ) -> list[PrefillResult] | BatchResult:
+    def run(self, call: PrefillCall) -> list[PrefillResult] | BatchResult:
         """Routes rows to lanes by group slot, runs every lane's rows, returns results in caller row order.
 
-        ``batched=True``: as caller-ordered tensors (``BatchResult``); a row
-        asking top or prompt log-probs raises ``InvalidSamplingError`` before
-        any lane runs. ``mode`` (``prefill_core.ExecutionMode``) plans and
-        runs every lane's call, as ``PrefillExecutor.prefill`` does.
+        ``PrefillEntry.prefill`` builds the call. ``batched=True``: as
+        caller-ordered tensors (``BatchResult``); a row asking top or prompt
+        log-probs raises ``InvalidSamplingError`` before any lane runs. The
+        call's mode plans and runs every lane's share, as
+        ``PrefillExecutor.run`` does; a model with KV groups takes one page
+        table or its group tables on every lane alike.
         """
-        mode = execution_mode(mode)
-        if batched:
+        sampling = call.sampling
+        if call.batched:
             if isinstance(sampling, (list, tuple, SamplingParams)):
                 listed = [sampling] if isinstance(sampling, SamplingParams) else sampling
                 refuse_per_row_extras(range(len(listed)), listed)
-            results = self.prefill(tokens, page_table, prompt_lengths, cached_lengths, slots, sampling, mode)
-            return BatchResult.from_results(results)
-        matrix = as_token_matrix(tokens)
-        num_rows = int(matrix.shape[0])
+            return BatchResult.from_results(self.run(attrs.evolve(call, batched=False)))
+        num_rows = call.num_rows
         if not num_rows:
             raise EmptyBatchError("lane group: tokens holds no rows: a batch needs at least one row", field="rows")
-        table = host_page_table(page_table, num_rows)
-        lengths = _per_row(prompt_lengths, "prompt_lengths", num_rows)
-        cached = _per_row(cached_lengths, "cached_lengths", num_rows)
         one = sampling is None or isinstance(sampling, SamplingParams)  # one value for every row, as a runtime takes
-        params = [sampling] * num_rows if one else _per_row(sampling, "sampling", num_rows)
-        routes = route_to_lanes(_per_row(slots, "slots", num_rows), num_rows, self.per_lane_batch, self.num_lanes)
+        per_row = attrs.evolve(
+            call,
+            prompt_lengths=_per_row(call.prompt_lengths, "prompt_lengths", num_rows),
+            cached_lengths=_per_row(call.cached_lengths, "cached_lengths", num_rows),
+            sampling=[sampling] * num_rows if one else _per_row(sampling, "sampling", num_rows),
+        )
+        routes = route_to_lanes(_per_row(call.slots, "slots", num_rows), num_rows, self.per_lane_batch, self.num_lanes)
         batches = []
         for route in routes:
             runtime = self.lanes[route.lane].runtime
             rows = route.source_rows
             try:
-                batch = runtime.prepare(
-                    host_rows(matrix, rows),  # converted once, here: list rows keep their widths
-                    host_rows(table, rows),
-                    _pick(lengths, rows),
-                    _pick(cached, rows),
-                    list(route.slots),
-                    _pick(params, rows),
-                    mode=mode,
-                )
+                batch = runtime.prepare_call(per_row.for_rows(rows, _pick, route.slots))
             except PrefillInputError as error:
                 raise _in_caller_rows(error, route.lane, rows) from None
             batches.append(batch)
-        calls = self._preflight(routes, batches, mode)
+        calls = self._preflight(routes, batches, call.mode)
         by_lane = (run_on_threads if self.threaded else run_in_turn)(calls)
         merged: dict[int, PrefillResult] = {}
-        for call in calls:
-            for local, result in enumerate(by_lane[call.lane]):
-                merged[call.source_rows[local]] = result._replace(row=call.source_rows[local])
+        for lane_call in calls:
+            for local, result in enumerate(by_lane[lane_call.lane]):
+                merged[lane_call.source_rows[local]] = result._replace(row=lane_call.source_rows[local])
         return [merged[row] for row in range(num_rows)]
 
     def _preflight(self, routes, batches, mode: ExecutionMode) -> list[LaneCall]:

@@ -9,7 +9,7 @@ vector out), ``runner`` (``PoolingRunner``: ``embed``, ``classify``,
 computed once), ``plugin_model`` (``RuntimePoolingModel``: the
 ``forward(input_ids, attention_mask)`` object vllm-tt-plugin's pooling
 runner calls, real tokens only). The folders load through ``prefill_shell.reference``
-(``load_pooling_folder``). Rules and values: ``prefill_core.pooling``.
+(``load_pooling_folder``). Rules and values: ``prefill_core.values.pooling``.
 """
 
 from prefill_shell.extras import require_shell

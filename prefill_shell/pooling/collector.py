@@ -4,7 +4,7 @@
 the runtime's invocations with a hidden-state hook, and returns the call's
 per-row results (last-token logits, as always) beside each row's pooled
 float32 vector. Which positions of which step feed a row is the core's
-rule (``prefill_core.pooling.pooled_positions``) over the steps' segments
+rule (``prefill_core.values.pooling.pooled_positions``) over the steps' segments
 (``request.segments(i)``: a padded wave's row ``b`` at ``b * S`` of the
 flattened hidden output, a packed step's segments end to end), decided on
 the host before anything runs. A packed row may start in one request's
@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from prefill_core.pooling import PoolingType, pooled_positions
+from prefill_core.values.pooling import PoolingType, pooled_positions
 from prefill_shell.pooling.heads import RowPool
 
 __all__ = ["PooledCall", "pooled_call", "pooling_picks"]

@@ -10,7 +10,7 @@
   sentence-transformers' ``encode(truncate_dim=d, normalize_embeddings=True)``
   gives the same vector (it truncates after its modules, then normalises).
 * ``classify_logits`` / ``activate``: the ``score`` linear over the pooled
-  state, then the row's activation (``prefill_core.pooling.ClassifyActivation``).
+  state, then the row's activation (``prefill_core.values.pooling.ClassifyActivation``).
 * ``yes_no_probability``: the Qwen3-Reranker recipe: the LM head's logits
   of "yes" and "no" at the last token, ``P(yes) = softmax([no, yes])[1]``.
 
@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from prefill_core.pooling import ClassifyActivation, PoolingType, ResolvedPooling
+from prefill_core.values.pooling import ClassifyActivation, PoolingType, ResolvedPooling
 
 __all__ = ["RowPool", "activate", "classify_logits", "embed_vectors", "yes_no_probability"]
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from prefill_core.pooling import InvalidPoolingError, PoolingParams
+from prefill_core.values.pooling import InvalidPoolingError, PoolingParams
 from prefill_shell.pooling.runner import PoolingRunner
 
 __all__ = ["RuntimePoolingModel"]

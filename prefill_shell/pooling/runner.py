@@ -1,6 +1,6 @@
 """``PoolingRunner``: embed, classify, score and rerank through the runtime.
 
-One runner owns a model, its pooler (``prefill_core.pooling.PoolerConfig``),
+One runner owns a model, its pooler (``prefill_core.values.pooling.PoolerConfig``),
 the classification head where there is one, a block pool and a
 ``PrefillRuntime`` over it (packed steps for mixed lengths, chunks past
 ``max_chunk``). A call:
@@ -12,7 +12,7 @@ the classification head where there is one, a block pool and a
    the last position (LAST, so every classify row of a LAST model) and
    that start with the same whole blocks share them, computed once by a
    prefix call; a MEAN or CLS row never shares (it needs every position:
-   ``prefill_core.pooling.effective_cached`` recomputes it);
+   ``prefill_core.values.pooling.effective_cached`` recomputes it);
 4. runs the round (``collector.pooled_call``) and applies the heads
    (``heads``): truncate then normalise for embed rows, the ``score``
    linear and its activation for classify rows.
@@ -30,8 +30,8 @@ from pathlib import Path
 import torch
 
 from prefill_core import PageTableLayout, PrefillPolicy, SamplingPath, ceil_div, manifest_for
-from prefill_core.errors import CapacityError, PrefillConfigError
-from prefill_core.pooling import (
+from prefill_core.values.errors import CapacityError, PrefillConfigError
+from prefill_core.values.pooling import (
     PoolerConfig,
     PoolingParams,
     PoolingTask,

@@ -19,8 +19,8 @@ from typing import Any
 
 import attrs
 
-from prefill_core.dtype import DTYPES
-from prefill_core.errors import PrefillConfigError
+from prefill_core.values.dtype import DTYPES
+from prefill_core.values.errors import PrefillConfigError
 from prefill_shell.device.model import ModelSpec
 from prefill_shell.reference.rope import (
     LinearRopeScaling,
@@ -242,6 +242,19 @@ def _windowed_layers(
                     f"config.json layer_types entry {entry!r} is unsupported: only 'full_attention' is computed"
                 )
     if window is None:
+        if types is not None and "sliding_attention" in types:
+            # transformers keeps these layer types and its model raises on the first forward (no window to apply)
+            why = (
+                "use_sliding_window is off"
+                if family.window_switch == "flag" and not cfg.get("use_sliding_window", False)
+                else "sliding_window is null"
+            )
+            sliding = [i for i, entry in enumerate(types) if entry == "sliding_attention"]
+            raise PrefillConfigError(
+                f"config.json layer_types={types!r} is invalid: it marks layers {sliding} sliding_attention but {why}, "
+                "so they have no window (transformers refuses this config on its first forward); set "
+                "use_sliding_window and sliding_window, or mark those layers full_attention"
+            )
         return None, []
     if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
         raise PrefillConfigError(f"config.json sliding_window={window!r} is invalid: must be a positive integer")

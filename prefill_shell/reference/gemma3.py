@@ -30,7 +30,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from prefill_core.errors import PrefillConfigError
+from prefill_core.values.errors import PrefillConfigError
 from prefill_shell.reference.gemma3_config import Gemma3Spec
 from prefill_shell.reference.llama import _apply_rope, _expand_kv
 from prefill_shell.reference.projection import Projection

@@ -24,8 +24,8 @@ from typing import Any
 
 import attrs
 
-from prefill_core.dtype import DTYPES
-from prefill_core.errors import PrefillConfigError
+from prefill_core.values.dtype import DTYPES
+from prefill_core.values.errors import PrefillConfigError
 from prefill_shell.device.model import ModelSpec
 from prefill_shell.reference.config import COMPUTED_KEYS, INERT_KEYS, _int, _number, _positive
 from prefill_shell.reference.config import GEMMA3_ARCHITECTURES as ARCHITECTURES
@@ -63,8 +63,12 @@ GEMMA3_REFUSED_KEYS: dict[str, object] = {
 def text_config_of(cfg: dict[str, Any]) -> dict[str, Any]:
     """The text decoder's config: ``cfg`` itself (``gemma3_text``) or its ``text_config`` (``gemma3``).
 
-    A nested config inherits the outer dtype and tie flag where the text
-    config is silent (transformers writes them at the top level).
+    A nested config inherits the outer dtype where the text config is
+    silent (transformers writes it at the top level). The tie flag is read
+    by level as transformers' classes read it: ``Gemma3ForConditionalGeneration``
+    ties its head by the top-level ``tie_word_embeddings`` (default true) and
+    never reads the text config's, so a nested config's own flag is replaced
+    by the top-level one.
     """
     model_type = cfg.get("model_type")
     if model_type not in ARCHITECTURES:
@@ -87,8 +91,9 @@ def text_config_of(cfg: dict[str, Any]) -> dict[str, Any]:
             "Gemma3ForConditionalGeneration ignores it and vLLM applies it (published Gemma 3 checkpoints hold null)"
         )
         raise PrefillConfigError(msg)
-    inherited = {k: cfg[k] for k in ("dtype", "torch_dtype", "tie_word_embeddings") if k in cfg and k not in text}
-    return {**inherited, **text, "model_type": "gemma3_text", "architectures": None}
+    inherited = {k: cfg[k] for k in ("dtype", "torch_dtype") if k in cfg and k not in text}
+    tie = cfg.get("tie_word_embeddings", True)  # Gemma3Config's default; the text config's flag is not read
+    return {**inherited, **text, "tie_word_embeddings": tie, "model_type": "gemma3_text", "architectures": None}
 
 
 def _refuse_uncomputed(cfg: dict[str, Any]) -> None:
@@ -110,6 +115,26 @@ def _layer_types(cfg: dict[str, Any], num_layers: int) -> tuple[str, ...]:
         msg = f"config.json layer_types={types!r} is invalid: one of {(_SLIDING, _FULL)} per layer"
         raise PrefillConfigError(msg)
     return tuple(types)
+
+
+def _sliding_window(cfg: dict[str, Any], types: tuple[str, ...], max_position: int) -> int:
+    """The window of the sliding layers: 4096 where the key is absent (``Gemma3TextConfig``'s default).
+
+    A ``null`` window is what transformers refuses once a layer slides (its
+    model raises "Could not find a `sliding_window` argument" on the first
+    forward): refused by name here, never replaced by the default. With no
+    sliding layer it is never read (the maximum position stands in).
+    """
+    if "sliding_window" in cfg and cfg["sliding_window"] is None:
+        sliding = [i for i, kind in enumerate(types) if kind == _SLIDING]
+        if not sliding:
+            return max_position
+        raise PrefillConfigError(
+            f"config.json sliding_window=None is invalid: layer_types marks layers {sliding} sliding_attention, "
+            "which need a window (transformers' Gemma 3 refuses this config on its first forward); give "
+            "sliding_window an integer or mark those layers full_attention"
+        )
+    return _int(cfg, "sliding_window", 4096)
 
 
 def _rope_by_type(cfg: dict[str, Any], max_position: int) -> dict[str, tuple[float, RopeScaling | None]]:
@@ -198,6 +223,7 @@ class Gemma3Spec:
         if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or cap <= 0):
             raise PrefillConfigError(f"config.json final_logit_softcapping={cap!r} is invalid: a positive number")
         rope = _rope_by_type(text, max_position)
+        types = _layer_types(text, layers)
         return cls(
             vocab_size=_int(text, "vocab_size", 262_208),
             hidden_size=_int(text, "hidden_size", 2304),
@@ -208,8 +234,8 @@ class Gemma3Spec:
             head_dim=_int(text, "head_dim", 256),
             rms_norm_eps=_number(text, "rms_norm_eps", 1e-6),
             query_pre_attn_scalar=_number(text, "query_pre_attn_scalar", 256),
-            sliding_window=_int(text, "sliding_window", 4096),
-            layer_types=_layer_types(text, layers),
+            sliding_window=_sliding_window(text, types, max_position),
+            layer_types=types,
             rope=tuple((kind, *rope[kind]) for kind in (_FULL, _SLIDING)),
             max_position_embeddings=max_position,
             tie_word_embeddings=bool(text.get("tie_word_embeddings", True)),

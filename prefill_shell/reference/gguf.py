@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from prefill_core.errors import PrefillConfigError
+from prefill_core.values.errors import PrefillConfigError
 from prefill_shell.extras import requires_extra
 from prefill_shell.reference.config import FAMILIES, LlamaSpec
 from prefill_shell.reference.llama import PagedLlama

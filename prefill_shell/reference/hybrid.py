@@ -26,7 +26,7 @@ import attrs
 import torch
 
 from prefill_core import AttentionLayout, KVBuffers
-from prefill_core.errors import InvalidLayoutError, PrefillConfigError, field_error
+from prefill_core.values.errors import InvalidLayoutError, PrefillConfigError, field_error
 from prefill_shell.reference.config import GEMMA3_ARCHITECTURES as GEMMA3_TYPES
 from prefill_shell.reference.config import LlamaSpec, in_folder, read_config_dict, sliding_layers
 from prefill_shell.reference.gemma3 import PagedGemma3, text_weights

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from prefill_core import ceil_div
-from prefill_core.errors import PrefillConfigError
+from prefill_core.values.errors import PrefillConfigError
 from prefill_shell.reference.config import LayerAttention, LlamaSpec
 from prefill_shell.reference.kv_cache import PagedKVCache
 from prefill_shell.reference.packed_attention import packed_writes, segment_attention, segment_reads, write_packed

@@ -14,14 +14,22 @@ from pathlib import Path
 
 import torch
 
-from prefill_core.errors import PrefillConfigError
-from prefill_shell.reference.config import in_folder, needs_hybrid, read_config_dict
+from prefill_core.values.errors import PrefillConfigError
+from prefill_shell.reference.config import (
+    GEMMA3_ARCHITECTURES,
+    LlamaSpec,
+    in_folder,
+    needs_hybrid,
+    read_config_dict,
+    sliding_layers,
+)
+from prefill_shell.reference.gemma3_config import Gemma3Spec
 from prefill_shell.reference.hybrid import HybridLlama, load_hybrid_folder
 from prefill_shell.reference.llama import PagedLlama
 from prefill_shell.reference.pooling_folder import is_pooling_folder, load_pooling_folder
 from prefill_shell.reference.weights import load_hf_folder
 
-__all__ = ["PROVISIONAL_BLOCK_SIZE", "load_model_folder"]
+__all__ = ["PROVISIONAL_BLOCK_SIZE", "load_model_folder", "read_model_folder_spec"]
 
 PROVISIONAL_BLOCK_SIZE = 32
 """A hybrid model's KV block until the serving engine's arrives (the facade regroups at allocation)."""
@@ -56,3 +64,22 @@ def load_model_folder(
             folder, block_size=block_size, sliding_block_size=sliding_block_size, device=device, dtype=dtype
         )
     return load_hf_folder(folder, device=device, dtype=dtype)
+
+
+def read_model_folder_spec(folder: str | Path) -> LlamaSpec | Gemma3Spec:
+    """The architecture ``load_model_folder`` would build from ``folder``'s config.json, without reading weights.
+
+    Every config it would refuse is refused here with the same named
+    ``PrefillConfigError`` (so a command can check a folder, and read its
+    ``dtype``, before the slow load). A windowed Llama-family config reads
+    as its plain spec: the window lives in the hybrid model's attention layout.
+    """
+    cfg = read_config_dict(folder)
+    try:
+        if cfg.get("model_type") in GEMMA3_ARCHITECTURES:
+            return Gemma3Spec.from_hf_dict(cfg)
+        sliding_layers(cfg)  # the window keys, refused as load_hybrid_folder refuses them
+        plain = {key: value for key, value in cfg.items() if key not in ("layer_types", "use_sliding_window")}
+        return LlamaSpec.from_hf_dict({**plain, "sliding_window": None})
+    except PrefillConfigError as error:
+        raise in_folder(folder, error) from None

@@ -1,4 +1,4 @@
-"""Attention and KV writes of a packed step (``prefill_core.packed``): per-segment causal attention.
+"""Attention and KV writes of a packed step (``prefill_core.planning.packed``): per-segment causal attention.
 
 A packed step's tokens are row segments laid end to end. Each segment's
 queries attend to its row's positions before ``start``, gathered from the

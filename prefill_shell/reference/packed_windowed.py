@@ -1,4 +1,4 @@
-"""Attention of a hybrid model's packed step (``prefill_core.group_packed``): per segment, per KV group.
+"""Attention of a hybrid model's packed step (``prefill_core.kv_groups.group_packed``): per segment, per KV group.
 
 A packed step's tokens are row segments end to end. In each layer, every
 token's fresh K/V is first written into its slot of the layer's group pool
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from prefill_core.windows import window_floor
+from prefill_core.kv_groups.windows import window_floor
 from prefill_shell.reference.packed_attention import packed_writes, write_packed
 
 __all__ = ["PackedGroupStep", "packed_windowed_attention"]

@@ -2,7 +2,7 @@
 
 ``load_pooling_folder`` reads one folder into a ``PoolingFolder``: the
 reference model of its body (``PagedLlama``), the pooler settings
-(``prefill_core.pooling.PoolerConfig``) as sentence-transformers and vLLM
+(``prefill_core.values.pooling.PoolerConfig``) as sentence-transformers and vLLM
 read them, and the classification head's weight where there is one. Three
 shapes, told apart by what the folder holds:
 
@@ -43,8 +43,8 @@ from typing import Any
 import attrs
 import torch
 
-from prefill_core.errors import PrefillConfigError
-from prefill_core.pooling import PoolerConfig, PoolingType, classify_activation
+from prefill_core.values.errors import PrefillConfigError
+from prefill_core.values.pooling import PoolerConfig, PoolingType, classify_activation
 from prefill_shell.reference.config import FAMILIES, LlamaSpec, in_folder, needs_hybrid, read_config_dict
 from prefill_shell.reference.llama import PagedLlama
 from prefill_shell.reference.weights import _read_shard, _shard_files

@@ -22,7 +22,7 @@ from typing import Any
 import attrs
 import torch
 
-from prefill_core.errors import PrefillConfigError
+from prefill_core.values.errors import PrefillConfigError
 
 __all__ = [
     "COMPUTED_ROPE_TYPES",

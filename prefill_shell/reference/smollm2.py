@@ -13,7 +13,7 @@ import hashlib
 import os
 from pathlib import Path
 
-from prefill_core.errors import PrefillConfigError
+from prefill_core.values.errors import PrefillConfigError
 
 __all__ = [
     "ENV_VAR",

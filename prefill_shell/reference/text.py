@@ -16,12 +16,14 @@ from typing import Any
 import attrs
 import torch
 
-from prefill_core.dtype import AUTO, DtypeChoice, canonical_dtype
-from prefill_core.errors import PrefillConfigError
+from prefill_core.values.dtype import AUTO, DtypeChoice, canonical_dtype
+from prefill_core.values.errors import PrefillConfigError
 from prefill_shell.backends.numerics import choose_dtype
 from prefill_shell.extras import requires_extra
-from prefill_shell.reference import PRESETS, PagedLlama, load_gguf, load_hf_folder, random_llama, read_config_json
+from prefill_shell.reference import PRESETS, PagedLlama, load_gguf, load_hf_folder, random_llama
 from prefill_shell.reference.gguf import gguf_has_tokenizer
+from prefill_shell.reference.hybrid import HybridLlama
+from prefill_shell.reference.model_folder import load_model_folder, read_model_folder_spec
 from prefill_shell.reference.smollm2 import smollm2_path
 
 __all__ = [
@@ -77,17 +79,29 @@ def checkpoint_dtype(ref: str | None) -> str | None:
     if ref is not None and ref.startswith(RANDOM_PREFIX):
         return None
     path = model_path(ref)
-    return read_config_json(path).dtype if _model_kind(path) == "folder" else None
+    return read_model_folder_spec(path).dtype if _model_kind(path) == "folder" else None
 
 
 def model_dtype(ref: str | None, request: str | torch.dtype = "float32", device: str = "cpu") -> DtypeChoice:
-    """The dtype a model named by ``ref`` runs in for ``request`` (``prefill_core.dtype``'s rules) and why."""
+    """The dtype a model named by ``ref`` runs in for ``request`` (``prefill_core.values.dtype``'s rules) and why."""
     request = str(request).removeprefix("torch.")
     return choose_dtype(request, checkpoint_dtype(ref) if canonical_dtype(request) == AUTO else None, device)
 
 
-def load_model(ref: str | None, dtype: str | torch.dtype = "float32", device: str = "cpu") -> PagedLlama:
-    """The weights ``--model`` names, as a ``PagedLlama`` in ``dtype`` (a name, ``auto`` or ``native``)."""
+def load_model(
+    ref: str | None,
+    dtype: str | torch.dtype = "float32",
+    device: str = "cpu",
+    block_size: int | None = None,
+) -> PagedLlama | HybridLlama:
+    """The weights ``--model`` names in ``dtype`` (a name, ``auto`` or ``native``), as a ``PagedLlama``.
+
+    With ``block_size`` (a caller that runs KV groups), a folder transformers
+    slides (Gemma 3, a windowed Mistral, Qwen2 or Qwen3) loads as the
+    ``HybridLlama`` whose groups take ``block_size``-token blocks
+    (``load_model_folder``); without it such a folder is the plain loader's
+    ``PrefillConfigError`` naming ``load_model_folder``.
+    """
     name = model_dtype(ref, dtype, device).dtype
     if ref is not None and ref.startswith(RANDOM_PREFIX):
         preset = ref[len(RANDOM_PREFIX) :]
@@ -96,7 +110,9 @@ def load_model(ref: str | None, dtype: str | torch.dtype = "float32", device: st
         return random_llama(0, preset, device=device, dtype=name)
     path = model_path(ref)
     if _model_kind(path) == "folder":
-        return load_hf_folder(path, device=device, dtype=name)
+        if block_size is None:
+            return load_hf_folder(path, device=device, dtype=name)
+        return load_model_folder(path, device=device, dtype=name, block_size=block_size)
     return load_gguf(path, dtype=getattr(torch, name), device=device)
 
 
@@ -121,7 +137,7 @@ def load_tokenizer(ref: str | None) -> Any:
     path = model_path(ref)
     gguf = _model_kind(path) == "gguf"
     if not gguf:
-        read_config_json(path)  # a bad config.json is named as such, not as a tokenizer failure
+        read_model_folder_spec(path)  # a bad config.json is named as such, not as a tokenizer failure
     if not gguf and not any((path / name).exists() for name in ("tokenizer.json", "tokenizer_config.json")):
         return None
     if gguf and not gguf_has_tokenizer(path):

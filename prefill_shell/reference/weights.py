@@ -15,7 +15,7 @@ import attrs
 import torch
 from safetensors.torch import load_file, save_file
 
-from prefill_core.errors import PrefillConfigError
+from prefill_core.values.errors import PrefillConfigError
 from prefill_shell.reference.config import LlamaSpec, read_config_json
 from prefill_shell.reference.llama import PagedLlama, llama_weight_shapes, rope_inv_freq
 from prefill_shell.reference.rope import Llama3RopeScaling

@@ -10,7 +10,7 @@ model with each layer reading and writing through its group's tables
 
 What a windowed layer reads: the queries of ``[start, start + S)`` see keys
 ``k`` with ``q - window < k <= q`` (transformers' rule). The pool is gathered
-only at the columns ``prefill_core.windows.read_columns`` names (the window,
+only at the columns ``prefill_core.kv_groups.windows.read_columns`` names (the window,
 clipped at the row's floor ``read_from``), which the core guarantees map the
 row's real blocks; positions gathered there that lie before
 ``window_floor(start)`` or at or past ``start`` are zeroed, not only masked
@@ -33,8 +33,8 @@ import torch
 import torch.nn.functional as F
 
 from prefill_core import AttentionLayout, KVBuffers, KVGroup
-from prefill_core.intmath import ceil_div
-from prefill_core.windows import window_floor
+from prefill_core.kv_groups.windows import window_floor
+from prefill_core.values.intmath import ceil_div
 from prefill_shell.reference.kv_cache import PagedKVCache
 from prefill_shell.reference.llama import PagedLlama, _rms_norm, _split_qkv
 
@@ -69,7 +69,7 @@ class GroupedKVCache:
     buffer of each layer, ``[num_blocks, H_kv, block_size, D]`` each, with no
     sink block: layer i of every group is a view of buffer i, so the pool's
     bytes are vLLM's plan (``num_blocks`` pages per KV tensor). A block id
-    belongs to one group at a time (``prefill_core.group_rules``), so sharing
+    belongs to one group at a time (``prefill_core.kv_groups.group_rules``), so sharing
     never lets one group read or write another's page. ``pools[g]`` is group
     g's layers over their buffers.
     """

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import torch
 
+from prefill_core.values.errors import InvalidSamplingError
 from prefill_shell.sampling.torch_sampling import sample_row
 
 __all__ = ["apply_penalties", "sample_penalised"]
@@ -37,8 +38,18 @@ def apply_penalties(
     presence: float,
     frequency: float,
 ) -> torch.Tensor:
-    """Penalised copy of ``logits [V]`` (float32); ``prompt_ids`` and ``output_ids`` are 1-D token ids."""
+    """Penalised copy of ``logits [V]`` (float32); ``prompt_ids`` and ``output_ids`` are 1-D token ids in ``[0, V)``.
+
+    Padding is the caller's to drop (``serving.penalty_state.token_ids``); an id
+    outside the vocabulary is an ``InvalidSamplingError`` naming the field, never
+    an ``IndexError`` (prompt ids) or an id ignored (output ids).
+    """
     vocab = logits.shape[-1]
+    for field, ids in (("prompt_ids", prompt_ids), ("output_ids", output_ids)):
+        outside = ((ids < 0) | (ids >= vocab)).nonzero().flatten()
+        if len(outside):
+            msg = f"{field} holds id {int(ids[outside[0]])}, which is invalid: each id must lie in [0, {vocab})"
+            raise InvalidSamplingError(msg, field=field)
     raw = logits.float()
     output_counts = torch.bincount(output_ids.long(), minlength=vocab)[:vocab]  # [V]
     seen = output_counts > 0

@@ -16,7 +16,7 @@ import torch
 
 from prefill_core import is_greedy
 
-__all__ = ["sample_row", "top_logprobs", "resolve_generator"]
+__all__ = ["sample_row", "support_logits", "top_logprobs", "resolve_generator"]
 
 
 def resolve_generator(seed: int, device: torch.device) -> torch.Generator:
@@ -25,28 +25,44 @@ def resolve_generator(seed: int, device: torch.device) -> torch.Generator:
     return generator
 
 
-def _support_probs(logits: torch.Tensor, top_k: int, top_p: float, temperature: float) -> torch.Tensor:
-    """float64 probabilities after temperature, top-k and top-p: zero outside the support."""
+def support_logits(logits: torch.Tensor, top_k: int, top_p: float, temperature: float) -> torch.Tensor:
+    """float64 logits after temperature, top-k and top-p: ``-inf`` outside the support, the largest 0.
+
+    The support is vLLM's (``apply_top_k_top_p_pytorch`` and ``apply_top_k_only``
+    in vllm-project/vllm ``vllm/v1/sample/ops/topk_topp_sampler.py`` at v0.33.0,
+    the path its CPU sampler takes, which is where a Tenstorrent host samples),
+    ties included:
+
+    * top-k keeps every token whose scaled logit is not below the k-th largest,
+      so a token tied with the k-th stays (more than k tokens where logits tie);
+    * top-p, over the top-k survivors renormalised, drops a token once the mass
+      of the tokens ranked above it reaches p, ranking by descending logit and
+      equal logits by descending token id (vLLM walks a stable ascending sort,
+      so of two equal logits the lower id meets the dropped tail first);
+    * the largest logit always stays.
+    """
     logits = logits.double()
     # Shifted so the largest logit is 0: (x - max) / T is <= 0 for any T > 0,
     # so a tiny T sends every other token to -inf instead of overflowing to inf.
     scaled = (logits - logits.max()) / temperature
     vocab = scaled.shape[-1]
     if 0 < top_k < vocab:
-        keep = torch.zeros_like(scaled, dtype=torch.bool)
-        keep[torch.topk(scaled, top_k).indices] = True
-        scaled = scaled.masked_fill(~keep, float("-inf"))
-    probs = torch.softmax(scaled, dim=-1)
+        kth = torch.topk(scaled, top_k).values[-1]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
     if top_p < 1.0:
-        sorted_probs, order = torch.sort(probs, descending=True)
-        # Keep the smallest prefix whose mass reaches top_p: drop a token once
-        # the mass before it already reaches top_p. The top token always stays,
-        # stated outright so that no rounding of top_p can drop it.
+        probs = torch.softmax(scaled, dim=-1)
+        # Descending by probability, equal values by descending id: a stable
+        # descending sort of the reversed row, its positions mapped back.
+        sorted_probs, reversed_order = torch.sort(probs.flip(-1), descending=True, stable=True)
+        order = vocab - 1 - reversed_order
+        # Drop a token once the mass before it already reaches top_p. The top
+        # token always stays, stated outright so that no rounding of top_p can
+        # drop it.
         drop = (torch.cumsum(sorted_probs, dim=-1) - sorted_probs) >= top_p
         drop[..., 0] = False
-        sorted_probs = sorted_probs.masked_fill(drop, 0.0)
-        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
-    return probs
+        dropped = torch.zeros_like(drop).scatter_(-1, order, drop)
+        scaled = scaled.masked_fill(dropped, float("-inf"))
+    return scaled
 
 
 def sample_row(logits: torch.Tensor, top_k: int, top_p: float, temperature: float, seed: int) -> torch.Tensor:
@@ -58,7 +74,7 @@ def sample_row(logits: torch.Tensor, top_k: int, top_p: float, temperature: floa
     """
     if is_greedy(temperature, top_k):  # the core's rule: greedy here exactly when the row alone takes argmax
         return torch.argmax(logits, dim=-1)
-    probs = _support_probs(logits, top_k, top_p, temperature)
+    probs = torch.softmax(support_logits(logits, top_k, top_p, temperature), dim=-1)
     race = torch.empty_like(probs).exponential_(generator=resolve_generator(seed, logits.device))
     # A token outside the support scores -1, below every supported token,
     # even where a draw of E is 0 (0 / 0 would be NaN, which argmax picks).

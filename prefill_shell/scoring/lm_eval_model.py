@@ -20,8 +20,9 @@ longest step, default 2048), ``num_blocks`` (KV pool size), ``traced``,
 ``dtype`` (as lm-eval's ``hf`` model takes it: ``float32``, the default,
 ``bfloat16``, ``float16``, or ``auto`` for the checkpoint's dtype; plus
 ``native``: bfloat16 where the device computes it natively, else float32;
-``prefill_core.dtype`` holds the rules). ``self.dtype_choice`` says which
-dtype it resolved to and why.
+``prefill_core.values.dtype`` holds the rules). ``self.dtype_choice`` says which
+dtype it resolved to and why. ``add_bos_token`` (true/false; default the
+tokenizer's own) as lm-eval's ``hf`` model takes it.
 """
 
 from __future__ import annotations
@@ -33,9 +34,9 @@ import attrs
 import torch
 
 from prefill_core import ExecutionMode
-from prefill_core.dtype import canonical_dtype
-from prefill_core.errors import PrefillConfigError, PrefillError
-from prefill_core.options import OptionError, block_size_option, count_option
+from prefill_core.inputs.options import OptionError, block_size_option, count_option
+from prefill_core.values.dtype import canonical_dtype
+from prefill_core.values.errors import PrefillConfigError, PrefillError
 from prefill_shell.backends import TorchBackend
 from prefill_shell.extras import LM_EVAL_PYTHONS, requires_extra
 from prefill_shell.reference.text import load_model, load_tokenizer, model_dtype
@@ -57,7 +58,7 @@ _FALSE = ("0", "false", "no", "")
 
 
 def _model_option(name: str, value: Any, check: Callable[[Any], T], default: T | None) -> T | None:
-    """A ``--model_args`` value by ``prefill_core.options``' ``check`` (the command lines' own); None or "" is
+    """A ``--model_args`` value by ``prefill_core.inputs.options``' ``check`` (the command lines' own); None or "" is
     ``default``; a value the check refuses names the argument."""
     if value is None or value == "":
         return default
@@ -142,9 +143,11 @@ class PrefillRuntimeLM(TemplateLM):
         batch_size: int | str | None = None,
         max_batch_size: int | None = None,
         dtype: str | torch.dtype | None = None,
+        add_bos_token: bool | str | None = None,
         **_ignored: Any,
     ):
         super().__init__()
+        self.add_bos_token = _model_option("add_bos_token", add_bos_token, _flag_option, None)
         options = check_model_arguments(max_length, block_size, max_chunk, num_blocks, traced, device)
         ref = _model_ref(model)
         request = canonical_dtype(
@@ -185,13 +188,35 @@ class PrefillRuntimeLM(TemplateLM):
     def max_length(self) -> int:
         return self._max_length
 
-    def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs: Any) -> list[int]:
+    def tok_encode(
+        self,
+        string: str,
+        add_special_tokens: bool | None = None,
+        left_truncate_len: int | None = None,
+        **kwargs: Any,
+    ) -> list[int]:
+        """lm-eval's ``hf`` rules (EleutherAI/lm-evaluation-harness ``lm_eval/models/huggingface.py``,
+        ``HFLM.tok_encode``, as installed in the 3.12 venv), each checked against that method in
+        ``tests/scoring/test_lm_eval_model.py``:
+
+        * ``add_special_tokens`` given wins; else the ``add_bos_token`` model argument, if given; else the
+          tokenizer's own default;
+        * with ``add_special_tokens`` not given, a text that already starts with the prefix token's text
+          (BOS, else EOS) gets no special tokens: never a second BOS;
+        * ``left_truncate_len`` keeps the last that many ids.
+        """
         if self.tokenizer is None:  # a random preset (or a file without one) still scores token ids, never text
             msg = f"prefill-runtime model {self._model_name!r} has no tokenizer: lm-eval's requests are text"
             raise PrefillConfigError(msg)
-        if add_special_tokens is None:
-            return self.tokenizer.encode(string)
-        return self.tokenizer.encode(string, add_special_tokens=add_special_tokens)
+        special = add_special_tokens if add_special_tokens is not None else self.add_bos_token
+        if add_special_tokens is None and string.startswith(self.tokenizer.decode(self.prefix_token_id)):
+            special = False
+        ids = (
+            self.tokenizer.encode(string)
+            if special is None
+            else self.tokenizer.encode(string, add_special_tokens=special)
+        )
+        return ids[-left_truncate_len:] if left_truncate_len else ids
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs: Any) -> list[tuple[float, bool]]:
         scores = self.scorer.score([(context, continuation) for _, context, continuation in requests])

@@ -35,7 +35,7 @@ import attrs
 import torch
 
 from prefill_core import ExecutionMode, PageTableLayout, SamplingParams, ceil_div, execution_mode
-from prefill_core.errors import CapacityError, InvalidScoringRequestError, PrefillConfigError, row_error
+from prefill_core.values.errors import CapacityError, InvalidScoringRequestError, PrefillConfigError, row_error
 from prefill_shell.engine.runtime import PrefillRuntime
 from prefill_shell.scoring.prefix_sharing import share_prefix, sharing_groups
 
@@ -44,6 +44,7 @@ __all__ = [
     "ContinuationScore",
     "Scorer",
     "encode_pair",
+    "prefix_token_id",
     "rolling_windows",
     "scoring_layout",
     "window_length",
@@ -173,12 +174,26 @@ def _pair(index: int, pair: object, vocab_size: int) -> tuple[list[int], list[in
     return _token_ids(index, "context", pair[0], vocab_size), _token_ids(index, "continuation", pair[1], vocab_size)
 
 
+def prefix_token_id(tokenizer) -> int:
+    """The token an empty context is conditioned on: BOS, else EOS (lm-eval's ``prefix_token_id``)."""
+    return tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+
+
 def encode_pair(tokenizer, context: str, continuation: str) -> tuple[list[int], list[int]]:
     """Token ids of a text pair: trailing spaces of the context belong to the continuation; the
-    continuation's ids are those of the whole text past the context's."""
+    continuation's ids are those of the whole text past the context's.
+
+    An empty context (or one of spaces only) is conditioned on ``prefix_token_id`` as lm-eval's
+    ``TemplateLM.loglikelihood`` does (EleutherAI/lm-evaluation-harness ``lm_eval/api/model.py``, as
+    installed in the 3.12 venv): the continuation encoded without special tokens, and when it already
+    begins with that token, its first token is the context.
+    """
     spaces = len(context) - len(context.rstrip())
     if spaces:
         context, continuation = context[:-spaces], context[-spaces:] + continuation
+    if context == "":
+        prefix, ids = prefix_token_id(tokenizer), tokenizer.encode(continuation, add_special_tokens=False)
+        return (ids[:1], ids[1:]) if ids[:1] == [prefix] else ([prefix], ids)
     context_ids = tokenizer.encode(context)
     return context_ids, tokenizer.encode(context + continuation)[len(context_ids) :]
 
@@ -365,7 +380,7 @@ class Scorer:
 
         The contexts' rows write the shared blocks whole at the columns the
         follow-ups read them, so the planner runs them first (a same-step
-        prefix hit, ``prefill_core.block_order``): packed, in the same steps
+        prefix hit, ``prefill_core.planning.block_order``): packed, in the same steps
         where they fit. Their last-token output is not needed.
         """
         contexts = list(shared)

@@ -3,7 +3,7 @@
 The ``score`` command line and the lm-eval model both score through a
 ``Scorer`` on a runtime built here, so the same request is planned the same
 way under either (packed steps where the backend and model run them, the
-padded waves a trace serves when the scorer replays; ``prefill_core.execution``).
+padded waves a trace serves when the scorer replays; ``prefill_core.values.execution``).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ require_shell(__name__)  # before any module here imports torch
 
 from prefill_shell.serving.entry import serving_facade
 from prefill_shell.serving.facade import ServingFacade
-from prefill_shell.serving.hybrid_facade import HybridServingFacade
+from prefill_shell.serving.hybrid_facade import HybridLaneGroupFacade, HybridServingFacade
 from prefill_shell.serving.lane_facade import LaneGroupFacade
 
-__all__ = ["HybridServingFacade", "LaneGroupFacade", "ServingFacade", "serving_facade"]
+__all__ = ["HybridLaneGroupFacade", "HybridServingFacade", "LaneGroupFacade", "ServingFacade", "serving_facade"]

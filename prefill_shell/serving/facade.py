@@ -27,9 +27,9 @@ from prefill_core import (
     manifest_for,
     route_to_lanes,
 )
-from prefill_core.errors import KVCacheMismatchError, PrefillConfigError, PrefillInputError, PrefillStateError
-from prefill_core.trace_check import replays_call
-from prefill_core.warmup import limited_to
+from prefill_core.calls.trace_check import replays_call
+from prefill_core.calls.warmup import limited_to
+from prefill_core.values.errors import KVCacheMismatchError, PrefillConfigError, PrefillInputError, PrefillStateError
 from prefill_shell.backends.base import Backend
 from prefill_shell.device.model import PrefillModel
 from prefill_shell.device.notes import add_note
@@ -317,14 +317,15 @@ class PluginFacade:
         given_prompts = state_rows(kwargs.get("prompt_tokens"), "prompt_tokens", slots, capacity)
         given_outputs = state_rows(kwargs.get("output_tokens"), "output_tokens", slots, capacity)
         lengths = prompt_lens.tolist() if isinstance(prompt_lens, torch.Tensor) else list(prompt_lens)
+        vocab = self.model.spec.vocab_size
         prompts, outputs = {}, {}
         for row in plugin.penalised:
             if given_prompts is None:
                 prompts[row] = torch.as_tensor(tokens[row][: lengths[row]], dtype=torch.int64)
             else:
-                prompts[row] = token_ids(given_prompts[row], "prompt_tokens", row)
+                prompts[row] = token_ids(given_prompts[row], "prompt_tokens", row, vocab)
             none = torch.zeros(0, dtype=torch.int64)
-            outputs[row] = none if given_outputs is None else token_ids(given_outputs[row], "output_tokens", row)
+            outputs[row] = none if given_outputs is None else token_ids(given_outputs[row], "output_tokens", row, vocab)
         return prompts, outputs
 
     def _sampled(self, out: BatchResult, plugin: PluginRows, prompts: dict, outputs: dict):
@@ -368,9 +369,15 @@ class OneLane:
         self.model = model
         self.backend = backend
         self.pool_rows = max_batch_size  # slots the lane holds; a provisional pool holds a block of tail for each
-        self._kv_factory = kv_factory or model.new_kv_cache
+        self._kv_factory = kv_factory
+        # pool_factory(model, num_blocks, block_size): how a KV-group facade builds each lane's pool.
+        self.pool_factory: Callable[[Any, int, int], Any] | None = None
         self._seed = seed
         self.executor: PrefillExecutor | None = None
+
+    def regroup(self, regrouped: Callable[[Any], Any]) -> None:
+        """Replaces the lane's model by ``regrouped(model)`` (a KV-group facade at allocation)."""
+        self.model = regrouped(self.model)
 
     @property
     def built(self) -> bool:
@@ -387,7 +394,12 @@ class OneLane:
 
     def build(self, num_blocks: int, block_size: int, lane_executor) -> Any:
         """Builds the pool and the executor over it; returns the pool (what the plugin passes back as ``kv_cache``)."""
-        kv = self._kv_factory(num_blocks, block_size)
+        if self.pool_factory is not None:
+            kv = self.pool_factory(self.model, num_blocks, block_size)
+        elif self._kv_factory is not None:
+            kv = self._kv_factory(num_blocks, block_size)
+        else:
+            kv = self.model.new_kv_cache(num_blocks, block_size)
         self.executor = lane_executor(self.model, self.backend, kv, num_blocks, block_size, self._seed)
         return kv
 
@@ -415,7 +427,7 @@ class ServingFacade(PluginFacade):
     ``policy.lane_size`` is set to it), so an ``empty_slots`` entry at or
     past it is an ``InvalidSlotError`` at its row. ``warmup_lengths`` limits
     both warm-up phases to those invocation lengths (tt-transformers'
-    ``WarmupConfig.prefill_seq_lens``; ``prefill_core.warmup.limited_to``):
+    ``WarmupConfig.prefill_seq_lens``; ``prefill_core.calls.warmup.limited_to``):
     a traced call of another length is then a ``TraceCoverageError``. ``kv_dtype`` is None or
     the model's dtype (the pool is built in it and the model runs on it);
     any other is a ``PrefillConfigError`` here, before any pool exists.

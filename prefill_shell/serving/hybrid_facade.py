@@ -1,7 +1,7 @@
 """``HybridServingFacade``: the serving facade for a model whose layers fall into KV groups (sliding windows).
 
 vLLM's hybrid KV cache manager decides the groups: groups of an equal number
-of layers (``prefill_core.kv_grouping``: Gemma 3's sliding, sliding, full is
+of layers (``prefill_core.kv_groups.kv_grouping``: Gemma 3's sliding, sliding, full is
 three groups of one layer), each with its own table and block size, sharing
 KV tensors (tensor i holds layer i of every group). The plugin at e3fc8494
 hands both over: ``allocate_kv_cache_per_layer`` gets one ``(shape, dtype,
@@ -26,38 +26,42 @@ from typing import Any
 import torch
 
 from prefill_core import AttentionLayout, KVBuffers, vllm_layer_groups
-from prefill_core.errors import InvalidLayoutError, PrefillConfigError, PrefillInputError
+from prefill_core.values.errors import InvalidLayoutError, PrefillConfigError, PrefillInputError
 from prefill_shell.device.notes import add_note
 from prefill_shell.serving.facade import ServingFacade, _cast, _kv_heads_per_device
+from prefill_shell.serving.lane_facade import LaneGroupFacade
 
-__all__ = ["HybridServingFacade", "VLLM_NULL_BLOCK"]
+__all__ = ["HybridLaneGroupFacade", "HybridServingFacade", "KVGroups", "VLLM_NULL_BLOCK"]
 
 VLLM_NULL_BLOCK = 0
 """vLLM's ``BlockPool.null_block``: block 0, never written, in every out-of-window entry of a hit."""
 
 
-class HybridServingFacade(ServingFacade):
-    """``ServingFacade`` over a model with ``attention`` (``prefill_core.AttentionLayout``) and grouped steps.
+class KVGroups:
+    """What a facade over a model with KV groups adds to the plugin's calls, over one lane or a lane group.
 
     The model's layout gives each layer's kind and window; vLLM's specs give
     the block sizes and the groups. ``kv_factory(model, num_blocks, buffers)``
-    builds a pool for the regrouped model (default: its
-    ``new_kv_cache(num_blocks, buffers=buffers)``); a model is regrouped by its
-    ``with_attention(layout)``.
+    builds a pool for a regrouped model (default: its
+    ``new_kv_cache(num_blocks, buffers=buffers)``), on every lane; a model is
+    regrouped by its ``with_attention(layout)``. Mixed into a facade
+    (``HybridServingFacade``: one lane; ``HybridLaneGroupFacade``: one lane
+    per data-parallel rank), so KV groups and lanes are two independent axes.
     """
 
-    def __init__(self, model, backend, *, kv_factory: Callable[..., Any] | None = None, **kwargs: Any):
-        if getattr(model, "attention", None) is None:
+    def __init__(self, *args: Any, kv_factory: Callable[..., Any] | None = None, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        if getattr(self.model, "attention", None) is None:
             raise PrefillConfigError(f"{type(self).__name__}: the model has no attention layout (KV groups)")
-        self._given_model = model
+        self._given_model = self.model
         self._pool_factory = kv_factory
         self._buffers: KVBuffers | None = None
-        super().__init__(model, backend, kv_factory=self._new_pool, **kwargs)
+        self.lanes.pool_factory = self._new_pool
 
-    def _new_pool(self, num_blocks: int, _block_size: int) -> Any:
+    def _new_pool(self, model, num_blocks: int, _block_size: int) -> Any:
         if self._pool_factory is not None:
-            return self._pool_factory(self.model, num_blocks, self._buffers)
-        return self.model.new_kv_cache(num_blocks, buffers=self._buffers)
+            return self._pool_factory(model, num_blocks, self._buffers)
+        return model.new_kv_cache(num_blocks, buffers=self._buffers)
 
     # -- set-up ---------------------------------------------------------
     def allocate_kv_cache_per_layer(
@@ -87,9 +91,10 @@ class HybridServingFacade(ServingFacade):
             buffers = KVBuffers.shared(layout) if indices is None else KVBuffers(layout, indices)
         except InvalidLayoutError as error:
             raise PrefillConfigError(f"per_layer_specs' tensor indices {indices} are invalid: {error}") from None
-        model = self._regrouped(layout)
+        self._regrouped(layout)  # refused by name before the previous pool is released
         self._release()
-        self.model = self.lanes.model = model
+        self.lanes.regroup(lambda lane_model: self._regrouped(layout, lane_model))
+        self.model = self.lanes.model
         self._buffers = buffers
         try:
             self.kv = self.lanes.build(num_blocks, layout.groups[0].block_size, self._lane_executor)
@@ -108,8 +113,9 @@ class HybridServingFacade(ServingFacade):
             raise PrefillConfigError(f"vLLM's KV num_layers={num_layers!r} is invalid: the model needs an int")
         return self.allocate_kv_cache_per_layer([(kv_cache_shape, dtype)] * num_layers)
 
-    def _regrouped(self, layout: AttentionLayout):
-        model = self._given_model
+    def _regrouped(self, layout: AttentionLayout, model=None):
+        """``model`` (the facade's given one by default) with its layers in ``layout``'s groups."""
+        model = self._given_model if model is None else model
         if layout == model.attention:
             return model
         regroup = getattr(model, "with_attention", None)
@@ -185,6 +191,15 @@ class HybridServingFacade(ServingFacade):
                     raise PrefillInputError(msg, field=f"page_tables_per_layer[{layer}]")
             groups.append(first)
         return {"group_page_tables": groups, **null}
+
+
+class HybridServingFacade(KVGroups, ServingFacade):
+    """``ServingFacade`` over a model with ``attention`` (``prefill_core.AttentionLayout``): one lane, KV groups."""
+
+
+class HybridLaneGroupFacade(KVGroups, LaneGroupFacade):
+    """``LaneGroupFacade`` over a model with KV groups: one lane per data-parallel rank, every lane regrouped as
+    vLLM groups the layers, each lane's pool in vLLM's buffers."""
 
 
 def _rows(table, num_rows: int, layer: int) -> torch.Tensor:

@@ -9,11 +9,11 @@ docs/serving.md ("Data parallel") and docs/lanes.md.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from prefill_core import PrefillPolicy
-from prefill_core.errors import KVCacheMismatchError, PrefillConfigError, PrefillStateError
+from prefill_core.values.errors import KVCacheMismatchError, PrefillConfigError, PrefillStateError
 from prefill_shell.backends.base import Backend
 from prefill_shell.device.model import PrefillModel, model_difference
 from prefill_shell.engine.executor import PrefillExecutor
@@ -49,6 +49,13 @@ class LaneGroupLanes:
         self.threaded = threaded
         self._seed = seed
         self.group: LaneGroup | None = None
+        # pool_factory(model, num_blocks, block_size): how a KV-group facade builds each lane's pool.
+        self.pool_factory: Callable[[Any, int, int], Any] | None = None
+
+    def regroup(self, regrouped: Callable[[Any], Any]) -> None:
+        """Replaces every lane's model by ``regrouped(model)`` (a KV-group facade at allocation)."""
+        self.lane_models = tuple((regrouped(model), backend) for model, backend in self.lane_models)
+        self.model = self.lane_models[0][0]
 
     @property
     def built(self) -> bool:
@@ -70,7 +77,10 @@ class LaneGroupLanes:
         pools = []
         try:
             for lane, (model, backend) in enumerate(self.lane_models):
-                pool = model.new_kv_cache(num_blocks, block_size)
+                make = self.pool_factory
+                pool = (
+                    model.new_kv_cache(num_blocks, block_size) if make is None else make(model, num_blocks, block_size)
+                )
                 executors.append(lane_executor(model, backend, pool, num_blocks, block_size, self._seed + lane))
                 pools.append(pool)
             self.group = LaneGroup(executors, threaded=self.threaded)

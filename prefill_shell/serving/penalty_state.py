@@ -11,7 +11,14 @@ and ``output_tokens`` are a tensor, list or tuple whose leading axis is
 Any other leading length is an ``InvalidSamplingError`` naming the field
 (checked when given, before anything runs). ``prompt_tokens`` defaults to
 each row's prefill tokens up to its ``prompt_lens``; ``output_tokens`` to
-none. Ids below 0 are padding (tt-transformers pads with -1, vLLM likewise).
+none. Two ids are padding, as each sender pads: -1 (tt-transformers; vLLM's
+placeholder for a not yet sampled output) and the vocabulary size (vLLM pads
+``prompt_token_ids`` and ``output_token_ids`` with it: vllm-project/vllm
+``vllm/v1/worker/gpu_input_batch.py`` ``_make_prompt_token_ids_tensor`` and
+``vllm/v1/sample/ops/penalties.py`` ``_convert_to_tensors`` at v0.33.0,
+counted in a bin past the vocabulary and dropped). Any other id outside
+``[0, vocab)`` is an ``InvalidSamplingError`` naming the row, the field, the
+id and its position, raised before anything runs.
 
 ``slot_remap`` moves slot-indexed decode state (there: seed streams, then
 penalty history): one entry per slot, entry ``new`` naming the ``old`` slot
@@ -28,9 +35,12 @@ from typing import Any
 
 import torch
 
-from prefill_core.errors import InvalidSamplingError
+from prefill_core.values.errors import InvalidSamplingError
 
-__all__ = ["state_rows", "token_ids", "check_slot_remap"]
+__all__ = ["PAD_ID", "state_rows", "token_ids", "check_slot_remap"]
+
+PAD_ID = -1
+"""tt-transformers' pad id (and vLLM's placeholder output id); the vocabulary size is vLLM's pad."""
 
 
 def _leading(value: Any, field: str) -> int:
@@ -65,8 +75,8 @@ def state_rows(value: Any, field: str, slots: Sequence[int], capacity: int) -> l
     return [value[pick] for pick in picks]
 
 
-def token_ids(row_value: Any, field: str, row: int) -> torch.Tensor:
-    """One row's token ids as int64 ``[n]``, padding (ids < 0) dropped; anything but integer ids is named."""
+def token_ids(row_value: Any, field: str, row: int, vocab_size: int) -> torch.Tensor:
+    """One row's token ids as int64 ``[n]``, padding (-1 and ``vocab_size``) dropped; anything else invalid is named."""
     try:
         ids = torch.as_tensor(row_value)
     except (TypeError, ValueError, RuntimeError) as error:
@@ -76,7 +86,14 @@ def token_ids(row_value: Any, field: str, row: int) -> torch.Tensor:
         msg = f"row {row}: {field}={shown} is invalid: a penalised row needs its token ids (ints)"
         raise InvalidSamplingError(msg, row=row, field=field)
     ids = ids.to(torch.int64).reshape(-1)
-    return ids[ids >= 0]
+    ids = ids[(ids != PAD_ID) & (ids != vocab_size)]
+    outside = ((ids < 0) | (ids >= vocab_size)).nonzero().flatten()
+    if len(outside):
+        bad = int(ids[outside[0]])
+        rule = f"each id must lie in [0, {vocab_size}) or be padding (-1, or the vocabulary size {vocab_size})"
+        msg = f"row {row}: {field} holds id {bad}, which is invalid: {rule}"
+        raise InvalidSamplingError(msg, row=row, field=field)
+    return ids
 
 
 def check_slot_remap(value: Any, capacity: int) -> None:

@@ -47,9 +47,9 @@ import attrs
 import torch
 
 from prefill_core import PrefillBatch, SamplingParams
-from prefill_core.errors import InvalidSamplingError, row_error
-from prefill_core.rule_finds import type_note
-from prefill_core.rules import RULES, Scope
+from prefill_core.inputs.rule_finds import type_note
+from prefill_core.inputs.rules import RULES, Scope
+from prefill_core.values.errors import InvalidSamplingError, row_error
 
 __all__ = ["Penalties", "PluginRows", "RowSampling", "rows_from_plugin"]
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 
 from prefill_core import PageTableLayout, SamplingParams, WarmupManifest, ceil_div
-from prefill_core.errors import PrefillConfigError
+from prefill_core.values.errors import PrefillConfigError
 from prefill_shell.device.ledger import Ownership
 from prefill_shell.engine.executor import PrefillExecutor
 from prefill_shell.extras import requires_extra

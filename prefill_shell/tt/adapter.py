@@ -79,7 +79,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from prefill_core import AttentionLayout
-from prefill_core.errors import PrefillConfigError
+from prefill_core.values.errors import PrefillConfigError
 from prefill_shell.device.model import ModelSpec
 from prefill_shell.tt import staging as ttnn_staging
 

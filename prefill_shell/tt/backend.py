@@ -57,7 +57,7 @@ from typing import Any
 import torch
 
 from prefill_core import PrefillPolicy
-from prefill_core.errors import PrefillConfigError, PrefillStateError
+from prefill_core.values.errors import PrefillConfigError, PrefillStateError
 from prefill_shell.device.contract import LOGITS, TEMPERATURE, TOP_K, TOP_P, TensorSpec
 from prefill_shell.device.ledger import DeviceTensor, Ownership, ResourceLedger
 from prefill_shell.device.notes import add_note

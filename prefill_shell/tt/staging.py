@@ -58,7 +58,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from prefill_core.errors import PrefillInputError
+from prefill_core.values.errors import PrefillInputError
 from prefill_shell.device.contract import (
     CHUNK_START,
     FILL_TABLE,
@@ -86,7 +86,7 @@ from prefill_shell.device.contract import (
     TOP_P,
     TensorSpec,
 )
-from prefill_shell.extras import TTNN_PYTHONS, requires_extra
+from prefill_shell.extras import TTNN_EXTRA, TTNN_PYTHONS, requires_extra
 
 __all__ = [
     "import_ttnn",
@@ -113,7 +113,7 @@ _INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
 
 def import_ttnn() -> Any:
     """The ``ttnn`` module; on a Python without its wheel, an error naming the extra and the Pythons it has."""
-    with requires_extra("shell", "the ttnn backend", pythons=TTNN_PYTHONS):
+    with requires_extra(TTNN_EXTRA, "the ttnn backend", pythons=TTNN_PYTHONS):
         import ttnn
 
     return ttnn

@@ -6,7 +6,7 @@ staged by ``staging.py``: group g's ``[B, W]`` rows off the leading
 dimension) and that group's window: ttnn 0.81.1's
 ``transformer.chunked_scaled_dot_product_attention`` takes it as
 ``sliding_window_size`` (each query at p sees keys ``(p - window, p]``,
-``prefill_core.windows``' rule; ``tests/tt/test_window_golden.py`` checks the
+``prefill_core.kv_groups.windows``' rule; ``tests/tt/test_window_golden.py`` checks the
 op's golden against it). A full-attention group passes no window.
 
 What the op reads: its golden gathers every read-table entry before masking

@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from prefill_core.errors import InvalidScoringRequestError
+from prefill_core.values.errors import InvalidScoringRequestError
 from prefill_shell.cli import model_dtype
 from prefill_shell.cli import score as score_cli
 from prefill_shell.cli.main import main
@@ -122,8 +122,21 @@ def _score_args(tmp_path, text: str) -> argparse.Namespace:
 @pytest.mark.parametrize("text", ["", "\ufeff"], ids=["empty", "byte-order mark only"])
 def test_an_empty_document_scores_zero_not_a_division_by_zero(tiny_model, tmp_path, monkeypatch, capsys, text):
     """score --document on an empty file divided by its 0 tokens (ZeroDivisionError): now 0 tokens, log-likelihood 0."""
-    monkeypatch.setattr(model_dtype, "load_model", lambda ref, dtype, device: tiny_model)
+    monkeypatch.setattr(model_dtype, "load_model", lambda ref, dtype, device, **_: tiny_model)
     monkeypatch.setattr(score_cli, "load_tokenizer", lambda ref: _Tokenizer())
     score_cli.run_score(_score_args(tmp_path, text))
     out = capsys.readouterr().out
     assert "document: 0 tokens, log-likelihood 0.0000" in out, out
+
+
+def test_an_empty_context_in_pairs_is_scored_on_bos(
+    tmp_path, capsys, smollm2_file, smollm2_loaded_once, smollm2_tokenizer
+):
+    """score --pairs with context "" conditions on BOS (else EOS) as lm-eval and --document do: a one-token
+    context, where it was refused with advice the command line cannot follow ("use a prefix token")."""
+    path = tmp_path / "pairs.jsonl"
+    path.write_text(json.dumps({"context": "", "continuation": "The capital of France is Paris"}) + "\n")
+    main(["score", "--model", str(smollm2_file), "--pairs", str(path), "--max-length", "64"])
+    row = capsys.readouterr().out.splitlines()[1].split()
+    continuation = smollm2_tokenizer.encode("The capital of France is Paris", add_special_tokens=False)
+    assert (int(row[1]), int(row[2])) == (1, len(continuation)) and float(row[3]) < 0

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from prefill_core import SKIP, PrefillBatch, PrefillRequest
-from prefill_core.computed_positions import written_columns
+from prefill_core.values.computed_positions import written_columns
 
 
 def written_entries(request: PrefillRequest) -> Iterator[tuple[int, int, int]]:

@@ -18,8 +18,8 @@ from prefill_core import (
     manifest_for,
     prepare_prefill,
 )
-from prefill_core.errors import InvalidPolicyError
-from prefill_core.plan import plan_prefill
+from prefill_core.planning.plan import plan_prefill
+from prefill_core.values.errors import InvalidPolicyError
 from tests.strategies import cases
 from tests.tt_transformers_rule import GALAXY, tt_transformers_cost
 

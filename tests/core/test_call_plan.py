@@ -26,9 +26,9 @@ from prefill_core import (
     prepare_packed,
     prepare_prefill,
 )
-from prefill_core.call_plan import workspace_key
-from prefill_core.errors import PrefillInputError, TraceCoverageError
-from prefill_core.trace_check import replays_call
+from prefill_core.calls.call_plan import workspace_key
+from prefill_core.calls.trace_check import replays_call
+from prefill_core.values.errors import PrefillInputError, TraceCoverageError
 from tests.strategies import cases
 
 MODES = st.sampled_from(list(ExecutionMode))
@@ -78,7 +78,8 @@ def test_a_traced_call_is_covered_exactly_when_replays_call_says_so(case, data):
     traces = LaneTraces(kept, {workspace_key(p.program_signature) for p in eager.prepared})
     context = CallContext(case.policy, case.layout, ExecutionMode.TRACED, traces=traces)
     plan = plan_call(case.batch, context)
-    answer = replays_call(list(case.batch.lengths), list(case.batch.cached), context, case.batch.slots)
+    batch = case.batch
+    answer = replays_call(list(batch.lengths), list(batch.cached), context, batch.slots, batch.sampling)
     assert answer == (not plan.gaps)
     if plan.gaps:
         with pytest.raises(TraceCoverageError):
@@ -101,4 +102,22 @@ def test_group_tables_without_kv_groups_are_refused_by_name():
     batch = PrefillBatch((8,), (0,), (0,), ((1,),), (None,))
     context = CallContext(PrefillPolicy(), PageTableLayout(32, 8, 64), group_tables=(((1,),),))
     with pytest.raises(PrefillInputError, match="group_page_tables"):
+        plan_call(batch, context)
+
+
+def test_one_table_serves_every_group_only_where_the_groups_do_not_share_block_ids():
+    """Two rows, two KV groups (sliding, full), every group given the same table: planned where each group's
+    block ids are its own (a buffer per layer), refused by name where they are one space (vLLM's buffers)."""
+    from prefill_core import AttentionLayout
+    from prefill_core.values.errors import BlockConflictError
+
+    attention = AttentionLayout.from_layer_types(
+        ("sliding_attention", "full_attention"), sliding_window=16, block_size=16
+    )
+    batch = PrefillBatch((40, 30), (0, 0), (0, 1), ((1, 2, 3), (4, 5)), (None, None))
+    rows = ((1, 2, 3), (4, 5))
+    context = CallContext(PrefillPolicy(), PageTableLayout(16, 8, 64), attention=attention, group_tables=(rows, rows))
+    plan = plan_call(batch, attrs.evolve(context, groups_share_blocks=False))
+    assert plan.kind is PlanKind.GROUPED and _rows(plan) == [0, 1]
+    with pytest.raises(BlockConflictError, match="one block"):
         plan_call(batch, context)

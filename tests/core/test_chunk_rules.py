@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 
 from prefill_core import SKIP, PageTableLayout, PrefillBatch, PrefillPolicy, PrefillRow, RequestKind, plan_prefill
-from prefill_core.computed_positions import computed_start
-from prefill_core.manifest import length_buckets, reachable_chunks
+from prefill_core.calls.manifest import length_buckets, reachable_chunks
+from prefill_core.values.computed_positions import computed_start
 from tests.strategies import cases
 
 LAYOUT = PageTableLayout(block_size=32, max_num_blocks_per_seq=4096, num_blocks=200_000)

@@ -15,8 +15,8 @@ from prefill_core import (
     plan_prefill,
     prepare_in_sub_batches,
 )
-from prefill_core.block_order import order_writers_first
-from prefill_core.computed_positions import computed_start, recomputed_positions, written_columns
+from prefill_core.planning.block_order import order_writers_first
+from prefill_core.values.computed_positions import computed_start, recomputed_positions, written_columns
 from tests.strategies import CaseSpec, cases, same_step_prefix_specs
 
 from .plan_checks import expected_writes, source_of, writes_by_source_row

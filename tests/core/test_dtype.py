@@ -1,4 +1,4 @@
-"""prefill_core.dtype: a request resolved against the checkpoint and the device's probed numerics."""
+"""prefill_core.values.dtype: a request resolved against the checkpoint and the device's probed numerics."""
 
 from __future__ import annotations
 
@@ -6,14 +6,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from prefill_core.dtype import (
+from prefill_core.values.dtype import (
     DTYPES,
     NATIVE_BF16_SPEEDUP,
     DeviceNumerics,
     canonical_dtype,
     resolve_dtype,
 )
-from prefill_core.errors import InvalidDtypeError, PrefillConfigError
+from prefill_core.values.errors import InvalidDtypeError, PrefillConfigError
 
 
 def _cpu(bf16_matrix: bool, fp32: float | None = 100.0, bf16: float | None = 800.0) -> DeviceNumerics:

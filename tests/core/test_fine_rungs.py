@@ -7,8 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from prefill_core import PageTableLayout, PrefillPolicy
-from prefill_core.errors import InvalidPolicyError
-from prefill_core.policy import check_policy_fits_layout
+from prefill_core.values.errors import InvalidPolicyError
+from prefill_core.values.policy import check_policy_fits_layout
 
 
 @given(block=st.sampled_from((8, 16, 32, 64, 128)), length=st.integers(1, 8192))

@@ -1,4 +1,4 @@
-"""Packed steps of a hybrid call (``prefill_core.group_packed``): what each segment reads and writes per KV group.
+"""Packed steps of a hybrid call (``kv_groups.group_packed``): what each segment reads and writes per KV group.
 
 The calls are ``test_windows.hybrid_cases``: fresh blocks in every kept column, the null block and ids of
 blocks another request holds everywhere else.
@@ -10,7 +10,7 @@ from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
 from prefill_core import AttentionLayout, PageTableLayout, PrefillBatch, PrefillPolicy, prepare_grouped_packed
-from prefill_core.windows import read_columns
+from prefill_core.kv_groups.windows import read_columns
 
 from .test_windows import FOREIGN, NULL, hybrid_cases
 

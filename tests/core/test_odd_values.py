@@ -27,9 +27,9 @@ from prefill_core import (
     to_json,
 )
 from prefill_core.__main__ import main
-from prefill_core.explain import MAX_SAMPLE_BLOCKS
-from prefill_core.histogram import HistogramEntry, parse_histogram
-from prefill_core.tuner import tune
+from prefill_core.cli.explain import MAX_SAMPLE_BLOCKS
+from prefill_core.tuning.histogram import HistogramEntry, parse_histogram
+from prefill_core.tuning.tuner import tune
 
 from .plan_checks import expected_writes, writes_by_source_row
 

@@ -1,4 +1,4 @@
-"""Packed plans (prefill_core/packed.py): real tokens only, each row's owed positions exactly once, own blocks only."""
+"""Packed plans (planning/packed.py): real tokens only, each row's owed positions exactly once, own blocks only."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from prefill_core import (
     plan_packed,
     prepare_packed,
 )
-from prefill_core.computed_positions import written_columns
-from prefill_core.errors import BlockDependencyCycleError
-from prefill_core.intmath import ceil_div
+from prefill_core.values.computed_positions import written_columns
+from prefill_core.values.errors import BlockDependencyCycleError
+from prefill_core.values.intmath import ceil_div
 from tests.strategies import cases, same_step_prefix_specs
 
 

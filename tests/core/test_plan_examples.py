@@ -17,7 +17,7 @@ from prefill_core import (
     plan_prefill,
     prepare_prefill,
 )
-from prefill_core.errors import RepeatedBlockError
+from prefill_core.values.errors import RepeatedBlockError
 
 BS = 32
 LAYOUT = PageTableLayout(block_size=BS, max_num_blocks_per_seq=4096, num_blocks=200_000)

@@ -24,7 +24,7 @@ from prefill_core import (
     prepare_prefill,
     to_json,
 )
-from prefill_core.computed_positions import computed_start, written_columns
+from prefill_core.values.computed_positions import computed_start, written_columns
 from tests.strategies import cases, fully_cached_cases
 
 from .plan_checks import expected_writes, source_of, writes_by_source_row

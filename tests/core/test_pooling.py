@@ -1,8 +1,8 @@
-"""prefill_core.pooling: per-row pooling requests against the model's pooler, prefix reuse and chunking rules.
+"""prefill_core.values.pooling: per-row pooling requests against the model's pooler, prefix reuse and chunking rules.
 
 The meanings are vLLM 0.33's (vllm/pooling_params.py, vllm/config/pooler.py,
 vllm/model_executor/layers/pooler/activations.py); the chunking and prefix
-rules are this runtime's (module docstring of prefill_core.pooling).
+rules are this runtime's (module docstring of prefill_core.values.pooling).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from prefill_core.errors import PrefillConfigError, PrefillInputError
-from prefill_core.pooling import (
+from prefill_core.values.errors import PrefillConfigError, PrefillInputError
+from prefill_core.values.pooling import (
     ClassifyActivation,
     InvalidPoolingError,
     PoolerConfig,

@@ -21,8 +21,8 @@ from prefill_core import (
     plans_packed,
     replays,
 )
-from prefill_core.errors import PrefillInputError
-from prefill_core.intmath import ceil_div
+from prefill_core.values.errors import PrefillInputError
+from prefill_core.values.intmath import ceil_div
 from tests.strategies import cases
 
 PROTOCOL = (

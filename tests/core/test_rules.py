@@ -30,7 +30,7 @@ from prefill_core import (
     SamplingPath,
     prepare_prefill,
 )
-from prefill_core.sampling import classify_sampling
+from prefill_core.values.sampling import classify_sampling
 from tests.strategies import cases, sampling_params
 
 from .test_errors import BASE, LAYOUT, POLICY, changed, check_message

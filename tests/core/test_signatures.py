@@ -28,7 +28,7 @@ from prefill_core import (
     prepare_prefill,
     to_json,
 )
-from prefill_core.prepared import prepare_request
+from prefill_core.planning.prepared import prepare_request
 from tests.strategies import BLOCK_SIZES, cases, layouts, policies, sampling_params
 
 REPO = Path(__file__).resolve().parents[2]

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from prefill_core import PageTableLayout, PrefillBatch, PrefillPolicy, PrefillRow, prepare_in_sub_batches
-from prefill_core.errors import BlockConflictError
+from prefill_core.values.errors import BlockConflictError
 
 POLICY = PrefillPolicy(lane_size=4, waves=(1, 2, 4), length_ladder=(32, 64), max_chunk_length=64, chunk_quantum=64)
 LAYOUT = PageTableLayout(16, 8, 256)

@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 
 from prefill_core import PrefillPolicy, TraceBudgetError
 from prefill_core.__main__ import main
-from prefill_core.explain import ArgumentError
-from prefill_core.histogram import HistogramEntry, histogram_text, parse_histogram
-from prefill_core.tuner import measure, tune
+from prefill_core.tuning.histogram import HistogramEntry, histogram_text, parse_histogram
+from prefill_core.tuning.tuner import measure, tune
+from prefill_core.values.errors import ArgumentError
 from tests.strategies import BLOCK_SIZES, histograms
 
 HISTOGRAMS = Path(__file__).resolve().parents[2] / "benchmarks" / "histograms"

@@ -7,8 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from prefill_core import manifest_for
-from prefill_core.errors import PrefillInputError
-from prefill_core.warmup import ModelGeometry, limited_to, programs_to_compile, warmup_cost
+from prefill_core.calls.warmup import ModelGeometry, limited_to, programs_to_compile, warmup_cost
+from prefill_core.values.errors import PrefillInputError
 from tests.strategies import cases
 
 MODEL = ModelGeometry(hidden_size=64, vocab_size=256, dtype_bytes=4, max_logprobs=3)

@@ -19,12 +19,9 @@ from prefill_core import (
     manifest_for,
     to_json,
 )
-from prefill_core.attention_layout import AttentionKind, AttentionLayout, KVGroup
-from prefill_core.computed_positions import computed_start, written_columns
-from prefill_core.group_tables import OUTSIDE, prepare_grouped
-from prefill_core.intmath import ceil_div
-from prefill_core.signatures import PrefillTraceSignature
-from prefill_core.windows import (
+from prefill_core.kv_groups.attention_layout import AttentionKind, AttentionLayout, KVGroup
+from prefill_core.kv_groups.group_tables import OUTSIDE, prepare_grouped
+from prefill_core.kv_groups.windows import (
     hit_blocks_needed,
     kept_columns,
     positions_read,
@@ -33,6 +30,9 @@ from prefill_core.windows import (
     reused_span,
     window_floor,
 )
+from prefill_core.planning.signatures import PrefillTraceSignature
+from prefill_core.values.computed_positions import computed_start, written_columns
+from prefill_core.values.intmath import ceil_div
 from tests.strategies import policies
 
 from .vllm_sliding import first_kept_after, longest_sliding_hit, sliding_table_after_hit

@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from prefill_core.intmath import ceil_div
+from prefill_core.values.intmath import ceil_div
 
 
 def contiguous_blocks_needed(window: int, block_size: int) -> int:

@@ -43,6 +43,8 @@ NOT_RUN = {
     "python -m prefill_shell embed": "names a folder the reader has; tests/cli/test_pooling_cli.py runs embed on "
     "folders sentence-transformers wrote",
     "python -m prefill_shell rerank": "names a folder the reader has; tests/cli/test_pooling_cli.py runs rerank",
+    "pip install 'prefill-runtime": "installs from a package index; tests/test_extras.py and tests/test_wheel.py check "
+    "what each extra installs",
     "HF_DATASETS_OFFLINE=1": "lm-eval on SmolLM2: tests/e2e/test_lm_eval.py runs this line with --limit 4",
 }
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from prefill_core.intmath import ceil_div
+from prefill_core.values.intmath import ceil_div
 from tests.core.vllm_sliding import first_kept_after, longest_sliding_hit
 
 

@@ -13,7 +13,7 @@ import json
 import pytest
 import torch
 
-from prefill_core.dtype import DeviceNumerics, resolve_dtype
+from prefill_core.values.dtype import DeviceNumerics, resolve_dtype
 from prefill_shell.backends.numerics import choose_dtype, probe_numerics, torch_dtype
 from prefill_shell.cli.main import main
 from prefill_shell.reference import random_llama, save_hf_folder

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from prefill_core import PrefillPolicy, SamplingParams
-from prefill_core.request import RequestKind
+from prefill_core.planning.request import RequestKind
 from tests.helpers import (
     CHUNK_256_POLICY,
     TOL,

@@ -1,6 +1,6 @@
 """Every generic entry point given a ``HybridLlama`` (a windowed model) serves it: one page table per call.
 
-At fb7b505 ``ServingFacade``, ``LaneGroupFacade``, the scoring runtime and the
+Once ``ServingFacade``, ``LaneGroupFacade``, the scoring runtime and the
 command line's ``make_runtime`` all reached ``new_kv_cache(num_blocks,
 block_size)``, which passed the block size to the hybrid model's ``device``
 argument ("Found no NVIDIA driver"). Now every model's pool takes

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from prefill_core import PageTableLayout, PrefillPolicy, SamplingPath, manifest_for
-from prefill_core.computed_positions import written_columns
+from prefill_core.values.computed_positions import written_columns
 from prefill_shell.engine.executor import PrefillExecutor
 from prefill_shell.reference.hybrid import HybridLlama
 from tests.core.vllm_sliding import first_kept_after

@@ -6,7 +6,7 @@ layers), saved by transformers' own classes, loaded by the one loader
 (``new_kv_cache(num_blocks=, block_size=)``: a buffer per layer), and called
 as the quickstart calls a Llama: ``runtime.prefill(tokens, page_table, ...)``
 with no group tables, then a longer prompt over the first row's cached blocks.
-At fb7b505 the call was refused (``group_page_tables is invalid``). Each row's
+The call used to be refused (``group_page_tables is invalid``). Each row's
 last-token logits must equal transformers' on the same weights within 1e-4,
 eager (packed and padded) and traced.
 """

@@ -27,7 +27,7 @@ import pytest
 import torch
 
 from prefill_core import PrefillPolicy
-from prefill_core.pooling import PoolingType
+from prefill_core.values.pooling import PoolingType
 from prefill_shell.pooling import PoolingRunner
 from prefill_shell.pooling.runner import qwen3_reranker_prompt
 from tests.e2e.pooling_kit import ALL_FAMILIES, causal_folder, seq_cls_folder, st_folder, texts

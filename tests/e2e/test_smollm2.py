@@ -7,7 +7,7 @@ there depends on nothing later) and every prompt's K/V (the first ``n``
 positions of the cache). The runtime runs each block size in two calls:
 every prompt uncached, then the cached variants, whose prefix blocks are the
 uncached run's blocks of one prompt (as a serving engine's cache would be).
-Each case runs twice: padded waves and packed steps (``prefill_core.packed``;
+Each case runs twice: padded waves and packed steps (``prefill_core.planning.packed``;
 short prompts with a 256-token step budget, so rows split across steps).
 
 Tolerances: logits within 1e-4 of the largest logit magnitude; argmax equal

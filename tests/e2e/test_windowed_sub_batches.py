@@ -2,8 +2,8 @@
 
 A caller that names no slots (``runtime.prefill`` without ``slots``) may send
 any number of rows; the core splits padded waves into sub-batches of
-``lane_size`` consecutive rows (``prefill_core.call_plan``, rule 2) for a model
-with KV groups exactly as for one without. At fb7b505 a windowed model's call
+``lane_size`` consecutive rows (``prefill_core.calls.call_plan``, rule 2) for a model
+with KV groups exactly as for one without. Once, a windowed model's call
 of 40 such rows was refused (``InvalidSlotError: row 32``), eager and traced.
 Each row's last-token logits must equal transformers' on the same weights.
 """

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from prefill_core import PageTableLayout, PrefillPolicy
-from prefill_core.errors import PrefillConfigError, PrefillStateError
+from prefill_core.values.errors import PrefillConfigError, PrefillStateError
 from prefill_shell.backends import TorchBackend
 from prefill_shell.engine.config import PrefillRuntimeConfig
 from prefill_shell.reference import PagedKVCache, PagedLlama

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from prefill_core import PageTableLayout, PrefillPolicy, SamplingParams, WarmupManifest, manifest_for
-from prefill_core.errors import PrefillStateError, TraceCoverageError
+from prefill_core.values.errors import PrefillStateError, TraceCoverageError
 from prefill_shell.device.ledger import Ownership
 from prefill_shell.engine.executor import PrefillExecutor
 from prefill_shell.engine.runtime import PrefillRuntime

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from prefill_core import RequestKind, WarmupManifest
-from prefill_core.sampling import SamplingParams
+from prefill_core.values.sampling import SamplingParams
 from prefill_shell.backends.torch_backend import TorchBackend
 from prefill_shell.engine.config import PrefillRuntimeConfig
 from prefill_shell.engine.executor import PrefillExecutor

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from prefill_core import PageTableLayout, PrefillPolicy, WarmupManifest
-from prefill_core.errors import PrefillInputError, PrefillStateError
+from prefill_core.values.errors import PrefillInputError, PrefillStateError
 from prefill_shell.device.ledger import Ownership
 from prefill_shell.engine.executor import PrefillExecutor
 from prefill_shell.engine.runtime import PrefillRuntime

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from prefill_core import SamplingParams
-from prefill_core.errors import PrefillInputError, PrefillStateError
+from prefill_core.values.errors import PrefillInputError, PrefillStateError
 from prefill_shell.backends import TorchBackend
 from prefill_shell.testing import FaultInjectingBackend, FaultInjectingModel, FaultPlan, InjectedFault
 from tests.helpers import (
@@ -307,7 +307,7 @@ def test_bad_input_raises_input_error_and_allocates_nothing(tiny_model, case):
 
 def test_a_prompt_past_the_models_max_position_is_refused_before_anything_runs():
     """max_position_embeddings=4000 at block 64: a 4032-token prompt (the capacity) raises PositionLimitError."""
-    from prefill_core.errors import PositionLimitError
+    from prefill_core.values.errors import PositionLimitError
     from prefill_shell.reference import random_llama
 
     model = random_llama(0, "tiny", max_position_embeddings=4000)

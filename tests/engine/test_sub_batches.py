@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from prefill_core import SamplingParams
-from prefill_core.errors import BlockConflictError, InvalidCachedLengthError, InvalidSlotError
+from prefill_core.values.errors import BlockConflictError, InvalidCachedLengthError, InvalidSlotError
 from tests.helpers import (
     CHUNK_256_POLICY,
     TOL,
@@ -78,6 +78,11 @@ def test_mixed_rows_across_sub_batches_match_each_row_alone(tiny_model):
         assert got.row == row and got.token == want.token, f"row {row}"
         if want.logits is not None:
             assert max_abs_diff(got.logits, want.logits) <= TOL, f"row {row}"
+        else:  # a sampled row: its log-prob and its num_logprobs best, as the row alone gave them
+            assert abs(got.logprob - want.logprob) <= TOL, f"row {row}"
+            assert len(got.top_logprobs) == len(want.top_logprobs) == sampling[row].num_logprobs, f"row {row}"
+            assert [i for i, _ in got.top_logprobs] == [i for i, _ in want.top_logprobs], f"row {row}"
+            assert all(abs(a - b) <= TOL for (_, a), (_, b) in zip(got.top_logprobs, want.top_logprobs)), f"row {row}"
     assert rt.backend.ledger.live() == []
 
 

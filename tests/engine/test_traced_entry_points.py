@@ -6,7 +6,7 @@ On a packed policy, ``PrefillRuntime.prefill(traced=True)`` and
 ``TraceCoverageError: ... not trace-eligible`` after a warm-up of the padded
 plan, a ``LaneGroupFacade`` failed after ``warmup_model_prefill(enable_trace=
 True)``, and a lane group's ``"auto"`` never replayed. Now one decision
-(``prefill_core.execution.plans_packed``) plans every entry point, and
+(``prefill_core.values.execution.plans_packed``) plans every entry point, and
 ``"auto"`` replays where traces exist.
 """
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from prefill_core import PageTableLayout, PrefillPolicy, WarmupManifest
-from prefill_core.errors import TraceCoverageError
+from prefill_core.values.errors import TraceCoverageError
 from prefill_shell.engine.executor import PrefillExecutor
 from prefill_shell.reference import random_llama
 from tests.helpers import build_runtime

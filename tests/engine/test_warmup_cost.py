@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from prefill_core import PrefillPolicy, manifest_for
-from prefill_core.errors import PrefillInputError, TraceCoverageError
+from prefill_core.values.errors import PrefillInputError, TraceCoverageError
 from prefill_shell.backends import TorchBackend
 from prefill_shell.device.ledger import Ownership
 from prefill_shell.engine.executor import PrefillExecutor

@@ -8,7 +8,12 @@ import torch
 from hypothesis import given, settings
 
 from prefill_core import SamplingParams, WarmupManifest, route_to_lanes
-from prefill_core.errors import InvalidCachedLengthError, InvalidSlotError, PrefillConfigError, TraceCoverageError
+from prefill_core.values.errors import (
+    InvalidCachedLengthError,
+    InvalidSlotError,
+    PrefillConfigError,
+    TraceCoverageError,
+)
 from prefill_shell.engine.executor import PrefillExecutor
 from prefill_shell.lanes.group import LaneGroup
 from prefill_shell.reference import random_llama

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from prefill_core.errors import PrefillInputError
+from prefill_core.values.errors import PrefillInputError
 from prefill_shell.engine import batch_builder
 from tests.lane_kit import PER_LANE, group_call, make_group
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from prefill_core import PrefillPolicy
-from prefill_core.pooling import (
+from prefill_core.values.pooling import (
     ClassifyActivation,
     InvalidPoolingError,
     PoolerConfig,
@@ -95,7 +95,7 @@ def test_rounds_split_rows_that_do_not_fit_the_pool_together(model):
 def test_heads_truncate_then_normalize_and_activate_per_row():
     pooled = torch.randn(3, 8)
     config = PoolerConfig(hidden_size=8, normalize=True, matryoshka=True)
-    from prefill_core.pooling import resolve_rows
+    from prefill_core.values.pooling import resolve_rows
 
     rows = resolve_rows(
         [PoolingParams.embed(dimensions=4), PoolingParams.embed(normalize=False), PoolingParams.embed()], 3, config

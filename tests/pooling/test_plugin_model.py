@@ -7,7 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from prefill_core.pooling import ClassifyActivation, InvalidPoolingError, PoolerConfig, PoolingParams, PoolingType
+from prefill_core.values.pooling import (
+    ClassifyActivation,
+    InvalidPoolingError,
+    PoolerConfig,
+    PoolingParams,
+    PoolingType,
+)
 from prefill_shell.pooling import PoolingRunner
 from prefill_shell.pooling.plugin_model import RuntimePoolingModel
 from prefill_shell.reference import random_llama

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from prefill_core.errors import PrefillConfigError
+from prefill_core.values.errors import PrefillConfigError
 from prefill_shell.reference.config import COMPUTED_KEYS, INERT_KEYS, REFUSED_KEYS, LayerAttention, read_config_json
 from prefill_shell.reference.llama import rope_inv_freq
 from prefill_shell.reference.rope import COMPUTED_ROPE_TYPES, YarnRopeScaling
@@ -129,8 +129,30 @@ def test_mistral_without_a_sliding_window_key_takes_transformers_default_window(
     ids=["qwen2.5-flag-off", "qwen3-none", "qwen2-no-layer", "mistral-none", "mistral-covers-all"],
 )
 def test_a_window_that_hides_nothing_loads_as_full_attention(tmp_path, family, changes):
-    """Windows transformers does not apply, or that reach every position, are not refused."""
-    _edited(tmp_path, family, **changes)
+    """Windows transformers does not apply, or that reach every position, load as full attention: the plain model
+    (no layer in a window), and last logits on a prompt longer than every window below the context equal
+    transformers' on the same checkpoint."""
+    from prefill_shell.reference import PagedLlama, load_model_folder
+    from prefill_shell.reference.config import sliding_layers
+    from tests import family_kit
+    from tests.helpers import build_runtime
+
+    defaults = {"sliding_window": None} if family == "mistral" else {}
+    hf = getattr(transformers, f"{family_kit.CLASSES[family]}ForCausalLM")(CONFIGS[family](**{**SIZES, **defaults}))
+    family_kit.randomize(hf.eval(), 7)
+    hf.save_pretrained(tmp_path)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+    assert sliding_layers(json.loads(path.read_text())) == (None, [])
+    model = load_model_folder(tmp_path)
+    assert isinstance(model, PagedLlama) and getattr(model, "attention", None) is None
+    prompt = torch.randint(0, SIZES["vocab_size"], (100,), generator=torch.Generator().manual_seed(1))
+    runtime = build_runtime(model, num_blocks=8, block_size=16)
+    (result,) = runtime.prefill(prompt[None], torch.arange(7, dtype=torch.int32)[None], [len(prompt)])
+    oracle = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        expected = oracle(prompt[None]).logits[0, -1]
+    assert torch.allclose(result.logits, expected, rtol=1e-4, atol=1e-4), (result.logits - expected).abs().max()
 
 
 def test_family_options_are_read_from_the_checkpoint(tmp_path):

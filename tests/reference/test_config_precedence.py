@@ -105,3 +105,62 @@ def test_rope_parameters_theta_beats_the_top_level_one_as_in_transformers():
     for family, config_class in CONFIGS.items():
         spec = LlamaSpec.from_hf_dict({**cfg, "model_type": family, "sliding_window": None})
         assert config_class.from_dict(dict(cfg)).rope_parameters["rope_theta"] == spec.rope_theta == 1e6
+
+
+# -- Gemma 3's tie flag, at two levels ------------------------------------------------------------------------------
+
+GEMMA3_TEXT = dict(
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=16,
+    max_position_embeddings=128,
+    sliding_window=16,
+)
+GEMMA3_VISION = dict(
+    hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28, patch_size=14
+)
+FLAGS = st.sampled_from([None, True, False])  # None: the key is absent
+
+
+@st.composite
+def gemma3_tie_configs(draw):
+    """A raw Gemma 3 config.json with ``tie_word_embeddings`` at the top level, in ``text_config``, both or neither."""
+    text, top = dict(GEMMA3_TEXT), {}
+    nested = draw(st.booleans())
+    for level in (text, top) if nested else (text,):
+        flag = draw(FLAGS)
+        if flag is not None:
+            level["tie_word_embeddings"] = flag
+    if not nested:
+        return {"model_type": "gemma3_text", **text}
+    return {
+        "model_type": "gemma3",
+        "text_config": text,
+        "vision_config": GEMMA3_VISION,
+        "mm_tokens_per_image": 4,
+        **top,
+    }
+
+
+def _transformers_ties(cfg: dict) -> bool:
+    """Whether transformers' own model class, built from ``cfg`` as ``from_pretrained`` builds it, ties its head."""
+    if cfg["model_type"] == "gemma3":
+        model = transformers.Gemma3ForConditionalGeneration(transformers.Gemma3Config.from_dict(dict(cfg)))
+        embeddings = model.model.language_model.embed_tokens
+    else:
+        model = transformers.Gemma3ForCausalLM(transformers.Gemma3TextConfig.from_dict(dict(cfg)))
+        embeddings = model.model.embed_tokens
+    return model.lm_head.weight.data_ptr() == embeddings.weight.data_ptr()
+
+
+@settings(max_examples=30, deadline=None)
+@given(gemma3_tie_configs())
+def test_gemma3_ties_its_head_by_level_as_transformers_classes_do(cfg):
+    """``Gemma3ForConditionalGeneration`` ties by the top-level flag, ``Gemma3ForCausalLM`` by its (text) config's."""
+    from prefill_shell.reference.gemma3_config import Gemma3Spec
+
+    assert Gemma3Spec.from_hf_dict(cfg).tie_word_embeddings == _transformers_ties(cfg), cfg

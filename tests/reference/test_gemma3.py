@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from prefill_core import PageTableLayout
-from prefill_core.errors import PrefillConfigError
+from prefill_core.values.errors import PrefillConfigError
 from prefill_shell.reference.gemma3_config import (
     GEMMA3_COMPUTED_KEYS,
     GEMMA3_INERT_KEYS,
@@ -81,19 +81,25 @@ def test_a_gemma3_text_folder_equals_gemma3_for_causal_lm(spelling, tmp_path):
     assert torch.allclose(logits, expected, rtol=kit.TOL, atol=kit.TOL), (logits - expected).abs().max()
 
 
-def _conditional_generation(tmp_path, layout: str):
-    """A random tiny ``Gemma3ForConditionalGeneration`` saved to ``tmp_path`` (weights renamed for ``layout``)."""
+def _conditional_generation(tmp_path, layout: str = "published", top_tie=None, text_tie=None):
+    """A random tiny ``Gemma3ForConditionalGeneration`` saved to ``tmp_path`` (weights renamed for ``layout``).
+
+    ``top_tie`` / ``text_tie``: ``tie_word_embeddings`` given to ``Gemma3Config`` / its text config (None: not given).
+    """
     from safetensors.torch import load_file, save_file
 
     vision = transformers.SiglipVisionConfig(
         hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28, patch_size=14
     )
     special = dict(image_token_index=255, boi_token_index=253, eoi_token_index=254)
+    text_tie = {} if text_tie is None else {"tie_word_embeddings": text_tie}
+    top_tie = {} if top_tie is None else {"tie_word_embeddings": top_tie}
     config = transformers.Gemma3Config(
-        text_config=gemma3_kit.text_config(WINDOW, final_logit_softcapping=None),
+        text_config=gemma3_kit.text_config(WINDOW, final_logit_softcapping=None, **text_tie),
         vision_config=vision,
         mm_tokens_per_image=4,
         **special,
+        **top_tie,
     )
     hf = transformers.Gemma3ForConditionalGeneration(config).eval().float()
     gemma3_kit.randomize(hf, 4)
@@ -115,6 +121,51 @@ def test_a_nested_gemma3_checkpoint_loads_its_text_model(layout, tmp_path):
     prompt = torch.randint(0, 250, (90,), generator=torch.Generator().manual_seed(3))
     logits, expected = _logits(tmp_path, prompt, sliding_bs=16), _expected(hf, prompt)
     assert torch.allclose(logits, expected, rtol=kit.TOL, atol=kit.TOL), (logits - expected).abs().max()
+
+
+@pytest.mark.parametrize("top_tie, text_tie", [(False, None), (False, True), (True, False)])
+def test_a_nested_gemma3_checkpoint_ties_its_head_by_the_top_level_flag(top_tie, text_tie, tmp_path):
+    """``Gemma3ForConditionalGeneration`` ties by ``Gemma3Config.tie_word_embeddings`` and never reads the text
+    config's: each placement loads and its logits equal transformers' (a saved untied head was refused, or tied)."""
+    hf = _conditional_generation(tmp_path, top_tie=top_tie, text_tie=text_tie)
+    tied = hf.lm_head.weight.data_ptr() == hf.model.language_model.embed_tokens.weight.data_ptr()
+    assert tied == top_tie  # transformers' own reading, which the loader must equal
+    prompt = torch.randint(0, 250, (60,), generator=torch.Generator().manual_seed(5))
+    logits, expected = _logits(tmp_path, prompt, sliding_bs=16), _expected(hf, prompt)
+    assert torch.allclose(logits, expected, rtol=kit.TOL, atol=kit.TOL), (logits - expected).abs().max()
+
+
+def _raises_on_forward(hf) -> bool:
+    try:
+        with torch.no_grad():
+            hf(torch.zeros(1, 8, dtype=torch.long))
+    except (ValueError, TypeError):
+        return True
+    return False
+
+
+@pytest.mark.parametrize("nested", [False, True], ids=["gemma3_text", "gemma3"])
+def test_a_null_gemma3_window_is_refused_by_name_as_transformers_refuses_it(nested, tmp_path):
+    """``sliding_window: null`` with sliding layers: transformers' model raises on its first forward; the loader
+    refuses it naming the folder, the key and the value (it used to read transformers' default 4096)."""
+    _, hf, _ = gemma3_kit.gemma3_and_oracle(WINDOW)
+    if nested:
+        _conditional_generation(tmp_path)
+    else:
+        hf.save_pretrained(tmp_path)
+    path = tmp_path / "config.json"
+    cfg = json.loads(path.read_text())
+    (cfg["text_config"] if nested else cfg)["sliding_window"] = None
+    path.write_text(json.dumps(cfg))
+    oracle = transformers.AutoConfig.from_pretrained(tmp_path)
+    text = oracle.text_config if nested else oracle
+    assert text.sliding_window is None and _raises_on_forward(transformers.Gemma3ForCausalLM(text).eval())
+    with pytest.raises(PrefillConfigError, match=r"config.json sliding_window=None is invalid") as raised:
+        load_hybrid_folder(tmp_path, block_size=16)
+    assert str(path) in str(raised.value)
+    # Absent, it is transformers' default: 4096.
+    del (cfg["text_config"] if nested else cfg)["sliding_window"]
+    assert Gemma3Spec.from_hf_dict(cfg).sliding_window == 4096 == transformers.Gemma3TextConfig().sliding_window
 
 
 def test_every_key_of_gemma3s_text_config_is_computed_inert_or_refused(tmp_path):

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from prefill_core.errors import PrefillConfigError
+from prefill_core.values.errors import PrefillConfigError
 from prefill_shell.reference.gguf import load_gguf
 from prefill_shell.reference.smollm2 import ModelChecksumError, ModelFileMissingError, check_sha256, smollm2_path
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from prefill_core.errors import PrefillConfigError
+from prefill_core.values.errors import PrefillConfigError
 from prefill_shell.reference import load_hf_folder, random_llama, save_hf_folder
 
 transformers = pytest.importorskip("transformers")

@@ -22,6 +22,7 @@ from prefill_core import PrefillConfigError, PrefillPolicy, vllm_layer_groups
 from prefill_shell.backends.torch_backend import TorchBackend
 from prefill_shell.reference import PagedLlama, load_hf_folder, load_model_folder, read_config_json
 from prefill_shell.reference.hybrid import HybridLlama, load_hybrid_folder
+from prefill_shell.reference.model_folder import read_model_folder_spec
 from prefill_shell.serving import HybridServingFacade, serving_facade
 from tests import family_kit, gemma3_kit
 
@@ -32,6 +33,7 @@ LOADERS = {
     "load_hf_folder": load_hf_folder,
     "load_hybrid_folder": lambda folder: load_hybrid_folder(folder, block_size=16),
     "load_model_folder": load_model_folder,
+    "read_model_folder_spec": read_model_folder_spec,
 }
 DAMAGE = {
     # name: (what the folder holds, words the error must say)
@@ -183,3 +185,12 @@ def test_load_model_folder_serves_any_folder_as_transformers_computes_it(name, t
     diff = float((logits - expected).abs().max())
     assert diff <= 1e-4 * max(1.0, float(expected.abs().max())), diff
     facade.cleanup()
+
+
+@pytest.mark.parametrize("name", list(FOLDERS))
+def test_read_model_folder_spec_is_the_architecture_load_model_folder_builds(name, tmp_path):
+    """Without reading weights, the spec (and the dtype ``--dtype auto`` takes) of the model the folder loads as."""
+    folder = _folder(name, tmp_path)
+    spec = read_model_folder_spec(folder)
+    model = load_model_folder(folder, block_size=16)
+    assert spec.model_spec() == model.spec and spec.dtype == "float32"

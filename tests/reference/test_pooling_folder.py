@@ -10,8 +10,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from prefill_core.errors import PrefillConfigError
-from prefill_core.pooling import ClassifyActivation, PoolingType
+from prefill_core.values.errors import PrefillConfigError
+from prefill_core.values.pooling import ClassifyActivation, PoolingType
 from prefill_shell.reference import random_llama
 from prefill_shell.reference.llama import PagedLlama
 from prefill_shell.reference.model_folder import load_model_folder

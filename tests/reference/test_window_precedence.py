@@ -7,7 +7,10 @@ reads (``config.sliding_layers``) equal what transformers' own config class
 makes of the same dict and its attention applies (Qwen2/Qwen3:
 ``config.sliding_window`` on the layers ``config.layer_types`` marks;
 Mistral: ``config.sliding_window`` on every layer), a window no shorter than
-``max_position_embeddings`` counting as none (it hides no key).
+``max_position_embeddings`` counting as none (it hides no key). Where
+transformers keeps sliding ``layer_types`` without a window (Qwen with
+``use_sliding_window`` off or a null window), its model raises on the first
+forward: the reader refuses that config by name instead of running full attention.
 """
 
 from __future__ import annotations
@@ -56,9 +59,29 @@ def raw_configs(draw):
     return family, cfg
 
 
-def _transformers_reading(family: str, cfg: dict) -> tuple[int | None, list[int]]:
+REFUSED = "refused"
+MODELS = {"qwen2": transformers.Qwen2ForCausalLM, "qwen3": transformers.Qwen3ForCausalLM}
+
+
+def _refuses(family: str, config) -> bool:
+    """Whether transformers' own model, built from ``config``, raises on a forward (it keeps sliding layer types
+    without a window and fails to find one)."""
+    import torch
+
+    try:
+        with torch.no_grad():
+            MODELS[family](config).eval()(torch.zeros(1, 4, dtype=torch.long))
+    except (ValueError, TypeError):
+        return True
+    return False
+
+
+def _transformers_reading(family: str, cfg: dict) -> tuple[int | None, list[int]] | str:
     config = CLASSES[family](**{k: v for k, v in cfg.items() if k != "model_type"})
     window = config.sliding_window
+    if window is None and family != "mistral" and "sliding_attention" in config.layer_types:
+        assert _refuses(family, config), cfg  # the oracle's reason, checked on transformers' model itself
+        return REFUSED
     if window is None or window >= MAX_POSITION:
         return None, []
     if family == "mistral":
@@ -72,6 +95,10 @@ def _transformers_reading(family: str, cfg: dict) -> tuple[int | None, list[int]
 def test_the_window_and_sliding_layers_are_transformers(case):
     family, cfg = case
     expected = _transformers_reading(family, cfg)
+    if expected == REFUSED:  # refused by name (the key and its value), as transformers refuses it
+        with pytest.raises(PrefillConfigError, match=r"config.json layer_types=\[.*\] is invalid"):
+            sliding_layers(cfg)
+        return
     try:
         ours = sliding_layers(cfg)
     except PrefillConfigError as error:

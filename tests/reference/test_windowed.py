@@ -21,8 +21,8 @@ import pytest
 import torch
 
 from prefill_core import PageTableLayout, PrefillBatch, prepare_grouped
-from prefill_core.intmath import ceil_div
-from prefill_core.windows import kept_columns
+from prefill_core.kv_groups.windows import kept_columns
+from prefill_core.values.intmath import ceil_div
 from prefill_shell.reference import save_hf_folder
 from prefill_shell.reference.hybrid import load_hybrid_folder
 from prefill_shell.reference.windowed import GroupedKVCache, GroupTensors, forward_grouped

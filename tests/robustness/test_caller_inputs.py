@@ -14,7 +14,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from prefill_core.errors import PrefillInputError
+from prefill_core.values.errors import PrefillInputError
 from prefill_shell.engine.batch_builder import as_token_matrix, build_batch, host_page_table
 from tests.helpers import VOCAB, build_runtime, make_tokens, page_table, randomize_pool, token_matrix
 from tests.strategies import list_page_tables, token_lists

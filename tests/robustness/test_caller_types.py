@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from prefill_core import PrefillPolicy, SamplingParams
-from prefill_core.errors import InvalidSamplingError, InvalidSlotError, PrefillInputError
+from prefill_core.values.errors import InvalidSamplingError, InvalidSlotError, PrefillInputError
 from prefill_shell.backends import TorchBackend
 from prefill_shell.serving.facade import ServingFacade
 from prefill_shell.serving.plugin_sampling import rows_from_plugin

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from prefill_core import PrefillPolicy
-from prefill_core.errors import (
+from prefill_core.values.errors import (
     InvalidPageTableError,
     InvalidSamplingError,
     PrefillConfigError,
@@ -136,6 +136,32 @@ def test_bad_output_tokens_of_a_penalised_row_are_named_before_anything_runs(tin
     sampling = _penalised(repetition_penalty=[1.3, 1.3])
     with pytest.raises(InvalidSamplingError, match=named):
         _forward(facade, call, sampling_params=sampling, output_tokens=output_tokens)
+    assert _unchanged(before, facade)
+
+
+@pytest.mark.parametrize("field", ["prompt_tokens", "output_tokens"])
+@pytest.mark.parametrize("offset", [1, 1000], ids=["vocab+1", "vocab+1000"])
+def test_a_penalised_rows_ids_past_the_vocabulary_are_named_before_any_kv_write(tiny_model, call, field, offset):
+    """An id above vLLM's pad (the vocabulary size) is named at its row and field, the pool unchanged.
+
+    Before: prompt_tokens raised a raw IndexError after the KV pool was written; output_tokens ignored the id."""
+    facade = _facade(tiny_model)
+    before = _pool(facade)
+    bad = tiny_model.spec.vocab_size + offset
+    state = {field: [[3, bad, 4], [5]]}
+    with pytest.raises(InvalidSamplingError, match=f"row 0: {field} holds id {bad}, which is invalid") as caught:
+        _forward(facade, call, sampling_params=_penalised(), **state)
+    assert (caught.value.row, caught.value.field) == (0, field)
+    assert _unchanged(before, facade)
+
+
+@pytest.mark.parametrize("field", ["prompt_tokens", "output_tokens"])
+def test_a_penalised_rows_negative_id_other_than_minus_one_is_named(tiny_model, call, field):
+    """-1 is padding (tt-transformers, vLLM); -2 is no sender's pad: named at its row, the pool unchanged."""
+    facade = _facade(tiny_model)
+    before = _pool(facade)
+    with pytest.raises(InvalidSamplingError, match=f"row 0: {field} holds id -2"):
+        _forward(facade, call, sampling_params=_penalised(), **{field: [[3, -1, -2], [5]]})
     assert _unchanged(before, facade)
 
 

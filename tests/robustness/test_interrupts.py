@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from prefill_core import PageTableLayout, PrefillPolicy, SamplingParams
-from prefill_core.errors import PrefillStateError
+from prefill_core.values.errors import PrefillStateError
 from prefill_shell.backends import TorchBackend
 from prefill_shell.engine.executor import PrefillExecutor
 from prefill_shell.engine.steps.prompt_logprobs import PromptEntries

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from prefill_core import SamplingParams
-from prefill_core.errors import (
+from prefill_core.values.errors import (
     EmptyBatchError,
     InvalidSamplingError,
     PrefillConfigError,

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prefill_core import PageTableLayout, PrefillPolicy, SamplingParams, WarmupManifest
-from prefill_core.errors import PrefillConfigError, PrefillError, PrefillInputError, PrefillStateError
+from prefill_core.values.errors import PrefillConfigError, PrefillError, PrefillInputError, PrefillStateError
 from prefill_shell.backends import TorchBackend
 from prefill_shell.engine.config import PrefillRuntimeConfig
 from prefill_shell.engine.executor import PrefillExecutor

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from prefill_core import PageTableLayout
-from prefill_core.errors import CapacityError, InvalidScoringRequestError, PrefillConfigError
+from prefill_core.values.errors import CapacityError, InvalidScoringRequestError, PrefillConfigError
 from prefill_shell.scoring.scorer import BlockPool, Scorer, rolling_windows
 from tests.helpers import build_runtime, make_tokens
 

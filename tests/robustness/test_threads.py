@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from prefill_core import PageTableLayout, PrefillPolicy, WarmupManifest
-from prefill_core.errors import PrefillStateError
+from prefill_core.values.errors import PrefillStateError
 from prefill_shell.engine.executor import PrefillExecutor
 from tests.helpers import ParkingModel, assign_blocks, build_runtime, make_tokens, page_table, token_matrix
 

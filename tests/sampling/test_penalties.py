@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from prefill_core import PrefillPolicy, SamplingParams
+from prefill_core.values.errors import InvalidSamplingError
 from prefill_shell.backends import TorchBackend
 from prefill_shell.sampling.penalties import apply_penalties, sample_penalised
 from prefill_shell.serving.facade import ServingFacade
@@ -151,3 +152,15 @@ def test_a_penalty_past_the_float_range_gives_its_limit_never_nan(repetition, lo
                 torch.tensor(logits), torch.tensor(prompt), torch.zeros(0, dtype=torch.int64), params, sampling, seed
             )
             assert token == want
+
+
+@pytest.mark.parametrize("field", ["prompt_ids", "output_ids"])
+@pytest.mark.parametrize("bad", [-1, 16], ids=["negative", "vocab"])
+def test_ids_outside_the_vocabulary_are_named_not_indexed_or_ignored(field, bad):
+    """apply_penalties takes ids in [0, V): another is an InvalidSamplingError (was IndexError / silently ignored)."""
+    ids = {"prompt_ids": torch.tensor([1, 2]), "output_ids": torch.tensor([3])}
+    ids[field] = torch.tensor([1, bad])
+    with pytest.raises(InvalidSamplingError, match=f"{field} holds id {bad}"):
+        apply_penalties(
+            torch.zeros(16), ids["prompt_ids"], ids["output_ids"], repetition=1.3, presence=0.5, frequency=0.5
+        )

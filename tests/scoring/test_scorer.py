@@ -109,3 +109,17 @@ def test_a_sharing_group_larger_than_a_round_runs_in_rounds_with_the_same_scores
         logprob, greedy = _hf_score(oracle.hf, ctx, continuation)
         assert abs(score.logprob - logprob) <= 1e-4 and score.is_greedy == greedy
     assert scorer.pool.available == scorer.pool.size
+
+
+def test_an_empty_context_is_conditioned_on_bos_as_lm_eval_does(smollm2_tokenizer):
+    """encode_pair("", x) is ([BOS], x without special tokens), as lm-eval's TemplateLM.loglikelihood; a continuation
+    that already begins with BOS gives that token as the context. Before: ([], ...), refused by the Scorer."""
+    from prefill_shell.scoring.scorer import encode_pair, prefix_token_id
+
+    tok = smollm2_tokenizer
+    bos = tok.bos_token_id
+    assert prefix_token_id(tok) == bos
+    plain = tok.encode(" Paris", add_special_tokens=False)
+    assert encode_pair(tok, "", " Paris") == ([bos], plain)
+    assert encode_pair(tok, "  ", "Paris") == ([bos], tok.encode("  Paris", add_special_tokens=False))
+    assert encode_pair(tok, "", tok.bos_token + " Paris") == ([bos], plain)

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from prefill_core import PageTableLayout, PrefillPolicy, can_trace
-from prefill_core.errors import TraceCoverageError
+from prefill_core.values.errors import TraceCoverageError
 from prefill_shell.backends import TorchBackend
 from prefill_shell.serving.facade import ServingFacade
 from prefill_shell.serving.lane_facade import LaneGroupFacade
@@ -132,7 +132,7 @@ def _calls(draw):
 @given(call=_calls())
 def test_can_trace_is_true_exactly_when_the_traced_call_runs(warmed, call):
     """Over random rows and warm-ups: can_trace(x) is True iff prefill_forward(x, enable_trace=True) runs
-    (a False is a TraceCoverageError before anything runs). At fb7b505 a 200-token row after
+    (a False is a TraceCoverageError before anything runs). Once, a 200-token row after
     warmup_lengths=(128,) was vouched for, and its traced call refused."""
     lengths, cached, warm_up = call
     facade = warmed[warm_up]

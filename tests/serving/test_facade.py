@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from prefill_core import PrefillPolicy, SamplingParams
-from prefill_core.errors import (
+from prefill_core.values.errors import (
     InvalidSamplingError,
     KVCacheMismatchError,
     PrefillConfigError,

@@ -222,3 +222,48 @@ def test_one_entry_serves_a_model_with_kv_groups_and_one_without():
     hybrid = serving_facade(HybridLlama(base, kit.attention_of(types, WINDOW, 16)), TorchBackend(), max_seq_len=64)
     plain = serving_facade(random_llama(0, "tiny"), TorchBackend(), max_seq_len=64)
     assert type(hybrid) is HybridServingFacade and type(plain) is ServingFacade
+
+
+@pytest.mark.parametrize("enable_trace", [False, True], ids=["eager", "traced"])
+def test_a_windowed_model_on_two_lanes_through_serving_facade_equals_transformers(enable_trace):
+    """serving_facade(lanes=...) of a windowed model is the KV-group facade over a lane group: every lane
+    regrouped as vLLM groups it, its pool in vLLM's buffers; rows routed by empty_slots (rank * seqs + i), each
+    lane's page_tables_per_layer in its own pool's ids; every row equals transformers."""
+    from prefill_shell.serving import HybridLaneGroupFacade, serving_facade
+
+    base, hf, types = kit.model_and_oracle("ministral", WINDOW)
+    attention = kit.attention_of(types, WINDOW, 8)
+    model = HybridLlama(base, attention)
+    facade = serving_facade(
+        lanes=[(model, TorchBackend()), (model, TorchBackend())], max_seq_len=256, policy=kit.POLICY
+    )
+    assert isinstance(facade, HybridLaneGroupFacade) and facade.num_lanes == 2
+    pools = facade.allocate_kv_cache_per_layer(_specs(model, attention))
+    regrouped = facade.model.attention
+    assert regrouped.layer_groups == ((0,), (2,), (1,))
+    assert all(runtime.config.model.attention == regrouped for runtime in facade.runtimes)
+    facade.warmup_model_prefill(kv_cache=pools, can_sample_on_device=False, enable_trace=enable_trace)
+    gen = torch.Generator().manual_seed(12)
+    lengths = [70, 101, 45, 130]
+    prompts = [torch.randint(0, model.spec.vocab_size, (n,), generator=gen) for n in lengths]
+    tokens = torch.zeros(len(prompts), max(lengths), dtype=torch.int64)
+    for row, prompt in enumerate(prompts):
+        tokens[row, : len(prompt)] = prompt
+    seqs = kit.POLICY.lane_size
+    empty_slots = [0, seqs, 1, seqs + 1]  # rows 0, 2 on lane 0; rows 1, 3 on lane 1
+    tables = kit.fresh_tables(regrouped, lengths)  # ids distinct across rows, so valid in either lane's pool
+    per_layer = _per_layer(regrouped, tables)
+    logits = facade.prefill_forward(
+        tokens,
+        per_layer[0][: len(prompts)],
+        enable_trace=enable_trace,
+        prompt_lens=torch.tensor(lengths),
+        start_pos=torch.zeros(len(prompts), dtype=torch.int64),
+        empty_slots=empty_slots,
+        kv_cache=pools,
+        page_tables_per_layer=per_layer,
+    )
+    for row, prompt in enumerate(prompts):
+        expected, _ = kit.hf_logits_and_kv(hf, prompt)
+        assert torch.allclose(logits[row, 0], expected, rtol=kit.TOL, atol=kit.TOL), row
+    facade.cleanup()

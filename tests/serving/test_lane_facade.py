@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from prefill_core import PrefillPolicy, SamplingPath, manifest_for
-from prefill_core.errors import InvalidSlotError, KVCacheMismatchError, PrefillStateError, TraceCoverageError
+from prefill_core.values.errors import InvalidSlotError, KVCacheMismatchError, PrefillStateError, TraceCoverageError
 from prefill_shell.backends import TorchBackend
 from prefill_shell.serving.facade import ServingFacade
 from prefill_shell.serving.lane_facade import LaneGroupFacade

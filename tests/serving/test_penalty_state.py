@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from prefill_core import PrefillPolicy
-from prefill_core.errors import InvalidSamplingError
+from prefill_core.values.errors import InvalidSamplingError
 from prefill_shell.backends import TorchBackend
 from prefill_shell.serving.facade import ServingFacade
 from prefill_shell.serving.penalty_state import check_slot_remap, state_rows
@@ -92,3 +92,17 @@ def test_penalty_state_of_a_wrong_row_count_is_named(facade):
     """prompt_tokens with 3 rows for a 2-row call in a 4-slot lane: an InvalidSamplingError naming it."""
     with pytest.raises(InvalidSamplingError, match="prompt_tokens has 3 rows"):
         _call(facade, prompt_tokens=torch.zeros(3, 4, dtype=torch.int64))
+
+
+def test_ids_padded_with_vllms_pad_value_sample_as_unpadded(facade):
+    """vLLM pads prompt_tokens and output_tokens with the vocabulary size: dropped as padding, the same tokens."""
+    vocab = facade.model.spec.vocab_size
+    default, rows = _call(facade)
+    padded = token_matrix(rows, 48).masked_fill(token_matrix(rows, 48) == 0, vocab)
+    by_vllm_pad, _ = _call(facade, prompt_tokens=padded)
+    assert torch.equal(default, by_vllm_pad)
+    outputs = [[int(default[0])] * 3, [int(default[1])]]
+    unpadded, _ = _call(facade, output_tokens=outputs)
+    padded_outputs, _ = _call(facade, output_tokens=[outputs[0], outputs[1] + [vocab, vocab]])
+    minus_one, _ = _call(facade, output_tokens=[outputs[0] + [-1], outputs[1] + [-1, -1]])
+    assert torch.equal(unpadded, padded_outputs) and torch.equal(unpadded, minus_one)

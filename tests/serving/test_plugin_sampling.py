@@ -9,7 +9,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from prefill_core.errors import InvalidSamplingError
+from prefill_core.values.errors import InvalidSamplingError
 from prefill_shell.serving.plugin_sampling import rows_from_plugin
 from tests.strategies import PLUGIN_FIELD_VALUES, plugin_encodings
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from prefill_core.intmath import ceil_div
+from prefill_core.values.intmath import ceil_div
 from prefill_shell.reference.llama import PagedLlama
 from prefill_shell.reference.windowed import GroupedKVCache, GroupTensors, _reuse_cached, llama_body
 from prefill_shell.tt.window_attention import group_chunked_attention

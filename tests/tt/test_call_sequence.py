@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from prefill_core import SamplingParams, WarmupManifest
-from prefill_core.errors import PrefillStateError
+from prefill_core.values.errors import PrefillStateError
 from prefill_shell.backends.base import Backend
 from prefill_shell.device.contract import INPUT_TOKENS, SLOTS
 from prefill_shell.device.ledger import Ownership

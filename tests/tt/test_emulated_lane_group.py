@@ -135,7 +135,7 @@ def test_create_submeshes_tiles_the_mesh_row_major_with_disjoint_devices(ttnn):
 
 def test_one_lane_over_a_whole_mesh_reads_the_replica_it_names(ttnn):
     """``TtnnBackend(mesh_1x2, replica=1)`` reads device 1's copy of a replicated tensor; replica 2 is refused."""
-    from prefill_core.errors import PrefillConfigError
+    from prefill_core.values.errors import PrefillConfigError
     from prefill_shell.tt.backend import TtnnBackend
     from prefill_shell.tt.emulation import ReferenceEmulation
 

@@ -97,7 +97,8 @@ def test_device_top_k_sampling_stays_in_the_allowed_set_and_repeats_per_seed(lan
 
 
 def test_host_sampled_rows_and_log_probs_follow_the_read_logits(lanes):
-    """top_k above the device cap samples on the host from read-back logits: a token of torch's top-40."""
+    """top_k above the device cap samples on the host from read-back logits: a token of torch's top-40 (ties
+    at the 40th kept), its log-prob and its 2 top log-probs those of the reference's log-softmax (bfloat16 slack)."""
     lane, reference = lanes
     params = SamplingParams(temperature=1.0, top_k=40, seed=3, num_logprobs=2)
     got = lane.executor.prefill(**call_args([100, 90], sampling=params), mode="eager")
@@ -105,3 +106,12 @@ def test_host_sampled_rows_and_log_probs_follow_the_read_logits(lanes):
     assert lane.emu.counts.get("sampling", 0) == 0
     for g, w in zip(got, want):
         assert g.token in set(w.logits.topk(41).indices.tolist())
+        logp = torch.log_softmax(w.logits.float(), -1)
+        assert abs(g.logprob - logp[g.token].item()) <= 0.05
+        assert len(g.top_logprobs) == 2
+        ids, values = [i for i, _ in g.top_logprobs], [v for _, v in g.top_logprobs]
+        assert values[0] >= values[1]
+        assert all(abs(v - logp[i].item()) <= 0.05 for i, v in g.top_logprobs)
+        best = logp.topk(2).values.tolist()
+        assert all(abs(v - b) <= 0.05 for v, b in zip(values, best))
+        assert ids[0] == int(logp.argmax()) or abs(logp[ids[0]].item() - best[0]) <= 0.05

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from prefill_core import PageTableLayout, PrefillBatch, prepare_grouped
-from prefill_core.errors import PrefillInputError
+from prefill_core.values.errors import PrefillInputError
 from prefill_shell.device.contract import GROUP_FILL_TABLES, GROUP_READ_TABLES, GROUPED_INPUTS
 from prefill_shell.engine.steps.call_steps import GroupedSteps
 from prefill_shell.engine.steps.inputs import build_host_steps

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from prefill_core import AttentionLayout, PageTableLayout
-from prefill_core.errors import PrefillConfigError
+from prefill_core.values.errors import PrefillConfigError
 from prefill_shell.engine.executor import PrefillExecutor
 from prefill_shell.reference.hybrid import HybridLlama
 from prefill_shell.tt.adapter import GROUP_TABLES_CAPABILITY, TtHybridModel, TtKVCache, TtModelAdapter

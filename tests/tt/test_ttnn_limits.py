@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from prefill_core import SamplingParams
-from prefill_core.errors import PrefillInputError
+from prefill_core.values.errors import PrefillInputError
 from prefill_shell.device.contract import PROMPT_TARGETS, SAMPLED_TOKENS
 from prefill_shell.engine.executor import PrefillExecutor
 from prefill_shell.reference import random_llama

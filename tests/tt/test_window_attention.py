@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from prefill_core import PageTableLayout, PrefillBatch, prepare_grouped
-from prefill_core.windows import read_span
+from prefill_core.kv_groups.windows import read_span
 from prefill_shell.tt.emulation import ReferenceEmulation
 from prefill_shell.tt.window_attention import group_chunked_attention
 from tests import window_kit as kit

@@ -3,7 +3,7 @@
 ``ttnn.transformer.chunked_scaled_dot_product_attention`` (0.81.1) takes
 ``sliding_window_size``; its golden (ttnn's torch reference, what tt-metal's
 own tests compare the device against) must see exactly the keys
-``prefill_core.windows.read_span`` names: ``q - W < k <= q``. What the golden
+``prefill_core.kv_groups.windows.read_span`` names: ``q - W < k <= q``. What the golden
 reads outside the window is pinned too: it gathers every table entry, so a
 NaN block outside the window reaches its output.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from prefill_core.windows import read_span
+from prefill_core.kv_groups.windows import read_span
 
 BS, HEADS, DIM = 32, 2, 32
 

@@ -7,7 +7,11 @@ chunked prefill under a small token budget, a small pool, and preemption (four
 requests admitted by their first chunk into a pool two of them fill), eager and
 traced. Every finished request equals transformers' one-shot
 forward of its prompt (logits and kept KV within 1e-4) and no KV byte outside
-each step's written blocks changes (``plugin_runner``). Runs under
+each step's written blocks changes (``plugin_runner``). Data parallel: two
+DP ranks, each its own scheduler and KV cache manager over its own lane of
+``serving_facade(lanes=...)``, every step's rows of both gathered into one
+call (``plugin_runner.DataParallelRunner``), Gemma 3 2:1, Mistral sliding
+and the Qwen3 hybrid, with the same checks in both lanes' pools. Runs under
 ``make test-vllm`` (vLLM installed ``--no-deps`` over the project venv).
 """
 
@@ -27,10 +31,10 @@ from vllm.v1.request import Request
 
 from prefill_core import PrefillPolicy, vllm_layer_groups
 from prefill_shell.backends.torch_backend import TorchBackend
-from prefill_shell.serving import HybridServingFacade, serving_facade
+from prefill_shell.serving import HybridLaneGroupFacade, HybridServingFacade, serving_facade
 from tests.vllm import vllm_side
 from tests.vllm.checkpoints import ARCHITECTURES, BLOCK, S, checkpoint, project_model
-from tests.vllm.plugin_runner import PluginRunner
+from tests.vllm.plugin_runner import DataParallelRunner, PluginRunner
 
 SEQS = 4
 MAX_BLOCKS = vllm_side.MAX_MODEL_LEN // BLOCK
@@ -158,6 +162,80 @@ def test_vllms_scheduler_through_the_facade_equals_transformers(name, workload, 
     STATS[(name, workload, "traced" if enable_trace else "eager")] = dict(
         groups=len(groups), buffers=buffers, **vars(stats)
     )
+    facade.cleanup()
+
+
+# Each rank's waves (prompt lengths; a wave added on every rank once every rank finished the previous one). A
+# rank's prompts share an 80-token prefix of its own, so its later wave hits its own prefix cache; the ranks'
+# waves take different numbers of steps, so some calls hold one rank's rows, others both ranks'.
+DP_WAVES = [[[100], [90, 120]], [[60, 130, 70], [110, 45]]]
+DP_ARCHITECTURES = ["gemma3-2to1", "mistral-sliding", "qwen3-hybrid"]
+
+
+def _dp_requests(rank: int, vocab: int):
+    gen = torch.Generator().manual_seed(100 + rank)
+    hasher = _block_hasher()
+    shared = torch.randint(1, vocab, (80,), generator=gen)
+    waves = []
+    for w, wave in enumerate(DP_WAVES[rank]):
+        prompts = [torch.cat((shared, torch.randint(1, vocab, (max(n - 80, 0),), generator=gen)))[:n] for n in wave]
+        waves.append(
+            [
+                Request(f"dp{rank}-w{w}-r{i}", p.tolist(), SamplingParams(max_tokens=1), None, block_hasher=hasher)
+                for i, p in enumerate(prompts)
+            ]
+        )
+    return waves
+
+
+@pytest.mark.parametrize("enable_trace", [False, True], ids=["eager", "traced"])
+@pytest.mark.parametrize("name", DP_ARCHITECTURES)
+def test_data_parallel_ranks_share_one_call_on_two_lanes_and_equal_transformers(name, enable_trace):
+    """vLLM data parallelism over ``serving_facade(lanes=...)``: each DP rank its own vLLM scheduler and KV cache
+    manager over its own lane's pool (both lanes allocated from vLLM's same per-layer specs); each step the
+    runner gathers both ranks' rows into one ``prefill_forward`` (``empty_slots = rank * max_num_seqs + slot``,
+    each rank's tables in its own pool's ids: the ranks hand out the same block ids). Every finished request
+    equals transformers' one-shot forward, and no KV byte outside a step's written blocks changes in either
+    lane's pool."""
+    model = project_model(name)
+    ranks = len(DP_WAVES)
+    setups = [
+        vllm_side.vllm_setup(name, model.spec, num_blocks=64, token_budget=48, max_num_seqs=SEQS) for _ in range(ranks)
+    ]
+    schedulers = [scheduler for scheduler, _ in setups]
+    kv_config = setups[0][1]
+    facade = serving_facade(
+        lanes=[(model, TorchBackend()) for _ in range(ranks)], max_seq_len=vllm_side.MAX_MODEL_LEN, policy=POLICY
+    )
+    assert isinstance(facade, HybridLaneGroupFacade) and facade.num_lanes == ranks
+    spec = model.spec
+    shape = (kv_config.num_blocks, spec.num_kv_heads, BLOCK, spec.head_dim)
+    index = vllm_side.tensor_index_of(kv_config)
+    pools = facade.allocate_kv_cache_per_layer([(shape, model.dtype, index[i]) for i in range(spec.num_layers)])
+    assert len(pools) == ranks and len({id(pool) for pool in pools}) == ranks
+    groups = vllm_side.layer_groups(kv_config)
+    assert all(runtime.config.model.attention.layer_groups == groups for runtime in facade.runtimes)
+    assert all(pool.allocated_bytes() == vllm_side.planned_bytes(kv_config) for pool in pools)
+    facade.warmup_model_prefill(kv_cache=pools, can_sample_on_device=False, enable_trace=enable_trace)
+    _, oracle = checkpoint(name)
+    runner = DataParallelRunner(
+        facade, pools, schedulers, oracle, enable_trace=enable_trace, max_num_seqs=SEQS, max_blocks=MAX_BLOCKS
+    )
+    waves = [_dp_requests(rank, spec.vocab_size) for rank in range(ranks)]
+    for w in range(max(map(len, waves))):
+        for rank in range(ranks):
+            for request in waves[rank][w] if w < len(waves[rank]) else ():
+                runner.add(rank, request)
+        runner.run()
+    for rank, rank_runner in enumerate(runner.ranks):
+        stats = rank_runner.stats
+        assert stats.finished == sum(map(len, DP_WAVES[rank])), rank
+        assert stats.prefix_hit_tokens > 0, rank
+        STATS[(name, f"data-parallel rank {rank}", "traced" if enable_trace else "eager")] = dict(
+            groups=len(groups), buffers=len({*index.values()}), **vars(stats)
+        )
+    assert runner.all_rank_calls > 0 and runner.all_rank_calls < runner.calls  # calls of both ranks, and of one
+    assert runner.shared_id_steps > 0  # both ranks wrote block ids of the same number in one call
     facade.cleanup()
 
 

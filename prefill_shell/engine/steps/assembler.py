@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Iterator
 import torch
 
 from prefill_core import PreparedPrefill, SamplingPath
-from prefill_core.errors import PrefillInputError, PrefillStateError
+from prefill_core.values.errors import PrefillInputError, PrefillStateError
 from prefill_shell.backends.base import Backend
 from prefill_shell.device.contract import LOGITS, SAMPLED_TOKENS, TOKEN_LOGPROB, TOP_IDS, TOP_LOGPROBS, TensorSpec
 from prefill_shell.engine.result import (

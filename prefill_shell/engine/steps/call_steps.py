@@ -11,7 +11,7 @@ columns and reused positions, exactly as ``prefill_core.GroupedRequest``
 plans them (so an entry outside a window, whatever the caller's table held
 there, is never staged). Groups' tables are padded to the widest group's
 width (``body_geometry``'s ``Wgf`` / ``Wgr``) with -1 (fill) and the filler
-0 (read), which no group reads. A packed hybrid step (``prefill_core.group_packed``)
+0 (read), which no group reads. A packed hybrid step (``prefill_core.kv_groups.group_packed``)
 holds its segments' tokens, positions and segment table as a packed step
 does, and ``contract.GROUP_PACKED_TABLES`` in place of the single write
 slots and prefix table: each group's slots, and each segment's prefix
@@ -25,8 +25,8 @@ from collections.abc import Sequence
 import torch
 
 from prefill_core import SKIP, GroupedPackedRequest, GroupedRequest, RequestKind
-from prefill_core.call_plan import CallPlan, PlanKind
-from prefill_core.plan import CHUNKED_FILLER
+from prefill_core.calls.call_plan import CallPlan, PlanKind
+from prefill_core.planning.plan import CHUNKED_FILLER
 from prefill_shell.device.contract import (
     FILL_TABLE,
     GROUP_FILL_TABLES,

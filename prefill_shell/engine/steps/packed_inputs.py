@@ -1,4 +1,4 @@
-"""Host values of packed steps (``prefill_core.packed``): one ``HostStep`` per ``PackedStep``.
+"""Host values of packed steps (``prefill_core.planning.packed``): one ``HostStep`` per ``PackedStep``.
 
 Per step: the segments' tokens end to end, each token's absolute position,
 the pool slot each token writes (``block * bs + position % bs`` through its

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 import attrs
 
 from prefill_core import PageTableLayout, PreparedPrefill
-from prefill_core.call_plan import CallPlan
-from prefill_core.errors import PrefillInputError, PrefillStateError
+from prefill_core.calls.call_plan import CallPlan
+from prefill_core.values.errors import PrefillInputError, PrefillStateError
 from prefill_shell.engine.steps.inputs import HostStep
 from prefill_shell.engine.steps.prompt_logprobs import PromptEntries, PromptPiece
 

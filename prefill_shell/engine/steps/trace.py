@@ -17,8 +17,8 @@ from collections.abc import Callable, Sequence
 import torch
 
 from prefill_core import PrefillProgramSignature, PrefillTraceSignature, PreparedPrefill
-from prefill_core.call_plan import LaneTraces, workspace_key
-from prefill_core.errors import CleanupError, TraceCoverageError
+from prefill_core.calls.call_plan import LaneTraces, workspace_key
+from prefill_core.values.errors import CleanupError, TraceCoverageError
 from prefill_shell.backends.base import Backend, TraceHandle
 from prefill_shell.device.contract import (
     BODY_INPUTS,

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from prefill_core import SamplingParams, SamplingPath
-from prefill_core.errors import InvalidSamplingError
+from prefill_core.values.errors import InvalidSamplingError
 from prefill_shell.backends import TorchBackend
 from prefill_shell.engine.executor import PrefillExecutor
 from prefill_shell.testing import FaultInjectingBackend, FaultPlan, InjectedFault

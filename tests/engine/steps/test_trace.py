@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from prefill_core import PageTableLayout, PrefillPolicy, SamplingParams, WarmupManifest
-from prefill_core.errors import PrefillStateError
+from prefill_core.values.errors import PrefillStateError
 from prefill_shell.backends import TorchBackend
 from prefill_shell.device.contract import LOGITS, SAMPLED_TOKENS
 from prefill_shell.device.ledger import Ownership

@@ -1,0 +1,1 @@
+"""Tuning a length ladder to a workload: prompt-length histograms and the ladder tuner."""
