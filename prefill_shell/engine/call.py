@@ -58,11 +58,14 @@ class PrefillCall:
     batched: bool = False
     group_page_tables: tuple[torch.Tensor, ...] | None = None
     null_block: int | None = None
+    # Per row, a ``prefill_core.values.pooling.PoolingType`` or None: the row's pooled final hidden states
+    # come back as ``PrefillResult.pooled`` (``engine.steps.pooled_states``). None: no row pools.
+    pooling: tuple | None = None
 
     @classmethod
     def of(cls, tokens, page_table, prompt_lengths, cached_lengths=None, slots=None, sampling=None,
            mode=ExecutionMode.AUTO, on_progress=None, *,
-           batched=False, group_page_tables=None, null_block=None):  # fmt: skip
+           batched=False, group_page_tables=None, null_block=None, pooling=None):  # fmt: skip
         """The caller's arguments (``PrefillEntry.prefill``'s) normalised; a ``PrefillInputError`` names the
         field on bad input."""
         parsed = execution_mode(mode)
@@ -70,9 +73,17 @@ class PrefillCall:
         rows = int(matrix.shape[0])
         table = host_page_table(page_table, rows)
         groups = _group_tables(group_page_tables, rows)
+        if pooling is not None:
+            if isinstance(pooling, (str, bytes)) or not isinstance(pooling, Sequence) or len(pooling) != rows:
+                msg = f"pooling={pooling!r} is invalid: one PoolingType or None per row ({rows} rows)"
+                raise PrefillInputError(msg, field="pooling")
+            if batched:
+                msg = "pooling is invalid with batched=True: a BatchResult has no per-row pooled vectors"
+                raise PrefillInputError(msg, field="pooling")
+            pooling = tuple(pooling)
         return cls(
             matrix, table, prompt_lengths, cached_lengths, slots, sampling, parsed, on_progress, bool(batched), groups,
-            null_block,
+            null_block, pooling,
         )  # fmt: skip
 
     @property
@@ -92,6 +103,7 @@ class PrefillCall:
             slots=None if slots is None else list(slots),
             sampling=pick(self.sampling, rows),
             group_page_tables=groups,
+            pooling=None if self.pooling is None else tuple(self.pooling[row] for row in rows),
         )
 
 
@@ -115,6 +127,7 @@ class PrefillEntry:
         batched: bool = False,
         group_page_tables: Sequence | None = None,
         null_block: int | None = None,
+        pooling: Sequence | None = None,
     ):
         """Plans, runs and reads back one call: one result per caller row, in caller order.
 
@@ -130,10 +143,12 @@ class PrefillEntry:
         outputs as caller-ordered tensors (``BatchResult``). A model with KV
         groups takes ``page_table`` alone where its pool keeps a buffer per
         layer, or ``group_page_tables`` (one per group) and ``null_block`` as
-        vLLM sends them.
+        vLLM sends them. ``pooling``: one ``PoolingType`` (LAST, MEAN, CLS)
+        or None per row: each such row's final hidden states pooled across its
+        steps, as ``PrefillResult.pooled`` (float32 ``[hidden]``).
         """
         call = PrefillCall.of(
             tokens, page_table, prompt_lengths, cached_lengths, slots, sampling, mode, on_progress,
-            batched=batched, group_page_tables=group_page_tables, null_block=null_block,
+            batched=batched, group_page_tables=group_page_tables, null_block=null_block, pooling=pooling,
         )  # fmt: skip
         return self.run(call)

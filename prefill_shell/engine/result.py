@@ -48,6 +48,7 @@ class PrefillResult(NamedTuple):
     logprob: float | None = None
     top_logprobs: tuple[tuple[int, float], ...] = ()
     prompt_logprobs: tuple = ()
+    pooled: Any = None  # float32 [hidden]: the row's final hidden states pooled (PrefillCall.pooling)
 
     @property
     def nonfinite(self) -> bool:

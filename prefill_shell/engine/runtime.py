@@ -13,7 +13,6 @@ public methods here.
 from __future__ import annotations
 
 import contextlib
-import functools
 import random
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -58,6 +57,7 @@ from prefill_shell.engine.steps.assembler import PrefillResultAssembler
 from prefill_shell.engine.steps.call_steps import call_steps
 from prefill_shell.engine.steps.inputs import DeviceStep, PrefillInputStager
 from prefill_shell.engine.steps.partial_writes import StepLog, note_partial_writes
+from prefill_shell.engine.steps.pooled_states import pooled_states
 from prefill_shell.engine.steps.postprocess import PrefillPostprocessor, wave_params
 from prefill_shell.engine.steps.prepared_batch import PreparedBatch, check_runnable, checked_request
 from prefill_shell.engine.steps.prompt_logprobs import (
@@ -220,7 +220,8 @@ class PrefillRuntime(PrefillEntry):
         requests, steps = plan.prepared, call_steps(plan, matrix, table, config.model.spec.hidden_size)
         spans = requested_spans(batch)
         prompt = tuple(prompt_steps(matrix, spans, p.request, s) for p, s in zip(requests, steps)) if spans else ()
-        return PreparedBatch(requests, steps, len(batch), self, config.layout, prompt, plan=plan)
+        pooled = None if call.pooling is None else pooled_states(requests, steps, call.pooling, len(batch))
+        return PreparedBatch(requests, steps, len(batch), self, config.layout, prompt, plan=plan, pooled=pooled)
 
     @exclusive
     def invoke(
@@ -230,7 +231,6 @@ class PrefillRuntime(PrefillEntry):
         *,
         mode: ExecutionMode | str = ExecutionMode.AUTO,
         progress: ProgressCounter | None = None,
-        on_hidden: Callable[[Any, int], None] | None = None,
     ) -> InvocationResult:
         """Runs request ``index`` of ``batch``: eagerly, or by replaying its captured trace.
 
@@ -238,10 +238,7 @@ class PrefillRuntime(PrefillEntry):
         eager (a request without a trace or workspace raises
         ``TraceCoverageError`` before anything runs); ``"auto"`` replays
         when the request has a trace, else runs it eagerly.
-        ``progress`` counts each body step as it finishes. ``on_hidden(hidden,
-        step)`` sees each step's hidden output before the next step replaces
-        it (after the prompt log-prob collector; pooling reads it,
-        ``prefill_shell.pooling.collector``). An error raised
+        ``progress`` counts each body step as it finishes. An error raised
         once a step has started carries ``partial_writes`` (see
         ``partial_writes.note_partial_writes``).
 
@@ -270,7 +267,8 @@ class PrefillRuntime(PrefillEntry):
         seeds = self._resolve_seeds(prepared)
         pieces = batch.prompt_steps[index] if batch.prompt_steps else None
         prompt_hook = None if pieces is None else self._prompt.hook(pieces, batch.prompt_entries)
-        on_hidden = _both(prompt_hook, on_hidden)
+        pool_hook = None if batch.pooled is None else batch.pooled.hook(index)
+        on_hidden = _both(prompt_hook, pool_hook)
         try:
             with torch.inference_mode():
                 signature = prepared.program_signature
@@ -296,7 +294,6 @@ class PrefillRuntime(PrefillEntry):
         *,
         mode: ExecutionMode | str = ExecutionMode.AUTO,
         on_progress: ProgressCallback | None = None,
-        on_hidden: Callable[[int, Any, int], None] | None = None,
     ) -> Iterator[InvocationResult]:
         """Invocations in plan order, produced lazily (one in flight at a time).
 
@@ -319,8 +316,7 @@ class PrefillRuntime(PrefillEntry):
         run = ExecutionMode.TRACED if replays(mode, not gaps) else ExecutionMode.EAGER
         progress = ProgressCounter(on_progress, "prefill", batch.num_steps).start()
         for index in range(len(batch.requests)):
-            hook = None if on_hidden is None else functools.partial(on_hidden, index)
-            yield self.invoke(batch, index, mode=run, progress=progress, on_hidden=hook)
+            yield self.invoke(batch, index, mode=run, progress=progress)
 
     @exclusive_stream
     def stream(self, invocations: Iterable[InvocationResult]) -> Iterator[PrefillResult]:
@@ -349,10 +345,15 @@ class PrefillRuntime(PrefillEntry):
         if call.batched:  # refused before anything runs: a batched result has no per-row extras
             for prepared in batch.requests:
                 refuse_per_row_extras(prepared.request.source_rows, prepared.request.sampling)
+        if batch.pooled is not None:
+            batch.pooled.start()
         stream = (invocations or self.invocations)(batch, mode=call.mode, on_progress=call.on_progress)
         if call.batched:
             return self.assemble_batch(stream, batch.num_rows)
-        return self.assemble(stream, batch.num_rows)
+        results = self.assemble(stream, batch.num_rows)
+        if batch.pooled is not None:  # one more kind of output: each pooled row's final hidden states
+            results = [r._replace(pooled=batch.pooled.result(r.row)) for r in results]
+        return results
 
     def _group_tables(self, group_page_tables, table: torch.Tensor, rows: int) -> tuple[tuple | None, bool]:
         """Each KV group's host rows and whether the groups share one block-id space.

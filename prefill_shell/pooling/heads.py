@@ -1,9 +1,8 @@
-"""The pooling math on host or device tensors: pool, truncate, normalise, classify.
+"""The heads over pooled vectors: truncate, normalise, classify, and the yes/no reranker.
 
-* ``RowPool``: one row's running pool across the steps that compute it:
-  the last position's hidden state (LAST), position 0's (CLS), or a float32
-  sum and a count (MEAN: the mean is taken once, after the last step, so a
-  row split over chunks or packed steps pools exactly as one pass would).
+* Pooling itself (LAST, MEAN, CLS across steps) is a call output of the
+  runtime (``prefill_shell.engine.steps.pooled_states``); these are the heads
+  over the pooled vectors.
 * ``embed_vectors``: truncate to ``dimensions``, then L2-normalise, as vLLM's
   ``EmbeddingPoolerHead`` orders them (vllm-project/vllm
   ``vllm/model_executor/layers/pooler/seqwise/heads.py``, commit 055e47c);
@@ -26,40 +25,9 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from prefill_core.values.pooling import ClassifyActivation, PoolingType, ResolvedPooling
+from prefill_core.values.pooling import ClassifyActivation, ResolvedPooling
 
-__all__ = ["RowPool", "activate", "classify_logits", "embed_vectors", "yes_no_probability"]
-
-
-class RowPool:
-    """One row's pooled state, fed position runs of hidden states in position order."""
-
-    def __init__(self, pooling_type: PoolingType):
-        self.pooling_type = pooling_type
-        self._sum: torch.Tensor | None = None
-        self._count = 0
-        self._vector: torch.Tensor | None = None
-
-    def add(self, hidden: torch.Tensor) -> None:
-        """``hidden [n, H]``: the states of positions this pool needs (``prefill_core.pooled_positions``)."""
-        if self.pooling_type is PoolingType.MEAN:
-            part = hidden.float().sum(dim=0)
-            self._sum = part if self._sum is None else self._sum + part
-            self._count += hidden.shape[0]
-        elif self.pooling_type is PoolingType.LAST:
-            self._vector = hidden[-1].to(torch.float32, copy=True)  # a copy: a replay overwrites its workspace
-        elif self._vector is None:  # CLS: the first position fed, position 0
-            self._vector = hidden[0].to(torch.float32, copy=True)
-
-    def result(self) -> torch.Tensor:
-        """The pooled float32 vector ``[H]``."""
-        if self.pooling_type is PoolingType.MEAN:
-            if self._sum is None:
-                raise RuntimeError("a MEAN pool was read before any position was added")
-            return self._sum / self._count
-        if self._vector is None:
-            raise RuntimeError(f"a {self.pooling_type.value} pool was read before its position was added")
-        return self._vector
+__all__ = ["activate", "classify_logits", "embed_vectors", "yes_no_probability"]
 
 
 def embed_vectors(pooled: torch.Tensor, rows: Sequence[ResolvedPooling]) -> list[torch.Tensor]:

@@ -214,8 +214,10 @@ class PoolingRunner:
                 self.computed_tokens += sum(lengths)
             cached = effective_cached(sub_rows, laid.cached)
             self.computed_tokens += sum(laid.lengths) - sum(cached)
-            batch = runtime.prepare(laid.tokens, laid.page_table, list(laid.lengths), list(cached), mode=mode)
-            call = pooled_call(runtime, batch, [r.pooling_type for r in sub_rows], mode=mode)
+            types = [r.pooling_type for r in sub_rows]
+            call = pooled_call(
+                runtime, laid.tokens, laid.page_table, list(laid.lengths), list(cached), types, mode=mode
+            )
             for j, i in enumerate(members):
                 pooled[i] = call.pooled[j]
                 if want_logits:

@@ -10,6 +10,7 @@ from prefill_core import PageTableLayout, PreparedPrefill
 from prefill_core.calls.call_plan import CallPlan
 from prefill_core.values.errors import PrefillInputError, PrefillStateError
 from prefill_shell.engine.steps.inputs import HostStep
+from prefill_shell.engine.steps.pooled_states import PooledStates
 from prefill_shell.engine.steps.prompt_logprobs import PromptEntries, PromptPiece
 
 __all__ = ["PreparedBatch", "check_runnable", "checked_request"]
@@ -41,6 +42,8 @@ class PreparedBatch:
     prompt_entries: PromptEntries = attrs.field(factory=PromptEntries, repr=False)
     # The core's plan of the call (``prefill_core.plan_call``): its kind, gaps and replay decision.
     plan: CallPlan | None = attrs.field(default=None, repr=False)
+    # The rows whose final hidden states the call pools (``pooled_states``); None when no row asks.
+    pooled: PooledStates | None = attrs.field(default=None, repr=False)
 
     @property
     def num_steps(self) -> int:
