@@ -57,7 +57,7 @@ from prefill_shell.engine.steps.assembler import PrefillResultAssembler
 from prefill_shell.engine.steps.call_steps import call_steps
 from prefill_shell.engine.steps.inputs import DeviceStep, PrefillInputStager
 from prefill_shell.engine.steps.partial_writes import StepLog, note_partial_writes
-from prefill_shell.engine.steps.pooled_states import pooled_states
+from prefill_shell.engine.steps.pooled_states import pooled_states, with_pooled
 from prefill_shell.engine.steps.postprocess import PrefillPostprocessor, wave_params
 from prefill_shell.engine.steps.prepared_batch import PreparedBatch, check_runnable, checked_request
 from prefill_shell.engine.steps.prompt_logprobs import (
@@ -351,9 +351,7 @@ class PrefillRuntime(PrefillEntry):
         if call.batched:
             return self.assemble_batch(stream, batch.num_rows)
         results = self.assemble(stream, batch.num_rows)
-        if batch.pooled is not None:  # one more kind of output: each pooled row's final hidden states
-            results = [r._replace(pooled=batch.pooled.result(r.row)) for r in results]
-        return results
+        return with_pooled(batch, results)  # one more kind of output: each pooled row's final hidden states
 
     def _group_tables(self, group_page_tables, table: torch.Tensor, rows: int) -> tuple[tuple | None, bool]:
         """Each KV group's host rows and whether the groups share one block-id space.

@@ -29,6 +29,7 @@ from prefill_shell.engine.call_guard import CallGuard, exclusive
 from prefill_shell.engine.executor import PrefillExecutor
 from prefill_shell.engine.progress import ProgressCallback
 from prefill_shell.engine.result import BatchResult, PrefillResult, refuse_per_row_extras
+from prefill_shell.engine.steps.pooled_states import with_pooled
 from prefill_shell.lanes.dispatch import LaneCall, run_in_turn, run_on_threads
 
 __all__ = ["LaneGroup"]
@@ -186,7 +187,7 @@ class LaneGroup(PrefillEntry):
         by_lane = (run_on_threads if self.threaded else run_in_turn)(calls)
         merged: dict[int, PrefillResult] = {}
         for lane_call in calls:
-            for local, result in enumerate(by_lane[lane_call.lane]):
+            for local, result in enumerate(with_pooled(lane_call.batch, by_lane[lane_call.lane])):
                 merged[lane_call.source_rows[local]] = result._replace(row=lane_call.source_rows[local])
         return [merged[row] for row in range(num_rows)]
 

@@ -68,3 +68,21 @@ def test_bad_pooling_requests_are_named_before_anything_runs(model):
     with pytest.raises(PrefillInputError, match="row 0: position 0 is not computed"):
         runtime.prefill(tokens, table, LENGTHS, [32, 0, 0, 0], pooling=[PoolingType.MEAN, None, None, None])
     assert runtime.backend.ledger.live() == []
+
+
+def test_a_lane_group_returns_each_lanes_pooled_rows_in_caller_order(model):
+    """Rows routed to two lanes by slot: each lane pools its own rows (for_rows carries the pooling column)."""
+    from tests.lane_kit import group_call, make_group
+
+    rows = [(70, 0, None), (5, 0, None), (40, 0, None), (20, 0, None), (64, 0, None)]
+    call = group_call(rows, slots=(5, 0, 6, 1, 4), num_lanes=2)
+    pooling = [PoolingType.MEAN, PoolingType.LAST, None, PoolingType.CLS, PoolingType.LAST]
+    results = make_group(model, 2).prefill(**call.kwargs(), pooling=pooling)
+    for row, (result, kind) in enumerate(zip(results, pooling)):
+        assert result.row == row
+        if kind is None:
+            assert result.pooled is None
+            continue
+        hidden = _one_pass(model, call.tokens[row, : rows[row][0]].tolist())
+        expected = {PoolingType.LAST: hidden[-1], PoolingType.MEAN: hidden.mean(0), PoolingType.CLS: hidden[0]}[kind]
+        torch.testing.assert_close(result.pooled, expected, rtol=1e-5, atol=1e-5)

@@ -30,7 +30,7 @@ from prefill_core.values.errors import PrefillInputError
 from prefill_core.values.pooling import PoolingType, pooled_positions
 from prefill_shell.engine.steps.inputs import HostStep
 
-__all__ = ["PooledStates", "RowPool", "pooled_states"]
+__all__ = ["PooledStates", "RowPool", "pooled_states", "with_pooled"]
 
 
 class RowPool:
@@ -77,6 +77,7 @@ class PooledStates:
         self._picks = picks
         self._types = types
         self._pools: dict[int, RowPool] = {}
+        self.start()
 
     def start(self) -> None:
         """Fresh pools for a run of the call (running it again pools again, not twice)."""
@@ -143,3 +144,11 @@ def pooled_states(
             offset = seg.offset - seg.start
             picks[(r, s)].append(_Pick(row, offset + first, offset + end))
     return PooledStates(dict(picks), types)
+
+
+def with_pooled(batch, results: list) -> list:
+    """``results`` (one ``PrefillResult`` per caller row of ``batch``, in its row order) with their pooled vectors."""
+    pooled = getattr(batch, "pooled", None)
+    if pooled is None:
+        return results
+    return [result._replace(pooled=pooled.result(row)) for row, result in enumerate(results)]
