@@ -5,7 +5,8 @@
   over the pooled vectors.
 * ``embed_vectors``: truncate to ``dimensions``, then L2-normalise, as vLLM's
   ``EmbeddingPoolerHead`` orders them (vllm-project/vllm
-  ``vllm/model_executor/layers/pooler/seqwise/heads.py``, commit 055e47c);
+  ``vllm/model_executor/layers/pooler/seqwise/heads.py`` at commit
+  055e47c28003156421365af985d676fc921cb075);
   sentence-transformers' ``encode(truncate_dim=d, normalize_embeddings=True)``
   gives the same vector (it truncates after its modules, then normalises).
 * ``classify_logits`` / ``activate``: the ``score`` linear over the pooled
