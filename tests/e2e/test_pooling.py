@@ -19,6 +19,8 @@ prefix:
 
 Every vector within 1e-5 relative (``max|ours - theirs| / max|theirs|``),
 eager (packed steps) and traced (after a warm-up: replayed padded waves).
+In bfloat16, our embeddings' drift from float32 sentence-transformers is at
+most twice sentence-transformers' own bfloat16 drift.
 """
 
 from __future__ import annotations
@@ -167,3 +169,17 @@ def test_traced_embeddings_and_scores_equal_sentence_transformers(family, tmp_pa
     query, *documents = texts(12, [70, 1, 9, 64, 120])
     theirs = CrossEncoder(str(folder), device="cpu").predict([(query, d) for d in documents], convert_to_tensor=True)
     _close(runner.score(query, documents, mode="traced")[None], theirs[None])
+
+
+def test_bfloat16_embeddings_drift_from_float32_no_more_than_sentence_transformers_own(family, tmp_path):
+    """In bfloat16 both sides drift from float32 sentence-transformers; ours by no more than 2x its own drift."""
+    from sentence_transformers import SentenceTransformer
+
+    folder = st_folder(family, tmp_path / "st", "lasttoken", normalize=True)
+    rows = _texts(13)
+    reference = SentenceTransformer(str(folder), device="cpu").encode(rows, convert_to_tensor=True)
+    theirs = SentenceTransformer(str(folder), device="cpu").to(torch.bfloat16).encode(rows, convert_to_tensor=True)
+    ours = PoolingRunner.from_folder(folder, dtype="bfloat16", **OPTIONS).embed(rows)
+    their_drift = max(relative_error(b, a) for a, b in zip(reference, theirs))
+    our_drift = max(relative_error(b, a) for a, b in zip(reference, ours))
+    assert our_drift <= 2 * their_drift + 1e-3, (our_drift, their_drift)
