@@ -34,6 +34,7 @@ from prefill_core import (
 )
 from prefill_core.calls.call_plan import CallContext, plan_call
 from prefill_core.values.errors import CleanupError, PrefillInputError, PrefillStateError
+from prefill_core.values.sampling import refuse_per_row_extras
 from prefill_shell.device.contract import (
     CHUNK_START,
     FILL_TABLE,
@@ -52,7 +53,7 @@ from prefill_shell.engine.call import PrefillCall, PrefillEntry
 from prefill_shell.engine.call_guard import CallGuard, exclusive, exclusive_stream
 from prefill_shell.engine.config import PrefillRuntimeConfig
 from prefill_shell.engine.progress import ProgressCallback, ProgressCounter
-from prefill_shell.engine.result import BatchResult, InvocationResult, PrefillResult, refuse_per_row_extras
+from prefill_shell.engine.result import BatchResult, InvocationResult, PrefillResult
 from prefill_shell.engine.steps.assembler import PrefillResultAssembler
 from prefill_shell.engine.steps.call_steps import call_steps
 from prefill_shell.engine.steps.inputs import DeviceStep, PrefillInputStager
