@@ -202,8 +202,10 @@ def _grouped_sub_batches(batch: PrefillBatch, context: CallContext, tables) -> t
     """``prepare_grouped`` per sub-batch of ``lane_size`` rows, judged as one call, ordered call-wide (rule 2)."""
     policy, layout, attention = context.policy, context.layout, context.attention
     wide = attrs.evolve(policy, lane_size=len(batch))
-    judged = (batch, wide, layout, attention, tables, context.null_block, context.max_position)
-    _, spans, masked = judged_groups(*judged, context.groups_share_blocks)
+    limits = {"null_block": context.null_block, "max_position": context.max_position}
+    _, spans, masked = judged_groups(
+        batch, wide, layout, attention, tables, **limits, shared_blocks=context.groups_share_blocks
+    )
     planned: list[GroupedRequest] = []
     for picked in policy.sub_batches(len(batch)):
         part = tuple(rows[picked.start : picked.stop] for rows in tables)

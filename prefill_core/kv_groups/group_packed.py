@@ -119,20 +119,14 @@ def prepare_grouped_packed(
     policy: PrefillPolicy,
     layout: PageTableLayout,
     attention: AttentionLayout,
-    group_blocks: tuple[Rows, ...],
-    *,
-    null_block: int | None = None,
-    max_position: int | None = None,
-    shared_blocks: bool = True,
+    group_blocks,
+    **limits,
 ) -> tuple[GroupedPackedRequest, ...] | None:
-    """Plans a hybrid call as packed steps (arguments as ``prepare_grouped``); None where rule 3 forbids it.
-
-    Raises a ``PrefillInputError`` subclass on any bad input, as ``prepare_grouped``.
-    """
+    """Plans a hybrid call as packed steps; None where rule 3 forbids it. Arguments, ``limits`` (``null_block``,
+    ``max_position``, ``shared_blocks``) and errors (a ``PrefillInputError`` subclass) are ``prepare_grouped``'s."""
     if len(batch) > policy.lane_size:  # packed steps have no waves to split: the whole call is one lane
         policy = attrs.evolve(policy, lane_size=len(batch))
-    judged = (batch, policy, layout, attention, group_blocks, null_block, max_position, shared_blocks)
-    _, spans, masked = judged_groups(*judged)
+    _, spans, masked = judged_groups(batch, policy, layout, attention, group_blocks, **limits)
     if _reads_another_rows_writes(masked, spans):
         return None
     floors = tuple(tuple(span.kept.start for span in group_spans) for group_spans in spans)

@@ -185,7 +185,9 @@ def group_dependencies(requests, attention: AttentionLayout, masked, spans) -> l
     return [{writer[key] for key in read if key in writer} - {i} for i, read in enumerate(reads)]
 
 
-def judged_groups(batch, policy, layout, attention, group_blocks, null_block, max_position, shared_blocks=True):
+def judged_groups(
+    batch, policy, layout, attention, group_blocks, *, null_block=None, max_position=None, shared_blocks=True
+):
     """``(scope, spans, masked)``: the call judged (inputs, fit, every group's table, rule 2) and its rows masked.
 
     ``spans[g][row]`` are the row's kept and written columns in group g;
@@ -228,8 +230,8 @@ def prepare_grouped(
     column a step reads or writes may name. ``shared_blocks``: one block-id
     space for every group (``group_rules.check_group_tables``).
     """
-    judged = (batch, policy, layout, attention, group_blocks, null_block, max_position, shared_blocks)
-    scope, spans, masked = judged_groups(*judged)
+    limits = {"null_block": null_block, "max_position": max_position, "shared_blocks": shared_blocks}
+    scope, spans, masked = judged_groups(batch, policy, layout, attention, group_blocks, **limits)
     planning = attrs.evolve(batch, blocks=masked[0])
     requests = plan_geometry(planning, scope.needs, policy, layout)
     requests = order_by_dependencies(requests, group_dependencies(requests, attention, masked, spans))

@@ -4,8 +4,8 @@ Theory of operation
 -------------------
 Let ``rung(n)`` be the policy's ladder rung for n tokens (``padded_length``)
 and ``bs`` the block size. Each rule is a property in
-tests/core/test_plan_properties.py (named after the rule) or
-tests/core/test_chunk_rules.py.
+tests/core/planning/test_plan_properties.py (named after the rule) or
+tests/core/planning/test_chunk_rules.py.
 
 1. Every row lands in exactly one request; ``source_rows`` maps back.
 2. A row is *regular* iff ``cached == 0`` and ``rung(length) <=

@@ -15,10 +15,21 @@ Paths, decided once per request at prepare time:
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 
 import attrs
 
-__all__ = ["GREEDY_TEMPERATURE", "SamplingParams", "SamplingPath", "classify_sampling", "distinct_params", "is_greedy"]
+from prefill_core.values.errors import InvalidSamplingError, row_error
+
+__all__ = [
+    "GREEDY_TEMPERATURE",
+    "SamplingParams",
+    "SamplingPath",
+    "classify_sampling",
+    "distinct_params",
+    "is_greedy",
+    "refuse_per_row_extras",
+]
 
 GREEDY_TEMPERATURE = 1e-5
 """A temperature below this is greedy (vLLM's epsilon): 1/T would overflow sampling."""
@@ -115,3 +126,21 @@ def classify_sampling(
     if allow_forced_argmax and all(s.is_greedy for s in distinct):
         return SamplingPath.ARGMAX
     return SamplingPath.TOPK
+
+
+def refuse_per_row_extras(rows: Sequence[int], sampling: Sequence[SamplingParams | None]) -> None:
+    """Refuses a row asking top or prompt log-probs: a batch-shaped result (the shell's ``BatchResult``) holds one
+    token and log-prob per row (``InvalidSamplingError`` naming the row and field). The one copy of the rule:
+    the runtime, the assembler and the lane group all ask it."""
+
+    for row, params in zip(rows, sampling):
+        if not isinstance(params, SamplingParams):
+            continue  # None asks for logits; anything else is the planner's to name
+        if params.num_logprobs:
+            field, value = "sampling.num_logprobs", params.num_logprobs
+        elif params.prompt_logprobs is not None:
+            field, value = "sampling.prompt_logprobs", params.prompt_logprobs
+        else:
+            continue
+        rule = "a batch-shaped result holds one token and its log-prob per row: ask for it through prefill()"
+        raise row_error(InvalidSamplingError, row, field, value, rule)

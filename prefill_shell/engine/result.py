@@ -8,11 +8,11 @@ from typing import Any, NamedTuple
 
 import torch
 
-from prefill_core import PreparedPrefill, SamplingParams
-from prefill_core.values.errors import InvalidSamplingError, PrefillStateError, row_error
+from prefill_core import PreparedPrefill
+from prefill_core.values.errors import PrefillStateError
 from prefill_shell.device.ledger import DeviceTensor
 
-__all__ = ["BatchResult", "InvocationResult", "InvocationState", "PrefillResult", "refuse_per_row_extras"]
+__all__ = ["BatchResult", "InvocationResult", "InvocationState", "PrefillResult"]
 
 
 def _same_logits(a: Any, b: Any) -> bool:
@@ -112,21 +112,6 @@ class BatchResult(NamedTuple):
         logits = torch.full((len(results), width), nan, dtype=torch.float32)
         logits[kept] = torch.stack([results[row].logits for row in kept]).float()
         return cls(tokens, logprobs, logits)
-
-
-def refuse_per_row_extras(rows: Sequence[int], sampling: Sequence[SamplingParams | None]) -> None:
-    """Refuses a row asking top or prompt log-probs: a ``BatchResult`` holds one token and log-prob per row."""
-    for row, params in zip(rows, sampling):
-        if not isinstance(params, SamplingParams):
-            continue  # None asks for logits; anything else is the planner's to name
-        if params.num_logprobs:
-            field, value = "sampling.num_logprobs", params.num_logprobs
-        elif params.prompt_logprobs is not None:
-            field, value = "sampling.prompt_logprobs", params.prompt_logprobs
-        else:
-            continue
-        rule = "a batch-shaped result holds one token and its log-prob per row: ask for it through prefill()"
-        raise row_error(InvalidSamplingError, row, field, value, rule)
 
 
 class InvocationState(enum.Enum):

@@ -34,17 +34,7 @@ from prefill_core import (
 )
 from prefill_core.calls.call_plan import CallContext, plan_call
 from prefill_core.values.errors import CleanupError, PrefillInputError, PrefillStateError
-from prefill_shell.device.contract import (
-    CHUNK_START,
-    FILL_TABLE,
-    GROUP_FILL_TABLES,
-    GROUP_WRITE_SLOTS,
-    GROUPED_INPUTS,
-    GROUPED_PACKED_INPUTS,
-    INPUT_TOKENS,
-    PACKED_INPUTS,
-    READ_TABLE,
-)
+from prefill_core.values.sampling import refuse_per_row_extras
 from prefill_shell.device.ledger import DeviceTensor
 from prefill_shell.device.notes import add_note
 from prefill_shell.engine.batch_builder import build_batch, check_token_ids
@@ -52,9 +42,9 @@ from prefill_shell.engine.call import PrefillCall, PrefillEntry
 from prefill_shell.engine.call_guard import CallGuard, exclusive, exclusive_stream
 from prefill_shell.engine.config import PrefillRuntimeConfig
 from prefill_shell.engine.progress import ProgressCallback, ProgressCounter
-from prefill_shell.engine.result import BatchResult, InvocationResult, PrefillResult, refuse_per_row_extras
+from prefill_shell.engine.result import BatchResult, InvocationResult, PrefillResult
 from prefill_shell.engine.steps.assembler import PrefillResultAssembler
-from prefill_shell.engine.steps.call_steps import call_steps
+from prefill_shell.engine.steps.call_steps import body_call, call_steps
 from prefill_shell.engine.steps.inputs import DeviceStep, PrefillInputStager
 from prefill_shell.engine.steps.partial_writes import StepLog, note_partial_writes
 from prefill_shell.engine.steps.pooled_states import pooled_states, with_pooled
@@ -139,24 +129,8 @@ class PrefillRuntime(PrefillEntry):
     # Model calls run without autograd: every public entry point that reaches
     # them (invoke, compile, capture) enters torch.inference_mode once.
     def _run_body(self, step: DeviceStep) -> Any:
-        if step.kind is RequestKind.PACKED and GROUP_WRITE_SLOTS in step:  # a hybrid model's packed step
-            values = (step[spec].value for spec in GROUPED_PACKED_INPUTS)
-            return self.config.model.forward_packed_grouped(*values, self.config.kv)
-        if step.kind is RequestKind.PACKED:  # packed step (prefill_core.planning.packed): segments end to end
-            return self.config.model.forward_packed(*(step[spec].value for spec in PACKED_INPUTS), self.config.kv)
-        if GROUP_FILL_TABLES in step:  # a hybrid model: each KV group's tables (steps/call_steps.py)
-            values = (None if spec not in step else step[spec].value for spec in GROUPED_INPUTS)
-            return self.config.model.forward_grouped(
-                step[INPUT_TOKENS].value, step[CHUNK_START].value, *values, self.config.kv
-            )
-        read = step.get(READ_TABLE)
-        return self.config.model.forward_hidden(
-            step[INPUT_TOKENS].value,
-            step[CHUNK_START].value,
-            step[FILL_TABLE].value,
-            None if read is None else read.value,
-            self.config.kv,
-        )
+        name, args = body_call(step)  # the protocol method of the step's kind (steps/call_steps.py)
+        return getattr(self.config.model, name)(*args, self.config.kv)
 
     def _run_lm_head(self, rows: Any) -> Any:
         return self.config.model.lm_head(rows)

@@ -22,13 +22,14 @@ from prefill_core.values.errors import (
     PrefillInputError,
     TraceCoverageError,
 )
+from prefill_core.values.sampling import refuse_per_row_extras
 from prefill_shell.device.model import model_difference
 from prefill_shell.device.notes import add_note
 from prefill_shell.engine.call import PrefillCall, PrefillEntry
 from prefill_shell.engine.call_guard import CallGuard, exclusive
 from prefill_shell.engine.executor import PrefillExecutor
 from prefill_shell.engine.progress import ProgressCallback
-from prefill_shell.engine.result import BatchResult, PrefillResult, refuse_per_row_extras
+from prefill_shell.engine.result import BatchResult, PrefillResult
 from prefill_shell.engine.steps.pooled_states import with_pooled
 from prefill_shell.lanes.dispatch import LaneCall, run_in_turn, run_on_threads
 

@@ -9,10 +9,11 @@ dispatch calls is declared by one of them, with the parameters it is called with
 from __future__ import annotations
 
 import inspect
+import re
 
 from prefill_shell.device.contract import GROUPED_INPUTS, GROUPED_PACKED_INPUTS, PACKED_INPUTS
 from prefill_shell.device.model import GroupedPrefillModel, PackedPrefillModel, PrefillModel
-from prefill_shell.engine import runtime as runtime_module
+from prefill_shell.engine.steps import call_steps
 from prefill_shell.reference import random_llama
 from prefill_shell.reference.hybrid import HybridLlama
 from tests import window_kit as kit
@@ -35,11 +36,10 @@ def test_the_shipped_models_implement_their_protocols():
 
 
 def test_every_forward_the_runtime_calls_is_declared_with_its_inputs():
-    """Each ``model.forward_*`` name in the runtime's dispatch is a protocol method; the packed and grouped
-    ones take the contract's inputs in the contract's order, then the pool."""
-    source = inspect.getsource(runtime_module.PrefillRuntime._run_body)
-    called = {word for word in source.replace("(", " ").split() if word.startswith("self.config.model.forward")}
-    names = {c.rsplit(".", 1)[1] for c in called}
+    """Each ``forward_*`` method the runtime's dispatch (``call_steps.body_call``) names is a protocol method;
+    the packed and grouped ones take the contract's inputs in the contract's order, then the pool."""
+    source = inspect.getsource(call_steps.body_call)
+    names = set(re.findall(r'"(forward_[a-z_]+)"', source))
     declared = {n for proto in (PrefillModel, PackedPrefillModel, GroupedPrefillModel) for n in dir(proto)}
     assert names and names <= declared
     assert len(_params(PackedPrefillModel, "forward_packed")) == len(PACKED_INPUTS) + 1

@@ -21,6 +21,7 @@ import torch
 
 from prefill_core import PreparedPrefill, SamplingPath
 from prefill_core.values.errors import PrefillInputError, PrefillStateError
+from prefill_core.values.sampling import refuse_per_row_extras
 from prefill_shell.backends.base import Backend
 from prefill_shell.device.contract import LOGITS, SAMPLED_TOKENS, TOKEN_LOGPROB, TOP_IDS, TOP_LOGPROBS, TensorSpec
 from prefill_shell.engine.result import (
@@ -28,7 +29,6 @@ from prefill_shell.engine.result import (
     InvocationResult,
     InvocationState,
     PrefillResult,
-    refuse_per_row_extras,
 )
 from prefill_shell.engine.steps.partial_writes import note_partial_writes
 from prefill_shell.sampling.torch_sampling import sample_row, top_logprobs

@@ -28,6 +28,7 @@ from prefill_core import SKIP, GroupedPackedRequest, GroupedRequest, RequestKind
 from prefill_core.calls.call_plan import CallPlan, PlanKind
 from prefill_core.planning.plan import CHUNKED_FILLER
 from prefill_shell.device.contract import (
+    CHUNK_START,
     FILL_TABLE,
     GROUP_FILL_TABLES,
     GROUP_PREFIX_FROM,
@@ -36,7 +37,11 @@ from prefill_shell.device.contract import (
     GROUP_READ_TABLES,
     GROUP_REUSED,
     GROUP_WRITE_SLOTS,
+    GROUPED_INPUTS,
+    GROUPED_PACKED_INPUTS,
+    INPUT_TOKENS,
     LAST_TOKEN_INDEX,
+    PACKED_INPUTS,
     PACKED_POSITIONS,
     PACKED_SEGMENTS,
     PACKED_TOKENS,
@@ -46,7 +51,7 @@ from prefill_shell.device.contract import (
 from prefill_shell.engine.steps.inputs import HostStep, build_host_steps
 from prefill_shell.engine.steps.packed_inputs import build_packed_host_steps
 
-__all__ = ["GroupedPackedSteps", "GroupedSteps", "call_steps"]
+__all__ = ["GroupedPackedSteps", "GroupedSteps", "body_call", "call_steps"]
 
 
 def _stacked(rows_per_group, width: int, filler: int) -> torch.Tensor:
@@ -132,3 +137,18 @@ def call_steps(plan: CallPlan, matrix: torch.Tensor, table: torch.Tensor, hidden
     if plan.kind is PlanKind.PACKED:
         return tuple(tuple(build_packed_host_steps(matrix, p.request, table)) for p in plan.prepared)
     return tuple(build_host_steps(matrix, p.request, table) for p in plan.prepared)
+
+
+def body_call(step) -> tuple[str, list]:
+    """The model protocol method (``device.model``) a staged step of each kind runs, and its arguments before
+    the pool: the other half of ``call_steps``, so a step kind's builder and its model call sit together."""
+    if step.kind is RequestKind.PACKED and GROUP_WRITE_SLOTS in step:  # a hybrid model's packed step
+        return "forward_packed_grouped", [step[spec].value for spec in GROUPED_PACKED_INPUTS]
+    if step.kind is RequestKind.PACKED:  # segments end to end (prefill_core.planning.packed)
+        return "forward_packed", [step[spec].value for spec in PACKED_INPUTS]
+    if GROUP_FILL_TABLES in step:  # a hybrid model's padded step: each KV group's tables
+        tables = [None if spec not in step else step[spec].value for spec in GROUPED_INPUTS]
+        return "forward_grouped", [step[INPUT_TOKENS].value, step[CHUNK_START].value, *tables]
+    read = step.get(READ_TABLE)
+    tables = [step[FILL_TABLE].value, None if read is None else read.value]
+    return "forward_hidden", [step[INPUT_TOKENS].value, step[CHUNK_START].value, *tables]

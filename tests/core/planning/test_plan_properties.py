@@ -25,9 +25,8 @@ from prefill_core import (
     to_json,
 )
 from prefill_core.values.computed_positions import computed_start, written_columns
+from tests.core.plan_checks import expected_writes, source_of, writes_by_source_row
 from tests.strategies import cases, fully_cached_cases
-
-from .plan_checks import expected_writes, source_of, writes_by_source_row
 
 
 def _plan(case):

@@ -17,9 +17,8 @@ from prefill_core import (
 )
 from prefill_core.planning.block_order import order_writers_first
 from prefill_core.values.computed_positions import computed_start, recomputed_positions, written_columns
+from tests.core.plan_checks import expected_writes, source_of, writes_by_source_row
 from tests.strategies import CaseSpec, cases, same_step_prefix_specs
-
-from .plan_checks import expected_writes, source_of, writes_by_source_row
 
 LAYOUT = PageTableLayout(block_size=32, max_num_blocks_per_seq=64, num_blocks=100)
 

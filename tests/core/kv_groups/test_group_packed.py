@@ -11,8 +11,7 @@ from hypothesis import strategies as st
 
 from prefill_core import AttentionLayout, PageTableLayout, PrefillBatch, PrefillPolicy, prepare_grouped_packed
 from prefill_core.kv_groups.windows import read_columns
-
-from .test_windows import FOREIGN, NULL, hybrid_cases
+from tests.core.kv_groups.test_windows import FOREIGN, NULL, hybrid_cases
 
 FEWER = settings(max_examples=max(1, settings().max_examples // 4))
 """A quarter of the profile's examples: ``test_windows`` runs the same cases through the padded planner."""

@@ -30,8 +30,7 @@ from prefill_core.__main__ import main
 from prefill_core.cli.explain import MAX_SAMPLE_BLOCKS
 from prefill_core.tuning.histogram import HistogramEntry, parse_histogram
 from prefill_core.tuning.tuner import tune
-
-from .plan_checks import expected_writes, writes_by_source_row
+from tests.core.plan_checks import expected_writes, writes_by_source_row
 
 
 @pytest.mark.parametrize(

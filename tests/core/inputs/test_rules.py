@@ -31,9 +31,8 @@ from prefill_core import (
     prepare_prefill,
 )
 from prefill_core.values.sampling import classify_sampling
+from tests.core.values.test_errors import BASE, LAYOUT, POLICY, changed, check_message
 from tests.strategies import cases, sampling_params
-
-from .test_errors import BASE, LAYOUT, POLICY, changed, check_message
 
 BIG = PageTableLayout(block_size=32, max_num_blocks_per_seq=4096, num_blocks=10_000)
 

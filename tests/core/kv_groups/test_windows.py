@@ -33,9 +33,8 @@ from prefill_core.kv_groups.windows import (
 from prefill_core.planning.signatures import PrefillTraceSignature
 from prefill_core.values.computed_positions import computed_start, written_columns
 from prefill_core.values.intmath import ceil_div
+from tests.core.vllm_sliding import first_kept_after, longest_sliding_hit, sliding_table_after_hit
 from tests.strategies import policies
-
-from .vllm_sliding import first_kept_after, longest_sliding_hit, sliding_table_after_hit
 
 NULL = 0  # vLLM's null block: never written, never a real block of a row
 FOREIGN = 10_000  # ids at and past it stand for blocks freed from a row and now held by another request

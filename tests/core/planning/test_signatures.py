@@ -31,7 +31,7 @@ from prefill_core import (
 from prefill_core.planning.prepared import prepare_request
 from tests.strategies import BLOCK_SIZES, cases, layouts, policies, sampling_params
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _prepare(case):

@@ -17,7 +17,7 @@ from prefill_core.tuning.tuner import measure, tune
 from prefill_core.values.errors import ArgumentError
 from tests.strategies import BLOCK_SIZES, histograms
 
-HISTOGRAMS = Path(__file__).resolve().parents[2] / "benchmarks" / "histograms"
+HISTOGRAMS = Path(__file__).resolve().parents[3] / "benchmarks" / "histograms"
 MAX_CHUNKS = (512, 1024, 2048, 4096)
 
 

@@ -20,10 +20,9 @@ from prefill_core import (
 )
 from prefill_core.planning.plan import plan_prefill
 from prefill_core.values.errors import InvalidPolicyError
+from tests.core.plan_checks import expected_writes, writes_by_source_row
 from tests.strategies import cases
 from tests.tt_transformers_rule import GALAXY, tt_transformers_cost
-
-from .plan_checks import expected_writes, writes_by_source_row
 
 BS = 32
 GALAXY_POLICY = PrefillPolicy.from_tt_transformers(
