@@ -43,7 +43,7 @@ from collections.abc import Sequence
 
 import attrs
 
-from .errors import PrefillConfigError, PrefillInputError, row_error
+from prefill_core.values.errors import PrefillConfigError, PrefillInputError, row_error
 
 __all__ = [
     "REFUSED_TASKS",
