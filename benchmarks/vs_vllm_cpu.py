@@ -343,89 +343,95 @@ def run_dtype(dtype: str, names: list[str], quick: bool, rounds: int, engines: l
     probe_rates: list[float] = []
     for folder, case_list in work:
         for case in case_list:
-            spec = case.model.config
-            max_len = min(spec.max_position_embeddings, max(len(r) for r in case.rows) + 64)
-            max_len = max(max_len, 4096 + 64) if spec.max_position_embeddings > 4160 else max_len
-            probe = MatmulProbe(spec, case.model.dtype)
-            print(f"\n{dtype} {case.name}: {len(case.rows)} rows, {sum(case.owed)} tokens computed")
-            names_by_engine = {}
-            for engine in engines:
-                names_by_engine[engine.kind], _ = _load(engine, folder, dtype, case, max_len)
-            # Agreement, and the warm-up of every engine on this case.
-            check = {}
-            for engine in engines:
-                theirs = _vllm_call(engine, names_by_engine[engine.kind], case, logprobs=2)
-                check[engine.kind] = agreement(case, theirs, dtype)
-                cached_hits = theirs["cached_tokens"]
-                if case.prefix_caching:
-                    print(
-                        f"  vLLM {engine.kind} cached tokens per row {sum(cached_hits)} "
-                        f"(ours {sum(case.cached)}); agreement {check[engine.kind]}"
-                    )
-                else:
-                    print(f"  vLLM {engine.kind} agreement {check[engine.kind]}")
-            case.ours()
-            runners = [("ours", case.ours)] + [(e.kind, e) for e in engines]
-            samples = {label: [] for label, _ in runners}
-            probe_s = []
-            for r in range(rounds):
-                shift = r % len(runners)
-                for label, fn in runners[shift:] + runners[:shift]:
-                    if label == "ours":
-                        start = time.perf_counter()
-                        fn()
-                        samples[label].append(time.perf_counter() - start)
-                    else:
-                        samples[label].append(_vllm_call(fn, names_by_engine[label], case)["seconds"])
-                probe_s.append(probe())
-            probe_rates += probe_s
-            med = {k: statistics.median(v) for k, v in samples.items()}
-            tokens = sum(case.owed)
-            best = min((e.kind for e in engines), key=lambda k: med[k])
-            rate = statistics.median(probe_s)
-            flops = workload_flops(spec, case.owed)
-            key = f"{dtype}.{case.name}"
-            metrics[f"{key}.over_vllm"] = med[best] / med["ours"]
-            units[f"{key}.over_vllm"] = "x"
-            metrics[f"{key}.ours_ms"] = med["ours"] * 1e3
-            metrics[f"{key}.ours_tok_s"] = tokens / med["ours"]
-            metrics[f"{key}.ours_probe_share"] = flops / med["ours"] / rate
-            units.update(
-                {f"{key}.ours_ms": "ms", f"{key}.ours_tok_s": "tokens/s", f"{key}.ours_probe_share": "fraction"}
-            )
-            for engine in engines:
-                k = engine.kind
-                info = engine.loaded[names_by_engine[k]]
-                metrics[f"{key}.vllm_{k}_ms"] = med[k] * 1e3
-                metrics[f"{key}.vllm_{k}_tok_s"] = tokens / med[k]
-                metrics[f"{key}.vllm_{k}_probe_share"] = flops / med[k] / rate
-                metrics[f"{key}.over_vllm_{k}"] = med[k] / med["ours"]
-                for field in ("agree", "near_tie", "clear_disagree"):
-                    metrics[f"{key}.greedy_{field}_{k}"] = check[k][field]
-                    units[f"{key}.greedy_{field}_{k}"] = "rows"
-                units.update(
-                    {
-                        f"{key}.vllm_{k}_ms": "ms",
-                        f"{key}.vllm_{k}_tok_s": "tokens/s",
-                        f"{key}.vllm_{k}_probe_share": "fraction",
-                        f"{key}.over_vllm_{k}": "x",
-                    }
-                )
-                if case.prefix_caching:
-                    metrics[f"{key}.vllm_block_size"] = info["block_size"]
-                    units[f"{key}.vllm_block_size"] = "tokens"
-            metrics[f"{key}.rounds"] = rounds
-            metrics[f"{key}.probe_gflops"] = rate / 1e9
-            units.update({f"{key}.rounds": "count", f"{key}.probe_gflops": "GFLOP/s"})
-            rows.append((case.name, med, best, tokens, check, rate))
-            print(
-                f"  medians: ours {med['ours'] * 1e3:.1f} ms, "
-                + ", ".join(f"vLLM {e.kind} {med[e.kind] * 1e3:.1f} ms" for e in engines)
-                + f"; ours/vLLM({best}) {med[best] / med['ours']:.2f}x"
-            )
+            try:
+                _one_case(case, folder, dtype, rounds, engines, metrics, units, rows, probe_rates)
+            except RuntimeError as exc:  # one case's failure is reported, and the others still run
+                print(f"  {dtype} {case.name} FAILED: {str(exc).splitlines()[0][:300]}")
+                continue
             if save is not None:
                 save(metrics, units)
     return metrics, units, rows, probe_rates
+
+
+def _one_case(case, folder, dtype, rounds, engines, metrics, units, rows, probe_rates) -> None:
+    spec = case.model.config
+    max_len = min(spec.max_position_embeddings, max(len(r) for r in case.rows) + 64)
+    max_len = max(max_len, 4096 + 64) if spec.max_position_embeddings > 4160 else max_len
+    probe = MatmulProbe(spec, case.model.dtype)
+    print(f"\n{dtype} {case.name}: {len(case.rows)} rows, {sum(case.owed)} tokens computed")
+    names_by_engine = {}
+    for engine in engines:
+        names_by_engine[engine.kind], _ = _load(engine, folder, dtype, case, max_len)
+    # Agreement, and the warm-up of every engine on this case.
+    check = {}
+    for engine in engines:
+        theirs = _vllm_call(engine, names_by_engine[engine.kind], case, logprobs=2)
+        check[engine.kind] = agreement(case, theirs, dtype)
+        cached_hits = theirs["cached_tokens"]
+        if case.prefix_caching:
+            print(
+                f"  vLLM {engine.kind} cached tokens per row {sum(cached_hits)} "
+                f"(ours {sum(case.cached)}); agreement {check[engine.kind]}"
+            )
+        else:
+            print(f"  vLLM {engine.kind} agreement {check[engine.kind]}")
+    case.ours()
+    runners = [("ours", case.ours)] + [(e.kind, e) for e in engines]
+    samples = {label: [] for label, _ in runners}
+    probe_s = []
+    for r in range(rounds):
+        shift = r % len(runners)
+        for label, fn in runners[shift:] + runners[:shift]:
+            if label == "ours":
+                start = time.perf_counter()
+                fn()
+                samples[label].append(time.perf_counter() - start)
+            else:
+                samples[label].append(_vllm_call(fn, names_by_engine[label], case)["seconds"])
+        probe_s.append(probe())
+    probe_rates += probe_s
+    med = {k: statistics.median(v) for k, v in samples.items()}
+    tokens = sum(case.owed)
+    best = min((e.kind for e in engines), key=lambda k: med[k])
+    rate = statistics.median(probe_s)
+    flops = workload_flops(spec, case.owed)
+    key = f"{dtype}.{case.name}"
+    metrics[f"{key}.over_vllm"] = med[best] / med["ours"]
+    units[f"{key}.over_vllm"] = "x"
+    metrics[f"{key}.ours_ms"] = med["ours"] * 1e3
+    metrics[f"{key}.ours_tok_s"] = tokens / med["ours"]
+    metrics[f"{key}.ours_probe_share"] = flops / med["ours"] / rate
+    units.update({f"{key}.ours_ms": "ms", f"{key}.ours_tok_s": "tokens/s", f"{key}.ours_probe_share": "fraction"})
+    for engine in engines:
+        k = engine.kind
+        info = engine.loaded[names_by_engine[k]]
+        metrics[f"{key}.vllm_{k}_ms"] = med[k] * 1e3
+        metrics[f"{key}.vllm_{k}_tok_s"] = tokens / med[k]
+        metrics[f"{key}.vllm_{k}_probe_share"] = flops / med[k] / rate
+        metrics[f"{key}.over_vllm_{k}"] = med[k] / med["ours"]
+        for field in ("agree", "near_tie", "clear_disagree"):
+            metrics[f"{key}.greedy_{field}_{k}"] = check[k][field]
+            units[f"{key}.greedy_{field}_{k}"] = "rows"
+        units.update(
+            {
+                f"{key}.vllm_{k}_ms": "ms",
+                f"{key}.vllm_{k}_tok_s": "tokens/s",
+                f"{key}.vllm_{k}_probe_share": "fraction",
+                f"{key}.over_vllm_{k}": "x",
+            }
+        )
+        if case.prefix_caching:
+            metrics[f"{key}.vllm_block_size"] = info["block_size"]
+            units[f"{key}.vllm_block_size"] = "tokens"
+    metrics[f"{key}.rounds"] = rounds
+    metrics[f"{key}.probe_gflops"] = rate / 1e9
+    units.update({f"{key}.rounds": "count", f"{key}.probe_gflops": "GFLOP/s"})
+    rows.append((case.name, med, best, tokens, check, rate))
+    print(
+        f"  medians: ours {med['ours'] * 1e3:.1f} ms, "
+        + ", ".join(f"vLLM {e.kind} {med[e.kind] * 1e3:.1f} ms" for e in engines)
+        + f"; ours/vLLM({best}) {med[best] / med['ours']:.2f}x"
+    )
 
 
 def print_table(dtype: str, rows: list, kinds: list[str]) -> None:
