@@ -95,7 +95,7 @@ fuzz:
 
 # Every benchmark; each prints a table and writes benchmarks/results/<name>.json, then
 # benchmarks/README.md is written from those files.
-BENCHES = plan_overhead plan_cost runtime_overhead host_forms staging masked_reads prefill_throughput trace_replay reliability
+BENCHES = plan_overhead plan_cost runtime_overhead host_forms staging masked_reads prefill_throughput trace_replay reliability vs_vllm_cpu
 bench:
 	for b in $(BENCHES); do $(RUN) benchmarks/$$b.py $(BENCH_ARGS) || exit 1; done
 	$(RUN) benchmarks/report_readme.py
