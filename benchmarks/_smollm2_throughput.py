@@ -25,9 +25,9 @@ import torch
 from benchmarks.prefill_throughput import MatmulProbe, key_prefix, workload_flops
 from prefill_shell.cli.demo import SYSTEM, document
 from prefill_shell.cli.main import make_runtime
-from prefill_shell.reference.gguf import load_gguf
-from prefill_shell.reference.smollm2 import smollm2_path
-from prefill_shell.reference.text import Prompt, encode
+from prefill_shell.reference.loading.gguf import load_gguf
+from prefill_shell.reference.loading.smollm2 import smollm2_path
+from prefill_shell.reference.loading.text import Prompt, encode
 from prefill_shell.scoring.prefix_sharing import share_prefix
 
 BLOCK = 32

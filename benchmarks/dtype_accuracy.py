@@ -37,8 +37,8 @@ from benchmarks._report import write_json  # noqa: E402
 from prefill_shell.backends.numerics import probe_numerics  # noqa: E402
 from prefill_shell.cli.demo import demo_prompts, document  # noqa: E402
 from prefill_shell.cli.main import make_runtime  # noqa: E402
-from prefill_shell.reference.gguf import load_gguf  # noqa: E402
-from prefill_shell.reference.smollm2 import smollm2_path  # noqa: E402
+from prefill_shell.reference.loading.gguf import load_gguf  # noqa: E402
+from prefill_shell.reference.loading.smollm2 import smollm2_path  # noqa: E402
 from prefill_shell.scoring.prefix_sharing import share_prefix  # noqa: E402
 
 BLOCK = 32

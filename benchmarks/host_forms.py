@@ -14,7 +14,7 @@ plain form should come back.
 * ``lm_head_{1,8,32,1024}rows``: the reference model's LM head at the bench
   model's 32000 x 512 head, a ``Projection`` (weight prepacked for oneDNN
   on the CPU up to ``PACKED_MAX_ROWS`` rows, the plain weight past it;
-  ``prefill_shell/reference/projection.py``) vs the other form: ``F.linear``
+  ``prefill_shell/reference/llama_like/projection.py``) vs the other form: ``F.linear``
   at or under the limit (key ``plain``), the prepacked weight past it (key
   ``packed``).
 * ``qkv_{128,1024}rows`` / ``swiglu_mlp_{128,512,1024,4096}rows``: the same
@@ -45,9 +45,9 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._report import Metric, report
-from prefill_shell.reference import projection
-from prefill_shell.reference.packed_attention import ONE_CALL_KEYS, prefix_then_causal
-from prefill_shell.reference.projection import Projection, prepacks
+from prefill_shell.reference.llama_like import projection
+from prefill_shell.reference.llama_like.packed_attention import ONE_CALL_KEYS, prefix_then_causal
+from prefill_shell.reference.llama_like.projection import Projection, prepacks
 
 
 def _mode_per_call() -> None:

@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks._report import Metric, report
 from prefill_core import PageTableLayout, PrefillBatch, PrefillPolicy, PrefillRow, ceil_div, plan_prefill
 from prefill_shell.reference import random_llama
-from prefill_shell.reference.llama import _chunk_reads, _with_prefix
+from prefill_shell.reference.llama_like.llama import _chunk_reads, _with_prefix
 
 BLOCK = 32
 NUM_BLOCKS = 160

@@ -56,7 +56,7 @@ sys.path.insert(0, str(REPO))
 from benchmarks._report import RESULTS, Metric, command_line, report, table, write_json  # noqa: E402
 from benchmarks.prefill_throughput import bench_dtypes, key_prefix  # noqa: E402
 from prefill_shell.backends.numerics import matmul_gflops, probe_numerics  # noqa: E402
-from prefill_shell.reference.smollm2 import smollm2_path  # noqa: E402
+from prefill_shell.reference.loading.smollm2 import smollm2_path  # noqa: E402
 
 DOCUMENT_TOKENS = 4096
 MMLU_POOL_BLOCKS = 40

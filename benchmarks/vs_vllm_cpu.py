@@ -163,8 +163,8 @@ def bench_folder() -> Path:
 def smollm2_folder() -> tuple[Path, Path]:
     """SmolLM2 dequantized from its GGUF into a float32 HF folder (written once), and the GGUF path."""
     from prefill_shell.reference import save_hf_folder
-    from prefill_shell.reference.gguf import load_gguf
-    from prefill_shell.reference.smollm2 import smollm2_path
+    from prefill_shell.reference.loading.gguf import load_gguf
+    from prefill_shell.reference.loading.smollm2 import smollm2_path
 
     path = smollm2_path()
     folder = MODELS / f"smollm2-{path.stem}"
@@ -226,7 +226,7 @@ def smollm2_cases(names: list[str], dtype: str, folder: Path, gguf: Path) -> lis
     from prefill_shell.cli.demo import SYSTEM, document
     from prefill_shell.cli.main import make_runtime
     from prefill_shell.reference import load_hf_folder
-    from prefill_shell.reference.text import Prompt, encode
+    from prefill_shell.reference.loading.text import Prompt, encode
     from prefill_shell.scoring.prefix_sharing import share_prefix
 
     wanted = [n for n in SMOLLM2_CASES if n in names]

@@ -43,8 +43,8 @@ from benchmarks._report import Metric, report
 from prefill_shell.backends import TorchBackend
 from prefill_shell.device.ledger import Ownership
 from prefill_shell.engine.progress import Progress
-from prefill_shell.reference.gguf import load_gguf
-from prefill_shell.reference.smollm2 import smollm2_path
+from prefill_shell.reference.loading.gguf import load_gguf
+from prefill_shell.reference.loading.smollm2 import smollm2_path
 from prefill_shell.serving.facade import ServingFacade
 
 MAX_SEQ_LEN, MAX_BATCH = 8192, 32

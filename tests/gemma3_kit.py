@@ -13,8 +13,8 @@ import functools
 
 import torch
 
-from prefill_shell.reference.gemma3 import PagedGemma3
-from prefill_shell.reference.gemma3_config import Gemma3Spec
+from prefill_shell.reference.gemma.gemma3 import PagedGemma3
+from prefill_shell.reference.gemma.gemma3_config import Gemma3Spec
 
 TYPES = ("sliding_attention", "full_attention", "sliding_attention")
 SIZES = dict(

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from prefill_shell.reference import random_llama, save_hf_folder
-from prefill_shell.reference.gguf import load_gguf
-from prefill_shell.reference.smollm2 import ENV_VAR, ModelFileMissingError, smollm2_path
+from prefill_shell.reference.loading.gguf import load_gguf
+from prefill_shell.reference.loading.smollm2 import ENV_VAR, ModelFileMissingError, smollm2_path
 from tests import helpers
 
 __all__ = [
@@ -149,7 +149,7 @@ def smollm2_loads_reused(smollm2_file: Path, smollm2, smollm2_tokenizer):
     (``"weights"``, ``"tokenizer"``), so a test shows that its command did ask for the file."""
     import transformers
 
-    from prefill_shell.reference import text
+    from prefill_shell.reference.loading import text
 
     file = Path(smollm2_file).resolve()
     served: list[str] = []

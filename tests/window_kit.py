@@ -11,7 +11,7 @@ import torch
 from prefill_core import AttentionLayout, PrefillPolicy
 from prefill_core.values.intmath import ceil_div
 from prefill_shell.reference import random_llama
-from prefill_shell.reference.config import LayerAttention
+from prefill_shell.reference.llama_like.config import LayerAttention
 from tests.core.vllm_sliding import first_kept_after
 
 NULL = 0

@@ -18,7 +18,7 @@ from prefill_shell.cli import options
 from prefill_shell.cli.model_dtype import add_dtype_argument
 from prefill_shell.cli.pooling import add_pooling_parsers
 from prefill_shell.cli.score import add_score_parser
-from prefill_shell.reference.text import PromptError
+from prefill_shell.reference.loading.text import PromptError
 
 __all__ = ["build_parser", "failure_message"]
 

@@ -25,7 +25,7 @@ from prefill_core.cli.explain import plan_table
 from prefill_shell.cli.main import make_runtime, print_rows, row_sampling, show_progress, stage
 from prefill_shell.cli.model_dtype import load_cli_model
 from prefill_shell.engine.executor import PrefillExecutor
-from prefill_shell.reference.text import Prompt, encode, load_tokenizer
+from prefill_shell.reference.loading.text import Prompt, encode, load_tokenizer
 from prefill_shell.scoring.prefix_sharing import SharedPrefixBatch, share_prefix
 
 __all__ = ["run_demo", "demo_prompts"]

@@ -29,7 +29,7 @@ from prefill_shell.engine.config import PrefillRuntimeConfig
 from prefill_shell.engine.progress import Progress
 from prefill_shell.engine.result import PrefillResult
 from prefill_shell.engine.runtime import PrefillRuntime
-from prefill_shell.reference.text import (
+from prefill_shell.reference.loading.text import (
     Prompt,
     PromptError,
     encode,

@@ -15,8 +15,8 @@ import sys
 from prefill_core.values.dtype import DTYPE_REQUESTS, DtypeChoice, canonical_dtype
 from prefill_core.values.errors import InvalidDtypeError
 from prefill_shell.reference import PagedLlama
-from prefill_shell.reference.hybrid import HybridLlama
-from prefill_shell.reference.text import load_model, model_dtype
+from prefill_shell.reference.loading.text import load_model, model_dtype
+from prefill_shell.reference.windows.hybrid import HybridLlama
 
 __all__ = ["add_dtype_argument", "load_cli_model"]
 

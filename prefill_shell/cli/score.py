@@ -18,7 +18,7 @@ from pathlib import Path
 from prefill_core.values.errors import InvalidScoringRequestError
 from prefill_shell.cli import options
 from prefill_shell.cli.model_dtype import add_dtype_argument, load_cli_model
-from prefill_shell.reference.text import load_tokenizer
+from prefill_shell.reference.loading.text import load_tokenizer
 from prefill_shell.scoring.scorer import Scorer, encode_pair, prefix_token_id, window_length
 from prefill_shell.scoring.setup import scoring_runtime
 

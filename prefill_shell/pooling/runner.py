@@ -45,7 +45,7 @@ from prefill_shell.engine.executor import PrefillExecutor
 from prefill_shell.engine.runtime import PrefillRuntime
 from prefill_shell.pooling.collector import pooled_call
 from prefill_shell.pooling.heads import activate, classify_logits, embed_vectors, yes_no_probability
-from prefill_shell.reference.pooling_folder import PoolingFolder, load_pooling_folder
+from prefill_shell.reference.loading.pooling_folder import PoolingFolder, load_pooling_folder
 from prefill_shell.scoring.prefix_sharing import share_prefixes, sharing_groups
 from prefill_shell.scoring.setup import scoring_policy
 

@@ -12,13 +12,13 @@ from prefill_shell.extras import require_shell
 
 require_shell(__name__)  # before any module here imports torch
 
-from prefill_shell.reference.config import LayerAttention, LlamaSpec, read_config_json
-from prefill_shell.reference.gguf import load_gguf
-from prefill_shell.reference.kv_cache import PagedKVCache
-from prefill_shell.reference.llama import PagedLlama
-from prefill_shell.reference.model_folder import load_model_folder
-from prefill_shell.reference.rope import LinearRopeScaling, Llama3RopeScaling, YarnRopeScaling
-from prefill_shell.reference.weights import PRESETS, load_hf_folder, random_llama, save_hf_folder
+from prefill_shell.reference.llama_like.config import LayerAttention, LlamaSpec, read_config_json
+from prefill_shell.reference.llama_like.llama import PagedLlama
+from prefill_shell.reference.llama_like.rope import LinearRopeScaling, Llama3RopeScaling, YarnRopeScaling
+from prefill_shell.reference.loading.gguf import load_gguf
+from prefill_shell.reference.loading.model_folder import load_model_folder
+from prefill_shell.reference.loading.weights import PRESETS, load_hf_folder, random_llama, save_hf_folder
+from prefill_shell.reference.pools.kv_cache import PagedKVCache
 
 __all__ = [
     "PRESETS",

@@ -39,7 +39,7 @@ from prefill_core.values.dtype import canonical_dtype
 from prefill_core.values.errors import PrefillConfigError, PrefillError
 from prefill_shell.backends import TorchBackend
 from prefill_shell.extras import LM_EVAL_PYTHONS, requires_extra
-from prefill_shell.reference.text import load_model, load_tokenizer, model_dtype
+from prefill_shell.reference.loading.text import load_model, load_tokenizer, model_dtype
 from prefill_shell.scoring.scorer import Scorer, window_length
 from prefill_shell.scoring.setup import scoring_runtime
 

@@ -10,10 +10,10 @@ import torch
 
 from prefill_shell.cli.main import main
 from prefill_shell.reference import random_llama, save_hf_folder
-from prefill_shell.reference.text import read_prompt_file
+from prefill_shell.reference.loading.text import read_prompt_file
 
 pytest.importorskip("gguf")
-from tests.reference.test_gguf import write_llama_gguf
+from tests.reference.loading.test_gguf import write_llama_gguf
 
 TINY = ["run", "--model", "random:tiny"]
 SCORE = ["score", "--model", "random:tiny", "--pairs", "{pairs}"]

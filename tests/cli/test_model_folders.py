@@ -116,6 +116,6 @@ def test_score_on_a_sliding_folder_prints_transformers_log_likelihoods(folder, t
 
 def test_dtype_auto_reads_a_sliding_folder_checkpoint_dtype(folder):
     """``--dtype auto`` reads the folder's dtype through the loader that serves it (it was refused as unsupported)."""
-    from prefill_shell.reference.text import model_dtype
+    from prefill_shell.reference.loading.text import model_dtype
 
     assert model_dtype(str(folder[1]), "auto").dtype == "float32"

@@ -15,7 +15,7 @@ from prefill_shell.device.contract import GROUPED_INPUTS, GROUPED_PACKED_INPUTS,
 from prefill_shell.device.model import GroupedPrefillModel, PackedPrefillModel, PrefillModel
 from prefill_shell.engine.steps import call_steps
 from prefill_shell.reference import random_llama
-from prefill_shell.reference.hybrid import HybridLlama
+from prefill_shell.reference.windows.hybrid import HybridLlama
 from tests import window_kit as kit
 
 

@@ -17,8 +17,8 @@ from prefill_core.values.dtype import DeviceNumerics, resolve_dtype
 from prefill_shell.backends.numerics import choose_dtype, probe_numerics, torch_dtype
 from prefill_shell.cli.main import main
 from prefill_shell.reference import random_llama, save_hf_folder
-from prefill_shell.reference.llama import _rms_norm
-from prefill_shell.reference.text import load_model, model_dtype
+from prefill_shell.reference.llama_like.llama import _rms_norm
+from prefill_shell.reference.loading.text import load_model, model_dtype
 from tests.helpers import build_runtime, make_tokens, page_table, token_matrix
 
 transformers = pytest.importorskip("transformers")

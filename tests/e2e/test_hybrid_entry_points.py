@@ -18,7 +18,7 @@ import torch
 
 from prefill_shell.backends import TorchBackend
 from prefill_shell.cli.main import make_runtime
-from prefill_shell.reference.hybrid import HybridLlama
+from prefill_shell.reference.windows.hybrid import HybridLlama
 from prefill_shell.scoring.scorer import Scorer
 from prefill_shell.scoring.setup import scoring_runtime
 from prefill_shell.serving.facade import ServingFacade

@@ -19,7 +19,7 @@ import torch
 from prefill_core import PageTableLayout, PrefillPolicy, SamplingPath, manifest_for
 from prefill_core.values.computed_positions import written_columns
 from prefill_shell.engine.executor import PrefillExecutor
-from prefill_shell.reference.hybrid import HybridLlama
+from prefill_shell.reference.windows.hybrid import HybridLlama
 from tests.core.vllm_sliding import first_kept_after
 from tests.e2e.hybrid_scheduler import HybridPool, Request, admit, finish, grow, register_full_blocks, remove_skipped
 from tests.helpers import build_runtime

@@ -19,7 +19,7 @@ import torch
 
 from prefill_core import PageTableLayout, PrefillInputError, WarmupManifest
 from prefill_shell import PrefillExecutor, PrefillRuntime, PrefillRuntimeConfig, TorchBackend
-from prefill_shell.reference.model_folder import load_model_folder
+from prefill_shell.reference.loading.model_folder import load_model_folder
 from tests import window_kit as kit
 
 pytest.importorskip("transformers")

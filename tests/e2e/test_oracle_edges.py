@@ -8,7 +8,7 @@ import torch
 
 from prefill_core import PageTableLayout, SamplingParams
 from prefill_shell.reference import save_hf_folder
-from prefill_shell.reference.llama import PagedLlama
+from prefill_shell.reference.llama_like.llama import PagedLlama
 from prefill_shell.sampling.torch_sampling import top_logprobs
 from tests.helpers import CHUNK_256_POLICY, assign_blocks, build_runtime, make_tokens, page_table, token_matrix
 

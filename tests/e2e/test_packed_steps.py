@@ -9,7 +9,7 @@ import torch
 from prefill_core import PageTableLayout, PrefillPolicy, RequestKind, SamplingParams, WarmupManifest, ceil_div
 from prefill_shell.engine.executor import PrefillExecutor
 from prefill_shell.reference import random_llama, save_hf_folder
-from prefill_shell.reference.packed_attention import segment_reads
+from prefill_shell.reference.llama_like.packed_attention import segment_reads
 from tests.helpers import build_runtime
 
 transformers = pytest.importorskip("transformers")

@@ -15,7 +15,7 @@ import torch
 from prefill_core import PageTableLayout, PrefillInputError, PrefillPolicy, WarmupManifest
 from prefill_shell import LaneGroup, PrefillExecutor, PrefillRuntime
 from prefill_shell.engine.call import PrefillCall, PrefillEntry
-from prefill_shell.reference.hybrid import HybridLlama
+from prefill_shell.reference.windows.hybrid import HybridLlama
 from tests import window_kit as kit
 from tests.engine.test_windowed_runtime import _table
 from tests.helpers import build_runtime

@@ -17,7 +17,7 @@ from prefill_shell.backends.torch_backend import TorchBackend
 from prefill_shell.engine.config import PrefillRuntimeConfig
 from prefill_shell.engine.executor import PrefillExecutor
 from prefill_shell.engine.runtime import PrefillRuntime
-from prefill_shell.reference.hybrid import HybridLlama
+from prefill_shell.reference.windows.hybrid import HybridLlama
 from tests import window_kit as kit
 from tests.engine.test_windowed_runtime import LAYOUT, WINDOW, _FailingSecondStep, _table
 

@@ -18,10 +18,10 @@ import torch
 
 from prefill_core import PageTableLayout, PrefillInputError, WarmupManifest, WindowTableError
 from prefill_shell.engine.executor import PrefillExecutor
-from prefill_shell.reference.hybrid import HybridLlama
+from prefill_shell.reference.windows.hybrid import HybridLlama
 from tests import window_kit as kit
 from tests.helpers import build_runtime
-from tests.reference.test_windowed import check_in_window_kv
+from tests.reference.windows.test_windowed import check_in_window_kv
 
 pytest.importorskip("transformers")
 

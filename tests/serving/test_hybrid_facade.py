@@ -16,7 +16,7 @@ import torch
 
 from prefill_core import PrefillConfigError, PrefillInputError
 from prefill_shell.backends.torch_backend import TorchBackend
-from prefill_shell.reference.hybrid import HybridLlama
+from prefill_shell.reference.windows.hybrid import HybridLlama
 from prefill_shell.serving.hybrid_facade import HybridServingFacade
 from tests import window_kit as kit
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 import torch
 
 from prefill_core.values.intmath import ceil_div
-from prefill_shell.reference.llama import PagedLlama
-from prefill_shell.reference.windowed import GroupedKVCache, GroupTensors, _reuse_cached, llama_body
+from prefill_shell.reference.llama_like.llama import PagedLlama
+from prefill_shell.reference.windows.windowed import GroupedKVCache, GroupTensors, _reuse_cached, llama_body
 from prefill_shell.tt.window_attention import group_chunked_attention
 from tests.tt.reference_standin import ReferenceLlamaStandIn
 

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import torch
 
-from prefill_shell.reference.kv_cache import PagedKVCache
-from prefill_shell.reference.llama import PagedLlama, rope_inv_freq
+from prefill_shell.reference.llama_like.llama import PagedLlama, rope_inv_freq
+from prefill_shell.reference.pools.kv_cache import PagedKVCache
 
 TILE = 32
 

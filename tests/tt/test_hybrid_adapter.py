@@ -19,7 +19,7 @@ import torch
 from prefill_core import AttentionLayout, PageTableLayout
 from prefill_core.values.errors import PrefillConfigError
 from prefill_shell.engine.executor import PrefillExecutor
-from prefill_shell.reference.hybrid import HybridLlama
+from prefill_shell.reference.windows.hybrid import HybridLlama
 from prefill_shell.tt.adapter import GROUP_TABLES_CAPABILITY, TtHybridModel, TtKVCache, TtModelAdapter
 from tests import window_kit as kit
 from tests.helpers import build_runtime

@@ -67,8 +67,8 @@ def checkpoint(name: str) -> tuple[Path, object]:
 
 def project_model(name: str):
     """The project's model on the folder: ``HybridLlama`` where a layer slides, the plain reference Llama else."""
-    from prefill_shell.reference.hybrid import load_hybrid_folder
-    from prefill_shell.reference.weights import load_hf_folder
+    from prefill_shell.reference.loading.weights import load_hf_folder
+    from prefill_shell.reference.windows.hybrid import load_hybrid_folder
 
     folder, _ = checkpoint(name)
     if S in ARCHITECTURES[name]:

@@ -22,16 +22,16 @@ import torch
 
 from prefill_core import PageTableLayout
 from prefill_core.values.errors import PrefillConfigError
-from prefill_shell.reference.gemma3_config import (
+from prefill_shell.reference.gemma.gemma3_config import (
     GEMMA3_COMPUTED_KEYS,
     GEMMA3_INERT_KEYS,
     GEMMA3_REFUSED_KEYS,
     Gemma3Spec,
 )
-from prefill_shell.reference.hybrid import load_hybrid_folder
+from prefill_shell.reference.windows.hybrid import load_hybrid_folder
 from tests import gemma3_kit
 from tests import window_kit as kit
-from tests.reference.test_windowed import POOL, _run_call
+from tests.reference.windows.test_windowed import POOL, _run_call
 
 transformers = pytest.importorskip("transformers")
 

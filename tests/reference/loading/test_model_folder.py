@@ -21,8 +21,8 @@ import torch
 from prefill_core import PrefillConfigError, PrefillPolicy, vllm_layer_groups
 from prefill_shell.backends.torch_backend import TorchBackend
 from prefill_shell.reference import PagedLlama, load_hf_folder, load_model_folder, read_config_json
-from prefill_shell.reference.hybrid import HybridLlama, load_hybrid_folder
-from prefill_shell.reference.model_folder import read_model_folder_spec
+from prefill_shell.reference.loading.model_folder import read_model_folder_spec
+from prefill_shell.reference.windows.hybrid import HybridLlama, load_hybrid_folder
 from prefill_shell.serving import HybridServingFacade, serving_facade
 from tests import family_kit, gemma3_kit
 

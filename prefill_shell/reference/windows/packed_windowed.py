@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from prefill_core.kv_groups.windows import window_floor
-from prefill_shell.reference.packed_attention import packed_writes, write_packed
+from prefill_shell.reference.llama_like.packed_attention import packed_writes, write_packed
 
 __all__ = ["PackedGroupStep", "packed_windowed_attention"]
 

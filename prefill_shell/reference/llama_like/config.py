@@ -8,7 +8,7 @@ Every key of these families' configs is in exactly one table below:
 computed, without effect on an inference forward pass, or refused unless it
 holds the value the reference model computes. A setting that would load and
 give different logits is a ``PrefillConfigError`` naming the key: the
-strict loader stays strict. RoPE settings are read in ``reference/rope.py``.
+strict loader stays strict. RoPE settings are read in ``reference/llama_like/rope.py``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import attrs
 from prefill_core.values.dtype import DTYPES
 from prefill_core.values.errors import PrefillConfigError
 from prefill_shell.device.model import ModelSpec
-from prefill_shell.reference.rope import (
+from prefill_shell.reference.llama_like.rope import (
     LinearRopeScaling,
     Llama3RopeScaling,
     RopeScaling,

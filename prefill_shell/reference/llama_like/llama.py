@@ -2,7 +2,7 @@
 
 It implements ``PrefillModel`` and mirrors Hugging Face's numerics for the
 Llama, Mistral, Qwen2 and Qwen3 families (RMSNorm in float32, half-split
-RoPE with the scalings ``reference/rope.py`` computes, grouped query
+RoPE with the scalings ``reference/llama_like/rope.py`` computes, grouped query
 attention, SwiGLU), so that it can be checked against ``transformers`` on the
 same weights. What differs by family is read from ``LlamaSpec``: each layer
 takes its attention options (Q/K/V and output biases, per-head Q/K RMSNorm)
@@ -34,11 +34,16 @@ import torch.nn.functional as F
 
 from prefill_core import ceil_div
 from prefill_core.values.errors import PrefillConfigError
-from prefill_shell.reference.config import LayerAttention, LlamaSpec
-from prefill_shell.reference.kv_cache import PagedKVCache
-from prefill_shell.reference.packed_attention import packed_writes, segment_attention, segment_reads, write_packed
-from prefill_shell.reference.projection import Projection, prepacks
-from prefill_shell.reference.rope import rope_inv_freq as scaled_inv_freq
+from prefill_shell.reference.llama_like.config import LayerAttention, LlamaSpec
+from prefill_shell.reference.llama_like.packed_attention import (
+    packed_writes,
+    segment_attention,
+    segment_reads,
+    write_packed,
+)
+from prefill_shell.reference.llama_like.projection import Projection, prepacks
+from prefill_shell.reference.llama_like.rope import rope_inv_freq as scaled_inv_freq
+from prefill_shell.reference.pools.kv_cache import PagedKVCache
 
 __all__ = ["PagedLlama", "llama_weight_shapes", "rope_inv_freq"]
 
@@ -208,7 +213,7 @@ class PagedLlama:
     Implements ``prefill_shell.device.model.PrefillModel``, packed steps included.
     """
 
-    packed_steps = True  # forward_packed: segments end to end (reference/packed_attention.py)
+    packed_steps = True  # forward_packed: segments end to end (reference/llama_like/packed_attention.py)
     chunked_waves = True  # a chunked step's rows each read and write through their own table rows
 
     def __init__(self, config: LlamaSpec, weights: Mapping[str, torch.Tensor], device: torch.device | str = "cpu"):

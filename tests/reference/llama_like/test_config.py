@@ -10,9 +10,15 @@ import pytest
 import torch
 
 from prefill_core.values.errors import PrefillConfigError
-from prefill_shell.reference.config import COMPUTED_KEYS, INERT_KEYS, REFUSED_KEYS, LayerAttention, read_config_json
-from prefill_shell.reference.llama import rope_inv_freq
-from prefill_shell.reference.rope import COMPUTED_ROPE_TYPES, YarnRopeScaling
+from prefill_shell.reference.llama_like.config import (
+    COMPUTED_KEYS,
+    INERT_KEYS,
+    REFUSED_KEYS,
+    LayerAttention,
+    read_config_json,
+)
+from prefill_shell.reference.llama_like.llama import rope_inv_freq
+from prefill_shell.reference.llama_like.rope import COMPUTED_ROPE_TYPES, YarnRopeScaling
 
 transformers = pytest.importorskip("transformers")
 
@@ -133,7 +139,7 @@ def test_a_window_that_hides_nothing_loads_as_full_attention(tmp_path, family, c
     (no layer in a window), and last logits on a prompt longer than every window below the context equal
     transformers' on the same checkpoint."""
     from prefill_shell.reference import PagedLlama, load_model_folder
-    from prefill_shell.reference.config import sliding_layers
+    from prefill_shell.reference.llama_like.config import sliding_layers
     from tests import family_kit
     from tests.helpers import build_runtime
 

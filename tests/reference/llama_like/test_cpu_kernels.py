@@ -6,9 +6,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from prefill_shell.reference.kv_cache import PagedKVCache
-from prefill_shell.reference.packed_attention import ONE_CALL_KEYS, prefix_then_causal, segment_attention, segment_reads
-from prefill_shell.reference.projection import PACKED_MAX_ROWS, Projection, prepacks
+from prefill_shell.reference.llama_like.packed_attention import (
+    ONE_CALL_KEYS,
+    prefix_then_causal,
+    segment_attention,
+    segment_reads,
+)
+from prefill_shell.reference.llama_like.projection import PACKED_MAX_ROWS, Projection, prepacks
+from prefill_shell.reference.pools.kv_cache import PagedKVCache
 
 GEN = torch.Generator().manual_seed(5)
 

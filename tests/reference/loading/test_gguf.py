@@ -15,8 +15,13 @@ import pytest
 import torch
 
 from prefill_core.values.errors import PrefillConfigError
-from prefill_shell.reference.gguf import load_gguf
-from prefill_shell.reference.smollm2 import ModelChecksumError, ModelFileMissingError, check_sha256, smollm2_path
+from prefill_shell.reference.loading.gguf import load_gguf
+from prefill_shell.reference.loading.smollm2 import (
+    ModelChecksumError,
+    ModelFileMissingError,
+    check_sha256,
+    smollm2_path,
+)
 
 gguf = pytest.importorskip("gguf")
 transformers = pytest.importorskip("transformers")
@@ -334,7 +339,7 @@ def test_a_llama_gguf_named_mistral_is_read_as_mistral_with_its_default_window(t
 
 def test_a_command_parses_a_file_once_and_a_rewritten_file_again(tmp_path, monkeypatch):
     """The tokenizer check and the weights share one parse of a file; rewriting the file parses it anew."""
-    from prefill_shell.reference import gguf as module
+    from prefill_shell.reference.loading import gguf as module
 
     path = tmp_path / "once.gguf"
     write_llama_gguf(path, layers=1, types=(Q.F32,), seed=1)

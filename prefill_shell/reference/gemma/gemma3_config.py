@@ -27,9 +27,9 @@ import attrs
 from prefill_core.values.dtype import DTYPES
 from prefill_core.values.errors import PrefillConfigError
 from prefill_shell.device.model import ModelSpec
-from prefill_shell.reference.config import COMPUTED_KEYS, INERT_KEYS, _int, _number, _positive
-from prefill_shell.reference.config import GEMMA3_ARCHITECTURES as ARCHITECTURES
-from prefill_shell.reference.rope import RopeScaling, read_rope
+from prefill_shell.reference.llama_like.config import COMPUTED_KEYS, INERT_KEYS, _int, _number, _positive
+from prefill_shell.reference.llama_like.config import GEMMA3_ARCHITECTURES as ARCHITECTURES
+from prefill_shell.reference.llama_like.rope import RopeScaling, read_rope
 
 __all__ = ["GEMMA3_COMPUTED_KEYS", "GEMMA3_INERT_KEYS", "GEMMA3_REFUSED_KEYS", "Gemma3Spec", "text_config_of"]
 

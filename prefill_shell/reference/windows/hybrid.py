@@ -27,14 +27,14 @@ import torch
 
 from prefill_core import AttentionLayout, KVBuffers
 from prefill_core.values.errors import InvalidLayoutError, PrefillConfigError, field_error
-from prefill_shell.reference.config import GEMMA3_ARCHITECTURES as GEMMA3_TYPES
-from prefill_shell.reference.config import LlamaSpec, in_folder, read_config_dict, sliding_layers
-from prefill_shell.reference.gemma3 import PagedGemma3, text_weights
-from prefill_shell.reference.gemma3_config import Gemma3Spec
-from prefill_shell.reference.llama import PagedLlama
-from prefill_shell.reference.packed_windowed import PackedGroupStep, packed_windowed_attention
-from prefill_shell.reference.weights import _read_shard, _shard_files, load_weights
-from prefill_shell.reference.windowed import GroupedKVCache, GroupTensors, forward_grouped, llama_body
+from prefill_shell.reference.gemma.gemma3 import PagedGemma3, text_weights
+from prefill_shell.reference.gemma.gemma3_config import Gemma3Spec
+from prefill_shell.reference.llama_like.config import GEMMA3_ARCHITECTURES as GEMMA3_TYPES
+from prefill_shell.reference.llama_like.config import LlamaSpec, in_folder, read_config_dict, sliding_layers
+from prefill_shell.reference.llama_like.llama import PagedLlama
+from prefill_shell.reference.loading.weights import _read_shard, _shard_files, load_weights
+from prefill_shell.reference.windows.packed_windowed import PackedGroupStep, packed_windowed_attention
+from prefill_shell.reference.windows.windowed import GroupedKVCache, GroupTensors, forward_grouped, llama_body
 
 __all__ = ["HybridLlama", "load_hybrid_folder"]
 

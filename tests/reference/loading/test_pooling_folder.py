@@ -1,4 +1,4 @@
-"""prefill_shell.reference.pooling_folder: sentence-transformers and sequence-classification folders, their
+"""prefill_shell.reference.loading.pooling_folder: sentence-transformers and sequence-classification folders, their
 settings read as sentence-transformers 6.3 and vLLM read them, and every unsupported one refused by name.
 (The numbers against sentence-transformers and transformers themselves: tests/e2e/test_pooling.py.)"""
 
@@ -13,10 +13,10 @@ from safetensors.torch import load_file, save_file
 from prefill_core.values.errors import PrefillConfigError
 from prefill_core.values.pooling import ClassifyActivation, PoolingType
 from prefill_shell.reference import random_llama
-from prefill_shell.reference.llama import PagedLlama
-from prefill_shell.reference.model_folder import load_model_folder
-from prefill_shell.reference.pooling_folder import load_pooling_folder
-from prefill_shell.reference.weights import save_hf_folder
+from prefill_shell.reference.llama_like.llama import PagedLlama
+from prefill_shell.reference.loading.model_folder import load_model_folder
+from prefill_shell.reference.loading.pooling_folder import load_pooling_folder
+from prefill_shell.reference.loading.weights import save_hf_folder
 
 TRANSFORMER = {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"}
 POOLING = {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}

@@ -39,8 +39,8 @@ import torch
 
 from prefill_core.values.errors import PrefillConfigError
 from prefill_shell.extras import requires_extra
-from prefill_shell.reference.config import FAMILIES, LlamaSpec
-from prefill_shell.reference.llama import PagedLlama
+from prefill_shell.reference.llama_like.config import FAMILIES, LlamaSpec
+from prefill_shell.reference.llama_like.llama import PagedLlama
 
 __all__ = ["gguf_has_tokenizer", "gguf_spec", "load_gguf", "unpermute_rope_rows"]
 

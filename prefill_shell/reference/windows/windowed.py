@@ -35,8 +35,8 @@ import torch.nn.functional as F
 from prefill_core import AttentionLayout, KVBuffers, KVGroup
 from prefill_core.kv_groups.windows import window_floor
 from prefill_core.values.intmath import ceil_div
-from prefill_shell.reference.kv_cache import PagedKVCache
-from prefill_shell.reference.llama import PagedLlama, _rms_norm, _split_qkv
+from prefill_shell.reference.llama_like.llama import PagedLlama, _rms_norm, _split_qkv
+from prefill_shell.reference.pools.kv_cache import PagedKVCache
 
 __all__ = ["GroupedKVCache", "GroupTensors", "forward_grouped", "llama_body", "windowed_attention"]
 

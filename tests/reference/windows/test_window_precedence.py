@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prefill_core import PrefillConfigError
-from prefill_shell.reference.config import sliding_layers
+from prefill_shell.reference.llama_like.config import sliding_layers
 
 transformers = pytest.importorskip("transformers")
 

@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 
 from prefill_core.values.errors import PrefillConfigError
-from prefill_shell.reference.config import (
+from prefill_shell.reference.gemma.gemma3_config import Gemma3Spec
+from prefill_shell.reference.llama_like.config import (
     GEMMA3_ARCHITECTURES,
     LlamaSpec,
     in_folder,
@@ -23,11 +24,10 @@ from prefill_shell.reference.config import (
     read_config_dict,
     sliding_layers,
 )
-from prefill_shell.reference.gemma3_config import Gemma3Spec
-from prefill_shell.reference.hybrid import HybridLlama, load_hybrid_folder
-from prefill_shell.reference.llama import PagedLlama
-from prefill_shell.reference.pooling_folder import is_pooling_folder, load_pooling_folder
-from prefill_shell.reference.weights import load_hf_folder
+from prefill_shell.reference.llama_like.llama import PagedLlama
+from prefill_shell.reference.loading.pooling_folder import is_pooling_folder, load_pooling_folder
+from prefill_shell.reference.loading.weights import load_hf_folder
+from prefill_shell.reference.windows.hybrid import HybridLlama, load_hybrid_folder
 
 __all__ = ["PROVISIONAL_BLOCK_SIZE", "load_model_folder", "read_model_folder_spec"]
 

@@ -16,13 +16,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prefill_shell.reference.config import LlamaSpec
-from prefill_shell.reference.llama import rope_inv_freq
+from prefill_shell.reference.llama_like.config import LlamaSpec
+from prefill_shell.reference.llama_like.llama import rope_inv_freq
 
 transformers = pytest.importorskip("transformers")
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: E402
 
-from tests.reference.test_config import CONFIGS  # noqa: E402  (the four families' config classes)
+from tests.reference.llama_like.test_config import CONFIGS  # noqa: E402  (the four families' config classes)
 
 SIZES = dict(
     vocab_size=64,
@@ -161,6 +161,6 @@ def _transformers_ties(cfg: dict) -> bool:
 @given(gemma3_tie_configs())
 def test_gemma3_ties_its_head_by_level_as_transformers_classes_do(cfg):
     """``Gemma3ForConditionalGeneration`` ties by the top-level flag, ``Gemma3ForCausalLM`` by its (text) config's."""
-    from prefill_shell.reference.gemma3_config import Gemma3Spec
+    from prefill_shell.reference.gemma.gemma3_config import Gemma3Spec
 
     assert Gemma3Spec.from_hf_dict(cfg).tie_word_embeddings == _transformers_ties(cfg), cfg

@@ -31,10 +31,10 @@ import torch
 import torch.nn.functional as F
 
 from prefill_core.values.errors import PrefillConfigError
-from prefill_shell.reference.gemma3_config import Gemma3Spec
-from prefill_shell.reference.llama import _apply_rope, _expand_kv
-from prefill_shell.reference.projection import Projection
-from prefill_shell.reference.rope import rope_inv_freq
+from prefill_shell.reference.gemma.gemma3_config import Gemma3Spec
+from prefill_shell.reference.llama_like.llama import _apply_rope, _expand_kv
+from prefill_shell.reference.llama_like.projection import Projection
+from prefill_shell.reference.llama_like.rope import rope_inv_freq
 
 __all__ = ["PagedGemma3", "gemma3_weight_shapes", "text_weights"]
 

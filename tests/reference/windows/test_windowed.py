@@ -24,8 +24,8 @@ from prefill_core import PageTableLayout, PrefillBatch, prepare_grouped
 from prefill_core.kv_groups.windows import kept_columns
 from prefill_core.values.intmath import ceil_div
 from prefill_shell.reference import save_hf_folder
-from prefill_shell.reference.hybrid import load_hybrid_folder
-from prefill_shell.reference.windowed import GroupedKVCache, GroupTensors, forward_grouped
+from prefill_shell.reference.windows.hybrid import load_hybrid_folder
+from prefill_shell.reference.windows.windowed import GroupedKVCache, GroupTensors, forward_grouped
 from tests import window_kit as kit
 
 pytest.importorskip("transformers")

@@ -35,7 +35,7 @@ from typing import NamedTuple
 import torch
 
 from prefill_core import ceil_div
-from prefill_shell.reference.kv_cache import PagedKVCache
+from prefill_shell.reference.pools.kv_cache import PagedKVCache
 
 __all__ = [
     "ONE_CALL_KEYS",

@@ -45,9 +45,9 @@ import torch
 
 from prefill_core.values.errors import PrefillConfigError
 from prefill_core.values.pooling import PoolerConfig, PoolingType, classify_activation
-from prefill_shell.reference.config import FAMILIES, LlamaSpec, in_folder, needs_hybrid, read_config_dict
-from prefill_shell.reference.llama import PagedLlama
-from prefill_shell.reference.weights import _read_shard, _shard_files
+from prefill_shell.reference.llama_like.config import FAMILIES, LlamaSpec, in_folder, needs_hybrid, read_config_dict
+from prefill_shell.reference.llama_like.llama import PagedLlama
+from prefill_shell.reference.loading.weights import _read_shard, _shard_files
 
 __all__ = ["PoolingFolder", "is_pooling_folder", "load_pooling_folder"]
 

@@ -20,8 +20,8 @@ from prefill_shell.reference import (
     random_llama,
     save_hf_folder,
 )
-from prefill_shell.reference.config import LlamaSpec
-from prefill_shell.reference.llama import rope_inv_freq
+from prefill_shell.reference.llama_like.config import LlamaSpec
+from prefill_shell.reference.llama_like.llama import rope_inv_freq
 
 transformers = pytest.importorskip("transformers")
 

@@ -21,10 +21,10 @@ from prefill_core.values.errors import PrefillConfigError
 from prefill_shell.backends.numerics import choose_dtype
 from prefill_shell.extras import requires_extra
 from prefill_shell.reference import PRESETS, PagedLlama, load_gguf, load_hf_folder, random_llama
-from prefill_shell.reference.gguf import gguf_has_tokenizer
-from prefill_shell.reference.hybrid import HybridLlama
-from prefill_shell.reference.model_folder import load_model_folder, read_model_folder_spec
-from prefill_shell.reference.smollm2 import smollm2_path
+from prefill_shell.reference.loading.gguf import gguf_has_tokenizer
+from prefill_shell.reference.loading.model_folder import load_model_folder, read_model_folder_spec
+from prefill_shell.reference.loading.smollm2 import smollm2_path
+from prefill_shell.reference.windows.hybrid import HybridLlama
 
 __all__ = [
     "RANDOM_PREFIX",

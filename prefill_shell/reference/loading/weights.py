@@ -16,9 +16,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from prefill_core.values.errors import PrefillConfigError
-from prefill_shell.reference.config import LlamaSpec, read_config_json
-from prefill_shell.reference.llama import PagedLlama, llama_weight_shapes, rope_inv_freq
-from prefill_shell.reference.rope import Llama3RopeScaling
+from prefill_shell.reference.llama_like.config import LlamaSpec, read_config_json
+from prefill_shell.reference.llama_like.llama import PagedLlama, llama_weight_shapes, rope_inv_freq
+from prefill_shell.reference.llama_like.rope import Llama3RopeScaling
 
 __all__ = ["PRESETS", "load_hf_folder", "load_weights", "random_llama", "save_hf_folder"]
 

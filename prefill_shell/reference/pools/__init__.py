@@ -1,0 +1,1 @@
+"""Paged KV pools in tt-metal's layout."""
