@@ -154,7 +154,9 @@ class PrefillRuntimeLM(TemplateLM):
             "float32" if dtype in (None, "") else str(dtype), "prefill-runtime model argument dtype"
         )
         self.dtype_choice = model_dtype(ref, request, options.device)
-        self.model = load_model(ref, dtype=self.dtype_choice.dtype, device=options.device)
+        self.model = load_model(
+            ref, dtype=self.dtype_choice.dtype, device=options.device, block_size=options.block_size
+        )
         self.tokenizer = load_tokenizer(ref)
         self._model_name = model
         spec = self.model.spec

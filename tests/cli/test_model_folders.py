@@ -119,3 +119,26 @@ def test_dtype_auto_reads_a_sliding_folder_checkpoint_dtype(folder):
     from prefill_shell.reference.loading.text import model_dtype
 
     assert model_dtype(str(folder[1]), "auto").dtype == "float32"
+
+
+def test_lm_evals_model_on_a_sliding_folder_scores_as_transformers(folder, tmp_path):
+    """``prefill-runtime`` (lm-eval's model) on each sliding folder: loglikelihood equals transformers' (it was
+    the plain loader's refusal naming load_model_folder)."""
+    pytest.importorskip("lm_eval")
+    from lm_eval.api.instance import Instance
+
+    from prefill_shell.scoring.lm_eval_model import PrefillRuntimeLM
+
+    name, source = folder
+    path = tmp_path / "model"
+    shutil.copytree(source, path)
+    tokenizer = _char_tokenizer()
+    tokenizer.save_pretrained(path)
+    lm = PrefillRuntimeLM(model=str(path), max_length=96, block_size=int(BLOCK), max_chunk=64)
+    context, continuation = "The capital of France is a city on the Seine. It is", " Paris"
+    request = Instance("loglikelihood", {}, (context, continuation), 0)
+    ((value, _),) = lm.loglikelihood([request])
+    ctx, cont = encode_pair(tokenizer, context, continuation)
+    lp = _log_probs(_oracle(path), ctx + cont)
+    expected = sum(float(lp[len(ctx) - 1 + j, t]) for j, t in enumerate(cont))
+    assert abs(value - expected) <= 1e-3, (name, value, expected)
