@@ -56,7 +56,16 @@ from prefill_core.values.intmath import ceil_div
 from prefill_core.values.layout import PageTableLayout
 from prefill_core.values.policy import PrefillPolicy
 
-__all__ = ["CallContext", "CallPlan", "LaneTraces", "PlanKind", "group_rows", "plan_call", "workspace_key"]
+__all__ = [
+    "CallContext",
+    "CallPlan",
+    "LaneTraces",
+    "PlanKind",
+    "group_rows",
+    "plan_call",
+    "trace_gap",
+    "workspace_key",
+]
 
 Rows = tuple[tuple[int, ...], ...]
 
@@ -83,14 +92,20 @@ class LaneTraces:
     workspaces: frozenset[tuple] = attrs.field(default=frozenset(), converter=frozenset)
 
     def gap(self, prepared: PreparedPrefill) -> str | None:
-        """Why ``prepared`` cannot be replayed on this lane, or None when it can."""
-        if prepared.trace_signature is None:
-            return "its invocation length is not trace-eligible under the policy"
-        if prepared.trace_signature not in self.bodies:
-            return f"no trace was captured for {prepared.trace_signature} ({prepared.trace_signature.key})"
-        if workspace_key(prepared.program_signature) not in self.workspaces:
-            return f"no workspace was allocated for program {prepared.program_signature.key}"
-        return None
+        """Why ``prepared`` cannot be replayed on this lane, or None when it can (``trace_gap``)."""
+        return trace_gap(prepared, self.bodies, self.workspaces)
+
+
+def trace_gap(prepared: PreparedPrefill, bodies, workspaces) -> str | None:
+    """Why ``prepared`` cannot be replayed where ``bodies`` (trace signatures) were captured and ``workspaces``
+    (``workspace_key``s) allocated, or None when it can: the one replay rule (any containers that answer ``in``)."""
+    if prepared.trace_signature is None:
+        return "its invocation length is not trace-eligible under the policy"
+    if prepared.trace_signature not in bodies:
+        return f"no trace was captured for {prepared.trace_signature} ({prepared.trace_signature.key})"
+    if workspace_key(prepared.program_signature) not in workspaces:
+        return f"no workspace was allocated for program {prepared.program_signature.key}"
+    return None
 
 
 @attrs.frozen

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from prefill_core import PrefillProgramSignature, PrefillTraceSignature, PreparedPrefill
-from prefill_core.calls.call_plan import LaneTraces, workspace_key
+from prefill_core.calls.call_plan import LaneTraces, trace_gap, workspace_key
 from prefill_core.values.errors import CleanupError, TraceCoverageError
 from prefill_shell.backends.base import Backend, TraceHandle
 from prefill_shell.device.contract import (
@@ -215,8 +215,9 @@ class PrefillTraceLifecycle:
         return LaneTraces(frozenset(self.traces), frozenset(self.workspaces))
 
     def gap(self, prepared: PreparedPrefill) -> str | None:
-        """Why ``prepared`` cannot be replayed, or None when it can (``LaneTraces.gap``)."""
-        return self.lane_traces().gap(prepared)
+        """Why ``prepared`` cannot be replayed, or None when it can (the core's ``trace_gap``, on this lane's
+        registries as they are: nothing is copied per request)."""
+        return trace_gap(prepared, self.traces, self.workspaces)
 
     def mode_for(self, prepared: PreparedPrefill) -> tuple[TracedSteps, int]:
         """The traced step mode of ``prepared`` and the workspace generation it claimed.
