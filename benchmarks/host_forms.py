@@ -13,7 +13,7 @@ plain form should come back.
   (``PrefillRuntime.invoke``) vs once per model call (body and LM head).
 * ``lm_head_{1,8,32,1024}rows``: the reference model's LM head at the bench
   model's 32000 x 512 head, a ``Projection`` (weight prepacked for oneDNN
-  on the CPU up to ``PACKED_MAX_ROWS`` rows, the plain weight past it;
+  on the CPU up to its probed row limit, ``packed_row_limit``, the plain weight past it;
   ``prefill_shell/reference/llama_like/projection.py``) vs the other form: ``F.linear``
   at or under the limit (key ``plain``), the prepacked weight past it (key
   ``packed``).
@@ -45,7 +45,6 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._report import Metric, report
-from prefill_shell.reference.llama_like import projection
 from prefill_shell.reference.llama_like.packed_attention import ONE_CALL_KEYS, prefix_then_causal
 from prefill_shell.reference.llama_like.projection import Projection, prepacks
 
@@ -69,36 +68,40 @@ def _randn(*shape: int) -> torch.Tensor:
     return torch.randn(*shape, generator=_GEN)
 
 
-def _all_rows_packed(fn):
-    """``fn`` with every product of a ``Projection`` on its prepacked weight, whatever its row count."""
+def _forced(fn, projections, max_rows: int):
+    """``fn`` with ``projections`` taking the prepacked weight for products of up to ``max_rows`` rows."""
 
     def call():
-        saved, projection.PACKED_MAX_ROWS = projection.PACKED_MAX_ROWS, sys.maxsize
+        saved = [p.max_rows for p in projections]
+        for p in projections:
+            p.max_rows = max_rows
         try:
             return fn()
         finally:
-            projection.PACKED_MAX_ROWS = saved
+            for p, limit in zip(projections, saved):
+                p.max_rows = limit
 
     return call
 
 
-def _against_other_form(rows: int, chosen, plain) -> tuple:
-    """``(chosen, other, other's key)``: the plain expression under the row limit, the prepacked form past it."""
-    if rows <= projection.PACKED_MAX_ROWS:
+def _against_other_form(rows: int, chosen, plain, *projections) -> tuple:
+    """``(chosen, other, other's key)``: where the chosen form runs prepacked (``rows`` within the probed
+    limit) the other is the plain expression; past the limit the other is every product prepacked."""
+    if rows <= min(p.max_rows for p in projections):
         return chosen, plain, "plain"
-    return chosen, _all_rows_packed(chosen), "packed"
+    return chosen, _forced(chosen, projections, sys.maxsize), "packed"
 
 
 def _head_case(rows: int) -> tuple:
     head, x = _randn(32000, 512), _randn(rows, 512)
     form = Projection(head)
-    return _against_other_form(rows, lambda: form(x), lambda: F.linear(x, head))
+    return _against_other_form(rows, lambda: form(x), lambda: F.linear(x, head), form)
 
 
 def _qkv_case(rows: int) -> tuple:
     weight, x = _randn(QKV, HIDDEN), _randn(rows, HIDDEN)
     form = Projection(weight)
-    return _against_other_form(rows, lambda: form(x), lambda: F.linear(x, weight))
+    return _against_other_form(rows, lambda: form(x), lambda: F.linear(x, weight), form)
 
 
 def _mlp_case(rows: int, dtype: torch.dtype = torch.float32) -> tuple:
@@ -113,7 +116,7 @@ def _mlp_case(rows: int, dtype: torch.dtype = torch.float32) -> tuple:
     def plain():
         return torch.addmm(residual, F.silu(F.linear(x, gate)).mul_(F.linear(x, up)), down.t())
 
-    return _against_other_form(rows, chosen, plain)
+    return _against_other_form(rows, chosen, plain, g, u, d)
 
 
 def _cached_attention_case(prefix: int, own: int, dtype: torch.dtype) -> tuple:

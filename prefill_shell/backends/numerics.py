@@ -19,11 +19,14 @@ import torch
 
 from prefill_core.values.dtype import DTYPES, DeviceNumerics, DtypeChoice, canonical_dtype, resolve_dtype
 from prefill_core.values.errors import InvalidDtypeError
+from prefill_core.values.linear_form import LinearFormProbe
 
-__all__ = ["choose_dtype", "matmul_gflops", "probe_numerics", "torch_dtype"]
+__all__ = ["choose_dtype", "linear_form_probe", "matmul_gflops", "probe_numerics", "torch_dtype"]
 
 _PROBE_SHAPE = (256, 512, 1024)  # rows x inner x out: a small model's MLP, short enough to probe at start-up
 _PROBE_CALLS = 7
+_LINEAR_PROBE_SHAPE = (1024, 512, 1376)  # a long prefill step through a small model's MLP
+_LINEAR_PROBE_ROUNDS = 5
 
 
 def torch_dtype(name: str | torch.dtype) -> torch.dtype:
@@ -52,6 +55,38 @@ def matmul_gflops(dtype: torch.dtype, shape: tuple[int, int, int] = _PROBE_SHAPE
         torch.mm(a, b)
         times.append(time.perf_counter() - start)
     return 2.0 * rows * inner * out / min(times) / 1e9
+
+
+@functools.cache
+def linear_form_probe(dtype: torch.dtype) -> LinearFormProbe:
+    """GFLOP/s of one long product on the plain weight (``F.linear``) and on the weight prepacked for oneDNN.
+
+    The two forms alternate for ``_LINEAR_PROBE_ROUNDS`` rounds after a warm-up
+    each, and each keeps its fastest round (another process only ever slows a
+    sample). About a tenth of a second once per dtype and process; only asked
+    where a prepacked weight is held (``reference.llama_like.projection``).
+    """
+    rows, inner, out = _LINEAR_PROBE_SHAPE
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(rows, inner, generator=gen).to(dtype)
+    weight = (torch.randn(out, inner, generator=gen) / inner**0.5).to(dtype)
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight, rows)
+    forms = {
+        "plain": lambda: torch.nn.functional.linear(x, weight),
+        "prepacked": lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""),
+    }
+    best = dict.fromkeys(forms, float("inf"))
+    with torch.inference_mode():
+        for form in forms.values():
+            form()
+        for _ in range(_LINEAR_PROBE_ROUNDS):
+            for name, form in forms.items():
+                start = time.perf_counter()
+                form()
+                best[name] = min(best[name], time.perf_counter() - start)
+    flops = 2.0 * rows * inner * out / 1e9
+    name = str(dtype).removeprefix("torch.")
+    return LinearFormProbe(name, rows, flops / best["plain"], flops / best["prepacked"])
 
 
 @functools.cache

@@ -2,15 +2,17 @@
 
 On the CPU in float32, and in bfloat16 where the CPU has bfloat16 matrix
 instructions (AMX or AVX-512 BF16), the weight is also held reordered into
-oneDNN's blocked layout, once, at load, and a product of up to
-``PACKED_MAX_ROWS`` rows runs oneDNN's linear on it (the kernel
-``torch.compile``'s CPU weight prepacking uses). ``F.linear`` hands the plain
-weight to the BLAS on every call. On this project's CPUs the prepacked form
-is the faster one for a few rows (decode-sized LM heads, short prompts,
-cached continuations) and the plain weight past a few hundred
+oneDNN's blocked layout, once, at load (the kernel ``torch.compile``'s CPU
+weight prepacking uses). ``F.linear`` hands the plain weight to the BLAS on
+every call. A product of up to ``packed_row_limit(dtype)`` rows runs
+oneDNN's linear on the prepacked weight, a longer one the plain expression
+on the plain weight the object holds anyway. The limit is the core's
+``prefill_core.values.linear_form.prepacked_row_limit`` over a probe of
+both forms on this machine (``backends.numerics.linear_form_probe``): a
+few hundred rows where the BLAS's own blocking wins long products, every
+row count where oneDNN's prepacked form is faster throughout
 (``benchmarks/host_forms.py``, rows ``lm_head_*``, ``qkv_*`` and
-``swiglu_mlp_*``), so a longer product runs the plain expression on the
-plain weight the object holds anyway. The fused forms put SwiGLU's
+``swiglu_mlp_*``, time both forms on either side of the limit). The fused forms put SwiGLU's
 activation, its product and the residual add into the same kernel calls: in
 bfloat16 that is one rounding where the plain expressions round after each
 op (the results agree with them to bf16 rounding, so a row's bfloat16
@@ -26,22 +28,25 @@ stands for.
 from __future__ import annotations
 
 import functools
+import os
+import sys
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ["Projection", "prepacks"]
+from prefill_core.values.linear_form import SHORT_ROWS, parse_prepacked_rows, prepacked_row_limit
+from prefill_shell.backends.numerics import linear_form_probe
+
+__all__ = ["PACKED_MAX_ROWS", "Projection", "packed_row_limit", "prepacks"]
 
 _PACK_FOR_ROWS = 1024
 """The row count oneDNN picks its weight layout for; any row count runs on it."""
 
-PACKED_MAX_ROWS = 256
-"""The most rows a product takes on the prepacked weight; more take the plain weight.
+PACKED_MAX_ROWS = SHORT_ROWS
+"""The limit where long products take the plain weight (the core's ``SHORT_ROWS``)."""
 
-A long step's GEMMs are large enough that the BLAS's own blocking of the plain
-weight wins, and oneDNN's fixed layout stops paying; a short one's are not
-(``benchmarks/host_forms.py``: ``*_packed_over_chosen`` past the limit,
-``*_plain_over_chosen`` under it)."""
+ROWS_SETTING = "PREFILL_CPU_PREPACKED_ROWS"
+"""Environment setting that overrides the probe: ``auto`` (default), ``short``, ``all`` or a row count."""
 
 
 @functools.cache
@@ -59,6 +64,18 @@ def prepacks(weight: torch.Tensor) -> bool:
     return weight.dtype == torch.float32 or (weight.dtype == torch.bfloat16 and _bf16_matrix())
 
 
+@functools.cache
+def packed_row_limit(dtype: torch.dtype) -> int:
+    """The most rows a product at ``dtype`` runs on a prepacked weight, decided once per process.
+
+    ``ROWS_SETTING`` wins; under ``auto`` both forms are probed at the dtype.
+    """
+    setting = parse_prepacked_rows(os.environ.get(ROWS_SETTING))
+    probe = linear_form_probe(dtype) if setting == "auto" else None
+    limit = prepacked_row_limit(probe, setting)
+    return sys.maxsize if limit is None else limit
+
+
 class Projection:
     """``x @ W^T (+ b)`` for a ``[out, in]`` weight and an optional ``[out]`` bias.
 
@@ -67,16 +84,21 @@ class Projection:
     projections, the ones a family may give biases; the SwiGLU forms have none.
     """
 
-    __slots__ = ("weight", "bias", "_packed")
+    __slots__ = ("weight", "bias", "max_rows", "_packed")
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
         self.weight = weight
         self.bias = bias
-        self._packed = torch.ops.mkldnn._reorder_linear_weight(weight, _PACK_FOR_ROWS) if prepacks(weight) else None
+        self._packed = None
+        self.max_rows = 0
+        """The most rows a product runs on the prepacked weight (0: none is held)."""
+        if prepacks(weight):
+            self._packed = torch.ops.mkldnn._reorder_linear_weight(weight, _PACK_FOR_ROWS)
+            self.max_rows = packed_row_limit(weight.dtype)
 
     def _on_packed(self, x: torch.Tensor) -> bool:
         """Whether this product runs on the prepacked weight: one is held and ``x`` has few enough rows."""
-        return self._packed is not None and x.numel() <= PACKED_MAX_ROWS * x.shape[-1]
+        return self._packed is not None and x.numel() <= self.max_rows * x.shape[-1]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """``x @ W^T + b``."""

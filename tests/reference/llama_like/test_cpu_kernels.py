@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
 
+from prefill_shell.reference.llama_like import projection as projection_module
 from prefill_shell.reference.llama_like.packed_attention import (
     ONE_CALL_KEYS,
     prefix_then_causal,
@@ -22,11 +25,15 @@ def _randn(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     return torch.randn(*shape, generator=GEN).to(dtype)
 
 
-@pytest.mark.parametrize("rows", [1, 3, 130, PACKED_MAX_ROWS, PACKED_MAX_ROWS + 1])
-def test_a_projection_and_its_fused_forms_equal_f_linear(rows):
-    """x W^T, silu(x W^T), (x W^T) * other and other + x W^T match F.linear's, prepacked or not."""
+@pytest.mark.parametrize("max_rows", [0, PACKED_MAX_ROWS, sys.maxsize])
+@pytest.mark.parametrize("rows", [1, 3, 130, PACKED_MAX_ROWS, PACKED_MAX_ROWS + 1, 1100])
+def test_a_projection_and_its_fused_forms_equal_f_linear(rows, max_rows):
+    """x W^T, silu(x W^T), (x W^T) * other and other + x W^T match F.linear's, prepacked or not, under every
+    row limit the probe can choose (none prepacked, short products only, every product)."""
     weight, x, other = _randn(48, 40), _randn(rows, 40), _randn(rows, 48)
     projection = Projection(weight)
+    if prepacks(weight):
+        projection.max_rows = max_rows
     assert prepacks(weight) == torch.backends.mkldnn.is_available()
     plain = F.linear(x, weight)
     tol = {"rtol": 1e-5, "atol": 1e-5}
@@ -68,12 +75,16 @@ def test_a_bfloat16_projection_prepacks_only_where_the_cpu_has_bf16_matrix_instr
     torch.testing.assert_close(projection.plus(x, other), other + plain, **tol)
 
 
-def test_a_product_past_packed_max_rows_runs_the_plain_expressions_bit_for_bit():
-    """Past ``PACKED_MAX_ROWS`` rows every form is the plain expression (``F.linear``, ``mul_``, ``addmm``),
-    bit for bit; at the limit a bfloat16 weight the CPU prepacks takes the fused form, whose single rounding
-    differs from the plain expression's two somewhere in the output."""
+@pytest.mark.parametrize("limit", ["probed", PACKED_MAX_ROWS])
+def test_a_product_past_its_row_limit_runs_the_plain_expressions_bit_for_bit(limit):
+    """Past the projection's row limit (the probed one, and the short limit a machine whose BLAS wins long
+    products gets) every form is the plain expression (``F.linear``, ``mul_``, ``addmm``), bit for bit; at
+    the limit a bfloat16 weight the CPU prepacks takes the fused form, whose single rounding differs from the
+    plain expression's two somewhere in the output."""
     weight = _randn(48, 40, dtype=torch.bfloat16)
     projection = Projection(weight)
+    if limit != "probed" and prepacks(weight):
+        projection.max_rows = limit
     for rows in (PACKED_MAX_ROWS, PACKED_MAX_ROWS + 1, 3 * PACKED_MAX_ROWS):
         x, other = _randn(rows, 40, dtype=torch.bfloat16), _randn(rows, 48, dtype=torch.bfloat16)
         plain = {
@@ -89,7 +100,7 @@ def test_a_product_past_packed_max_rows_runs_the_plain_expressions_bit_for_bit()
             "plus": projection.plus(x, other),
         }
         same = {form: torch.equal(ours[form], plain[form]) for form in plain}
-        if rows > PACKED_MAX_ROWS or not prepacks(weight):
+        if rows > projection.max_rows or not prepacks(weight):
             assert all(same.values()), (rows, same)
         else:
             assert not same["times"], "the fused product rounds once, so some element differs from mul_'s two"
@@ -153,3 +164,31 @@ def test_short_and_long_cached_segments_attend_as_one_masked_call_over_the_joine
         expected = sdpa(q[span].transpose(0, 1)[None], keys[None], values[None], attn_mask=visible)[0].transpose(0, 1)
         tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
         torch.testing.assert_close(got[span], expected, **tol)
+
+
+@pytest.mark.parametrize(("setting", "expected"), [("short", PACKED_MAX_ROWS), ("all", sys.maxsize), ("300", 300)])
+def test_the_row_limit_setting_overrides_the_probe(monkeypatch, setting, expected):
+    """``PREFILL_CPU_PREPACKED_ROWS`` decides the limit of the projections built after it is read."""
+    monkeypatch.setenv(projection_module.ROWS_SETTING, setting)
+    projection_module.packed_row_limit.cache_clear()
+    try:
+        weight = _randn(48, 40)
+        if not prepacks(weight):
+            pytest.skip("this torch has no oneDNN: no weight is prepacked")
+        assert Projection(weight).max_rows == expected
+    finally:
+        projection_module.packed_row_limit.cache_clear()
+
+
+def test_the_probe_times_both_forms_and_auto_follows_it():
+    """The probe's rates are real timings (positive, of the dtype asked), and ``auto``'s limit is the core's
+    decision over them."""
+    from prefill_core.values.linear_form import prepacked_row_limit
+    from prefill_shell.backends.numerics import linear_form_probe
+
+    if not prepacks(_randn(4, 4)):
+        pytest.skip("this torch has no oneDNN: nothing to probe")
+    probe = linear_form_probe(torch.float32)
+    assert probe.dtype == "float32" and probe.plain_gflops > 0 and probe.prepacked_gflops > 0
+    expected = prepacked_row_limit(probe)
+    assert projection_module.packed_row_limit(torch.float32) == (sys.maxsize if expected is None else expected)
