@@ -1,7 +1,7 @@
 """vLLM 0.33's own scheduler with pooling requests drives the runtime; the outputs equal sentence-transformers and
 transformers (issue 58 item 4(b)).
 
-vLLM reads each random folder (``pooling_kit``: Llama, Qwen3 and Mistral, written by sentence-transformers 6.3
+vLLM reads each random folder (``pooling_kit``: Llama, Qwen2, Qwen3 and Mistral, written by sentence-transformers 6.3
 and transformers 5) as a pooling model, and its defaults decide the schedule (``pooling_runner.pooling_setup``):
 a LAST model gets chunked prefill under a 48-token budget and prefix caching, a MEAN or CLS model neither (vLLM
 refuses partial prefill for them), so each such prompt is one vLLM step that the runtime computes in 64-token
@@ -35,7 +35,7 @@ from prefill_shell.backends.torch_backend import TorchBackend
 from prefill_shell.pooling.heads import activate, classify_logits, embed_vectors
 from prefill_shell.reference.loading.pooling_folder import load_pooling_folder
 from prefill_shell.serving import serving_facade
-from tests.e2e.pooling_kit import ALL_FAMILIES, seq_cls_folder, st_folder, texts
+from tests.e2e.pooling_kit import ALL_FAMILIES, folder_tokenizer, sentence_transformer, seq_cls_folder, st_folder, texts
 from tests.family_kit import relative_error
 from tests.vllm import vllm_side
 from tests.vllm.checkpoints import BLOCK
@@ -91,11 +91,9 @@ def _facade(model, kv_config):
     return facade, kv
 
 
-def _drive(folder: Path, params_of, *, enable_trace: bool):
+def _drive(family: str, folder: Path, params_of, *, enable_trace: bool):
     """Runs the waves through vLLM's scheduler and the runtime; ``params_of(i)`` is request i's vLLM
     ``PoolingParams``. Returns ``(runner, {request id: (text, verified vLLM params)})``."""
-    import transformers
-
     model_config = pooling_model_config(folder)
     loaded = load_pooling_folder(folder)
     # vLLM and the project read the same folder into the same pooling.
@@ -105,7 +103,7 @@ def _drive(folder: Path, params_of, *, enable_trace: bool):
     )
     facade, kv = _facade(loaded.model, kv_config)
     facade.warmup_model_prefill(kv_cache=kv, can_sample_on_device=False, enable_trace=enable_trace)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    tokenizer = folder_tokenizer(family, folder)
     requests: dict[str, tuple[str, VllmPoolingParams]] = {}
 
     def head(req_id: str, pooled: torch.Tensor) -> torch.Tensor:
@@ -156,12 +154,12 @@ def _embed_params(i: int) -> VllmPoolingParams:
     return VllmPoolingParams(task="embed", **EMBED_PARAMS[i % len(EMBED_PARAMS)])
 
 
-def _st_oracle(folder: Path, text: str, params: VllmPoolingParams) -> torch.Tensor:
+def _st_oracle(family: str, folder: Path, text: str, params: VllmPoolingParams) -> torch.Tensor:
     """sentence-transformers' embedding of ``text`` as the verified params ask: its modules without Normalize
     for an un-normalised vector, ``truncate_dim`` and ``normalize_embeddings`` (truncate, then normalise)."""
     from sentence_transformers import SentenceTransformer
 
-    st = _sentence_transformer(folder)
+    st = _sentence_transformer(family, folder)
     if not params.use_activation:
         st = SentenceTransformer(modules=[module for module in st if type(module).__name__ != "Normalize"])
     return st.encode(
@@ -170,10 +168,8 @@ def _st_oracle(folder: Path, text: str, params: VllmPoolingParams) -> torch.Tens
 
 
 @functools.cache
-def _sentence_transformer(folder: Path):
-    from sentence_transformers import SentenceTransformer
-
-    return SentenceTransformer(str(folder), device="cpu")
+def _sentence_transformer(family: str, folder: Path):
+    return sentence_transformer(family, folder)
 
 
 @pytest.mark.parametrize("enable_trace", [False, True], ids=["eager", "traced"])
@@ -184,9 +180,9 @@ def test_last_embeddings_chunked_and_prefix_cached_by_vllm_equal_sentence_transf
     model_config = pooling_model_config(folder)
     assert model_config.is_chunked_prefill_supported and model_config.is_prefix_caching_supported
     assert model_config.pooler_config.use_activation is True  # vLLM read the Normalize module
-    runner, requests = _drive(folder, _embed_params, enable_trace=enable_trace)
+    runner, requests = _drive(family, folder, _embed_params, enable_trace=enable_trace)
     for req_id, (text, params) in requests.items():
-        _close(runner.outputs[req_id], _st_oracle(folder, text, params))
+        _close(runner.outputs[req_id], _st_oracle(family, folder, text, params))
     assert runner.stats.prefix_hit_tokens >= 2 * 96  # both shared rows started past the first row's six blocks
     assert max(runner.steps_of.values()) >= 4  # a 170-token prompt at 48 tokens a step
 
@@ -203,9 +199,9 @@ def test_mean_and_cls_embeddings_whole_prompts_as_vllm_schedules_them_equal_sent
     model_config = pooling_model_config(folder)
     assert not model_config.is_chunked_prefill_supported and not model_config.is_prefix_caching_supported
     assert model_config.pooler_config.use_activation is False  # no Normalize module
-    runner, requests = _drive(folder, _embed_params, enable_trace=enable_trace)
+    runner, requests = _drive(family, folder, _embed_params, enable_trace=enable_trace)
     for req_id, (text, params) in requests.items():
-        _close(runner.outputs[req_id], _st_oracle(folder, text, params))
+        _close(runner.outputs[req_id], _st_oracle(family, folder, text, params))
     assert runner.stats.prefix_hit_tokens == 0
     assert set(runner.steps_of.values()) == {1}
 
@@ -218,12 +214,12 @@ def test_classification_chunked_and_prefix_cached_by_vllm_equals_transformers(fa
 
     folder = _folder(family, "classify")
     hf = transformers.AutoModelForSequenceClassification.from_pretrained(folder).eval()
-    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    tokenizer = folder_tokenizer(family, folder)
 
     def params_of(i: int) -> VllmPoolingParams:
         return VllmPoolingParams(task="classify", use_activation=None if i % 2 else False)
 
-    runner, requests = _drive(folder, params_of, enable_trace=enable_trace)
+    runner, requests = _drive(family, folder, params_of, enable_trace=enable_trace)
     for req_id, (text, params) in requests.items():
         with torch.no_grad():
             logits = hf(**tokenizer(text, return_tensors="pt")).logits[0]
