@@ -164,3 +164,37 @@ class PoolingPluginRunner(PluginRunner):
             if self.scheduler.requests.get(req_id) is None:
                 del self.live[req_id]
                 self.slots.pop(req_id, None)
+
+
+def plugin_pooling_step(scheduler, model) -> dict[str, torch.Tensor]:
+    """One step of vllm-tt-plugin's ``TTPoolingModelRunner`` (``pooling_runner.py``) over ``model``: every newly
+    scheduled request's whole prompt, right-padded with a float 0/1 mask, in one ``model.forward(input_ids,
+    attention_mask)``; row i to ``pooler_output``. It reads neither ``num_scheduled_tokens``, the blocks nor the
+    requests' ``pooling_params`` (so a chunked request finishes on its first step, and every row gets what the
+    model's one ``pooling`` says). Returns the outputs ``update_from_output`` reports, by request id."""
+    out = scheduler.schedule()
+    new = out.scheduled_new_reqs
+    assert not out.scheduled_cached_reqs.req_ids  # nothing continues: every request finished on its first step
+    pooled: list[torch.Tensor | None] = []
+    if new:
+        longest = max(len(r.prompt_token_ids) for r in new)
+        tokens = torch.zeros(len(new), longest, dtype=torch.int64)
+        mask = torch.zeros(len(new), longest, dtype=torch.float32)
+        for i, r in enumerate(new):
+            tokens[i, : len(r.prompt_token_ids)] = torch.tensor(r.prompt_token_ids)
+            mask[i, : len(r.prompt_token_ids)] = 1.0
+        outputs = model.forward(input_ids=tokens, attention_mask=mask)
+        pooled = [outputs[i] for i in range(len(new))]
+    rows = [r.req_id for r in new]
+    runner_out = ModelRunnerOutput(
+        req_ids=rows,
+        req_id_to_index={r: i for i, r in enumerate(rows)},
+        sampled_token_ids=[[] for _ in rows],
+        pooler_output=pooled,
+    )
+    reported = {}
+    for engine_outputs in scheduler.update_from_output(out, runner_out).values():
+        for output in engine_outputs.outputs:
+            assert output.finished
+            reported[output.request_id] = output.pooling_output
+    return reported

@@ -32,14 +32,30 @@ from vllm.v1.request import Request
 from prefill_core import PrefillPolicy
 from prefill_core.values.pooling import InvalidPoolingError, PoolingPrefixError, PoolingType, resolve_pooling
 from prefill_shell.backends.torch_backend import TorchBackend
+from prefill_shell.pooling import PoolingRunner, RuntimePoolingModel
 from prefill_shell.pooling.heads import activate, classify_logits, embed_vectors
 from prefill_shell.reference.loading.pooling_folder import load_pooling_folder
 from prefill_shell.serving import serving_facade
-from tests.e2e.pooling_kit import ALL_FAMILIES, folder_tokenizer, sentence_transformer, seq_cls_folder, st_folder, texts
+from tests.e2e.pooling_kit import (
+    ALL_FAMILIES,
+    cross_encoder,
+    folder_tokenizer,
+    sentence_transformer,
+    seq_cls_folder,
+    st_folder,
+    texts,
+    tokenizer_option,
+)
 from tests.family_kit import relative_error
 from tests.vllm import vllm_side
 from tests.vllm.checkpoints import BLOCK
-from tests.vllm.pooling_runner import PoolingPluginRunner, pooling_model_config, pooling_setup, project_params
+from tests.vllm.pooling_runner import (
+    PoolingPluginRunner,
+    plugin_pooling_step,
+    pooling_model_config,
+    pooling_setup,
+    project_params,
+)
 
 RTOL = 1e-5
 SEQS = 4
@@ -268,3 +284,40 @@ def test_mean_under_forced_chunked_prefill_is_refused_by_name(family):
     with pytest.raises(PoolingPrefixError, match="MEAN pooling needs positions"):
         runner.step()
     facade.cleanup()
+
+
+@pytest.mark.parametrize("kind", ["mean", "cross-encoder"])
+def test_the_plugins_pooling_runner_over_runtime_pooling_model_equals_sentence_transformers(family, kind):
+    """vllm-tt-plugin's own pooling runner loop (``pooling_runner.plugin_pooling_step``) behind vLLM's scheduler,
+    its model ``RuntimePoolingModel``: whole prompts per step whatever vLLM scheduled (a MEAN model, which vLLM
+    schedules whole, and a one-label cross-encoder, which vLLM would chunk), the folder's default embedding or the
+    raw relevance logit ``[1]`` per request, equal to ``SentenceTransformer.encode`` / ``CrossEncoder.predict``."""
+    if kind == "mean":
+        folder = _folder(family, "mean")
+    else:
+        folder = seq_cls_folder(family, Path(tempfile.mkdtemp(prefix="vllm-pooling-ce-")) / "ce", num_labels=1)
+    model_config = pooling_model_config(folder)
+    runner = PoolingRunner.from_folder(folder, block_size=BLOCK, max_chunk=64, **tokenizer_option(family, folder))
+    scheduler, _ = pooling_setup(model_config, runner.model.spec, num_blocks=64, token_budget=BUDGET, max_num_seqs=SEQS)
+    tokenizer = folder_tokenizer(family, folder)
+    rows = [text for wave in _waves(3) for text in wave]
+    query = texts(4, [20])[0]
+    hasher, outputs = vllm_side.block_hasher(), {}
+    for i, text in enumerate(rows):
+        task = "embed" if kind == "mean" else "classify"
+        params = VllmPoolingParams(task=task)
+        params.verify(model_config)
+        ids = tokenizer(text)["input_ids"] if kind == "mean" else tokenizer(query, text)["input_ids"]
+        scheduler.add_request(Request(f"q{i}", ids, None, params, block_hasher=hasher))
+    model = RuntimePoolingModel(runner)
+    while scheduler.has_requests():
+        outputs.update(plugin_pooling_step(scheduler, model))
+    assert len(outputs) == len(rows)
+    if kind == "mean":
+        theirs = sentence_transformer(family, folder).encode(rows, convert_to_tensor=True)
+    else:
+        pairs = [(query, text) for text in rows]
+        raw = torch.nn.Identity()
+        theirs = cross_encoder(family, folder).predict(pairs, convert_to_tensor=True, activation_fn=raw)[:, None]
+    for i in range(len(rows)):
+        _close(outputs[f"q{i}"], theirs[i])
