@@ -136,6 +136,8 @@ class PoolingPluginRunner(PluginRunner):
         pooled: list[torch.Tensor | None] = []
         if rows:
             call = self.prepare(rows, out.num_scheduled_tokens)
+            # The lane's executor is what prefill_forward calls; prefill_forward itself returns logits or tokens
+            # only, so the pooled call goes to the executor with the same normalised arguments.
             results = self.facade.executor.prefill(
                 call.tokens,
                 call.tables[0][: len(rows)],

@@ -117,6 +117,7 @@ def _drive(family: str, folder: Path, params_of, *, enable_trace: bool):
     scheduler, kv_config = pooling_setup(
         model_config, loaded.model.spec, num_blocks=64, token_budget=BUDGET, max_num_seqs=SEQS
     )
+    assert scheduler.num_sampled_tokens_per_step == 0  # a pooling model: no sampled token after the prompt
     facade, kv = _facade(loaded.model, kv_config)
     facade.warmup_model_prefill(kv_cache=kv, can_sample_on_device=False, enable_trace=enable_trace)
     tokenizer = folder_tokenizer(family, folder)
