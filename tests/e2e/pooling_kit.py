@@ -11,6 +11,9 @@
   reads it.
 * ``seq_cls_folder``: a randomized ``<Family>ForSequenceClassification`` with
   ``num_labels`` labels, saved by transformers.
+* ``word_tokenizer``, ``sentence_transformer``, ``cross_encoder``: the folder's
+  saved tokenizer and sentence-transformers' models over it, on every family
+  (Qwen2 included: see ``OWN_TOKENIZER_CLASS``).
 """
 
 from __future__ import annotations
@@ -34,6 +37,57 @@ def write_tokenizer(folder: Path) -> None:
     core = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     PreTrainedTokenizerFast(tokenizer_object=core, pad_token="[PAD]", unk_token="[UNK]").save_pretrained(folder)
+
+
+def word_tokenizer(folder: Path):
+    """The tokenizer ``write_tokenizer`` saved in ``folder``, loaded as it is (transformers' ``TokenizersBackend``)."""
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast.from_pretrained(folder)
+
+
+OWN_TOKENIZER_CLASS = ("qwen2",)
+"""Families whose folders transformers 5 does not tokenize with the saved tokenizer: ``AutoTokenizer`` lists
+``qwen2`` among the model types whose hub checkpoints name a wrong tokenizer class
+(``MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS``), so it builds a ``Qwen2Tokenizer`` from the saved vocabulary, a
+byte-level BPE without merges that encodes none of these words (Qwen3 maps to the same class but is not on that
+list, so the saved class is kept). For these families both sides are handed ``word_tokenizer(folder)``, and only
+the tokenizer is replaced: sentence-transformers, transformers and the runtime still read the model as saved."""
+
+
+def folder_tokenizer(family: str, folder: Path):
+    """The folder's tokenizer as a user's ``AutoTokenizer`` loads it, or the saved one where that differs."""
+    if family in OWN_TOKENIZER_CLASS:
+        return word_tokenizer(folder)
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder)
+
+
+def tokenizer_option(family: str, folder: Path) -> dict:
+    """``PoolingRunner.from_folder``'s ``tokenizer=`` where the family needs it (``OWN_TOKENIZER_CLASS``), else
+    nothing (the runner loads the folder's tokenizer with ``AutoTokenizer``, as a user's call does)."""
+    return {"tokenizer": word_tokenizer(folder)} if family in OWN_TOKENIZER_CLASS else {}
+
+
+def _with_word_tokenizer(model, family: str, folder: Path):
+    if family in OWN_TOKENIZER_CLASS:
+        model[0].processor = word_tokenizer(folder)  # a text model's Transformer module tokenizes with its processor
+    return model
+
+
+def sentence_transformer(family: str, folder: Path, **kwargs):
+    """``SentenceTransformer(folder)`` tokenizing with the saved word-level tokenizer on every family."""
+    from sentence_transformers import SentenceTransformer
+
+    return _with_word_tokenizer(SentenceTransformer(str(folder), device="cpu", **kwargs), family, folder)
+
+
+def cross_encoder(family: str, folder: Path):
+    """``CrossEncoder(folder)`` tokenizing with the saved word-level tokenizer on every family."""
+    from sentence_transformers import CrossEncoder
+
+    return _with_word_tokenizer(CrossEncoder(str(folder), device="cpu"), family, folder)
 
 
 def family_config(family: str, **overrides):
@@ -72,6 +126,8 @@ def st_folder(family: str, folder: Path, mode: str, normalize: bool, seed: int =
     if normalize:
         modules.append(Normalize())
     SentenceTransformer(modules=modules, device="cpu").save(str(folder))
+    if family in OWN_TOKENIZER_CLASS:  # it saved the tokenizer AutoTokenizer built, which encodes nothing here
+        write_tokenizer(folder)
     config = json.loads((folder / "config.json").read_text())
     config["is_matryoshka"] = True
     (folder / "config.json").write_text(json.dumps(config))
@@ -93,6 +149,4 @@ def texts(seed: int, lengths: list[int], shared: int = 0) -> list[str]:
     return [" ".join(head + [f"w{rnd.randrange(WORDS)}" for _ in range(n - shared)]) for n in lengths]
 
 
-# Qwen2 is left out: transformers 5 loads a qwen2 folder's tokenizer as Qwen2Tokenizer, which rebuilds this word-level
-# vocabulary into one that encodes nothing (the runtime's Qwen2 numerics are checked on token ids in test_families.py).
-ALL_FAMILIES = ("llama", "qwen3", "mistral")
+ALL_FAMILIES = ("llama", "qwen2", "qwen3", "mistral")

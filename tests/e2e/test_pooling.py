@@ -17,7 +17,9 @@ prefix:
 * the Qwen3-Reranker recipe: transformers' ``*ForCausalLM`` last-token
   logits, ``softmax([no, yes])[1]``.
 
-Every vector within 1e-5 relative (``max|ours - theirs| / max|theirs|``),
+Qwen2's folders are tokenized by the tokenizer they were saved with on both
+sides (``pooling_kit.OWN_TOKENIZER_CLASS``: transformers 5's ``AutoTokenizer``
+would replace it). Every vector within 1e-5 relative (``max|ours - theirs| / max|theirs|``),
 eager (packed steps) and traced (after a warm-up: replayed padded waves).
 In bfloat16, our embeddings' drift from float32 sentence-transformers is at
 most twice sentence-transformers' own bfloat16 drift.
@@ -32,7 +34,16 @@ from prefill_core import PrefillPolicy
 from prefill_core.values.pooling import PoolingType
 from prefill_shell.pooling import PoolingRunner
 from prefill_shell.pooling.runner import qwen3_reranker_prompt
-from tests.e2e.pooling_kit import ALL_FAMILIES, causal_folder, seq_cls_folder, st_folder, texts
+from tests.e2e.pooling_kit import (
+    ALL_FAMILIES,
+    causal_folder,
+    cross_encoder,
+    sentence_transformer,
+    seq_cls_folder,
+    st_folder,
+    texts,
+    tokenizer_option,
+)
 from tests.family_kit import relative_error
 
 pytest.importorskip("sentence_transformers")
@@ -60,11 +71,9 @@ def family(request):
 
 @pytest.mark.parametrize(("mode", "normalize"), [("lasttoken", True), ("mean", False)])
 def test_embeddings_equal_sentence_transformers_encode(family, mode, normalize, tmp_path):
-    from sentence_transformers import SentenceTransformer
-
     folder = st_folder(family, tmp_path / "st", mode, normalize)
-    st = SentenceTransformer(str(folder), device="cpu")
-    runner = PoolingRunner.from_folder(folder, **OPTIONS)
+    st = sentence_transformer(family, folder)
+    runner = PoolingRunner.from_folder(folder, **OPTIONS, **tokenizer_option(family, folder))
     assert runner.pooler.pooling_type is (PoolingType.LAST if mode == "lasttoken" else PoolingType.MEAN)
     assert runner.pooler.normalize is normalize
     rows = _texts(7)
@@ -86,11 +95,9 @@ def test_embeddings_equal_sentence_transformers_encode(family, mode, normalize, 
 
 
 def test_cross_encoder_scores_and_ranks_equal_sentence_transformers(family, tmp_path):
-    from sentence_transformers import CrossEncoder
-
     folder = seq_cls_folder(family, tmp_path / "ce", num_labels=1)
-    ce = CrossEncoder(str(folder), device="cpu")
-    runner = PoolingRunner.from_folder(folder, **OPTIONS)
+    ce = cross_encoder(family, folder)
+    runner = PoolingRunner.from_folder(folder, **OPTIONS, **tokenizer_option(family, folder))
     query, *documents = texts(11, [70, 1, 9, 33, 64, 90, 15, 120])
     pairs = [(query, d) for d in documents]
     theirs = ce.predict(pairs, convert_to_tensor=True)
@@ -111,7 +118,7 @@ def test_three_label_classification_equals_transformers(family, tmp_path):
 
     folder = seq_cls_folder(family, tmp_path / "cls", num_labels=3)
     hf = transformers.AutoModelForSequenceClassification.from_pretrained(folder).eval()
-    runner = PoolingRunner.from_folder(folder, **OPTIONS)
+    runner = PoolingRunner.from_folder(folder, **OPTIONS, **tokenizer_option(family, folder))
     rows = _texts(3)
     with torch.no_grad():
         logits = torch.cat([hf(**runner.tokenizer(r, return_tensors="pt")).logits for r in rows])
@@ -124,7 +131,7 @@ def test_the_yes_no_reranker_recipe_equals_transformers(family, tmp_path):
 
     folder = causal_folder(family, tmp_path / "lm")
     hf = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
-    runner = PoolingRunner.from_folder(folder, **OPTIONS)
+    runner = PoolingRunner.from_folder(folder, **OPTIONS, **tokenizer_option(family, folder))
     query, *documents = texts(5, [40, 3, 30, 80, 12])
     tokenizer = runner.tokenizer
     yes, no = tokenizer.convert_tokens_to_ids("yes"), tokenizer.convert_tokens_to_ids("no")
@@ -152,34 +159,31 @@ TRACED = dict(
 
 def test_traced_embeddings_and_scores_equal_sentence_transformers(family, tmp_path):
     """After a warm-up, embed (MEAN) and score replay captured traces and still equal sentence-transformers."""
-    from sentence_transformers import CrossEncoder, SentenceTransformer
-
     folder = st_folder(family, tmp_path / "st", "mean", normalize=True)
-    runner = PoolingRunner.from_folder(folder, **TRACED)
+    runner = PoolingRunner.from_folder(folder, **TRACED, **tokenizer_option(family, folder))
     runner.warm_up()
     rows = _texts(9)
     _close(
         runner.embed(rows, mode="traced"),
-        SentenceTransformer(str(folder), device="cpu").encode(rows, convert_to_tensor=True),
+        sentence_transformer(family, folder).encode(rows, convert_to_tensor=True),
     )
     assert sum(trace.replays for trace in runner.runtime.captured_traces()) > 0
     folder = seq_cls_folder(family, tmp_path / "ce", num_labels=1)
-    runner = PoolingRunner.from_folder(folder, **TRACED)
+    runner = PoolingRunner.from_folder(folder, **TRACED, **tokenizer_option(family, folder))
     runner.warm_up()
     query, *documents = texts(12, [70, 1, 9, 64, 120])
-    theirs = CrossEncoder(str(folder), device="cpu").predict([(query, d) for d in documents], convert_to_tensor=True)
+    theirs = cross_encoder(family, folder).predict([(query, d) for d in documents], convert_to_tensor=True)
     _close(runner.score(query, documents, mode="traced")[None], theirs[None])
 
 
 def test_bfloat16_embeddings_drift_from_float32_no_more_than_sentence_transformers_own(family, tmp_path):
     """In bfloat16 both sides drift from float32 sentence-transformers; ours by no more than 2x its own drift."""
-    from sentence_transformers import SentenceTransformer
-
     folder = st_folder(family, tmp_path / "st", "lasttoken", normalize=True)
     rows = _texts(13)
-    reference = SentenceTransformer(str(folder), device="cpu").encode(rows, convert_to_tensor=True)
-    theirs = SentenceTransformer(str(folder), device="cpu").to(torch.bfloat16).encode(rows, convert_to_tensor=True)
-    ours = PoolingRunner.from_folder(folder, dtype="bfloat16", **OPTIONS).embed(rows)
+    reference = sentence_transformer(family, folder).encode(rows, convert_to_tensor=True)
+    theirs = sentence_transformer(family, folder).to(torch.bfloat16).encode(rows, convert_to_tensor=True)
+    ours = PoolingRunner.from_folder(folder, dtype="bfloat16", **OPTIONS, **tokenizer_option(family, folder))
+    ours = ours.embed(rows)
     their_drift = max(relative_error(b, a) for a, b in zip(reference, theirs))
     our_drift = max(relative_error(b, a) for a, b in zip(reference, ours))
     assert our_drift <= 2 * their_drift + 1e-3, (our_drift, their_drift)

@@ -25,8 +25,6 @@ pytest.importorskip("vllm", reason="vLLM is not installed here: `make test-vllm`
 
 import torch
 from vllm.sampling_params import SamplingParams
-from vllm.utils.hashing import get_hash_fn_by_name
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.request import Request
 
 from prefill_core import PrefillPolicy, vllm_layer_groups
@@ -77,16 +75,9 @@ def _pool_blocks(name: str, pool: str) -> int:
 STATS: dict[tuple[str, str, str], dict] = {}
 
 
-def _block_hasher():
-    """The engine core's prefix-cache hasher (``EngineCore.__init__``: sha256 over CBOR, the default)."""
-    hash_fn = get_hash_fn_by_name("sha256_cbor")
-    init_none_hash(hash_fn)
-    return get_request_block_hasher(BLOCK, hash_fn)
-
-
 def _requests(workload: str, vocab: int):
     gen = torch.Generator().manual_seed(len(workload))
-    hasher = _block_hasher()
+    hasher = vllm_side.block_hasher()
     shared = torch.randint(1, vocab, (80,), generator=gen)
     waves, count = [], 0
     for wave in WORKLOADS[workload].waves:
@@ -174,7 +165,7 @@ DP_ARCHITECTURES = ["gemma3-2to1", "mistral-sliding", "qwen3-hybrid"]
 
 def _dp_requests(rank: int, vocab: int):
     gen = torch.Generator().manual_seed(100 + rank)
-    hasher = _block_hasher()
+    hasher = vllm_side.block_hasher()
     shared = torch.randint(1, vocab, (80,), generator=gen)
     waves = []
     for w, wave in enumerate(DP_WAVES[rank]):

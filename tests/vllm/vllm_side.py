@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import torch
 from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
+from vllm.utils.hashing import get_hash_fn_by_name
 from vllm.v1.core.kv_cache_planning import get_kv_cache_config_from_groups, get_kv_cache_groups
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
 from vllm.v1.structured_output import StructuredOutputManager
@@ -70,6 +72,13 @@ def vllm_setup(
     assert kv_config.num_blocks == num_blocks
     config.cache_config.num_gpu_blocks = kv_config.num_blocks
     return Scheduler(config, kv_config, StructuredOutputManager(config), block_size=BLOCK, log_stats=True), kv_config
+
+
+def block_hasher():
+    """The engine core's prefix-cache hasher (``EngineCore.__init__``: sha256 over CBOR, the default)."""
+    hash_fn = get_hash_fn_by_name("sha256_cbor")
+    init_none_hash(hash_fn)
+    return get_request_block_hasher(BLOCK, hash_fn)
 
 
 def layer_groups(kv_config) -> tuple[tuple[int, ...], ...]:
