@@ -18,9 +18,12 @@ Rules:
 
 * a product of at most ``SHORT_ROWS`` rows runs prepacked (where a
   prepacked weight is held at all);
-* a longer one runs prepacked only where the probe's prepacked rate is at
-  least ``PREPACKED_MARGIN`` times its plain rate (a margin, so that noise
-  on a tie keeps the plain form, which is what the BLAS blocks for);
+* a longer one runs prepacked where the probe's prepacked rate is at
+  least ``PREPACKED_MARGIN`` times its plain rate. The margin is 1: a tie
+  goes to the prepacked form, whose fused epilogues save more passes over
+  longer steps than over the probe's (``benchmarks/host_forms.py``'s
+  ``swiglu_mlp_*`` rows), and a threshold above 1 would put the probe's
+  noise band where the forms already differ;
 * a caller's setting (``PREFILL_CPU_PREPACKED_ROWS``: ``auto``, ``short``,
   ``all`` or a row count) overrides the probe, for reproducible runs.
 """
@@ -43,7 +46,7 @@ __all__ = [
 SHORT_ROWS = 256
 """Products of at most this many rows run on the prepacked weight whatever the probe says."""
 
-PREPACKED_MARGIN = 1.05
+PREPACKED_MARGIN = 1.0
 """How much faster than the plain weight the prepacked one must probe to take long products too."""
 
 ALL_ROWS = None
