@@ -14,7 +14,7 @@ the classification head where there is one, a block pool and a
    prefix call; a MEAN or CLS row never shares (it needs every position:
    ``prefill_core.values.pooling.effective_cached`` recomputes it);
 4. runs the round (``collector.pooled_call``) and applies the heads
-   (``heads``): truncate then normalise for embed rows, the ``score``
+   (``engine.pooled_heads``): truncate then normalise for embed rows, the ``score``
    linear and its activation for classify rows.
 
 Reranking one query against many documents puts the query first in every
@@ -42,9 +42,9 @@ from prefill_core.values.pooling import (
 from prefill_shell.backends import TorchBackend
 from prefill_shell.engine.config import PrefillRuntimeConfig
 from prefill_shell.engine.executor import PrefillExecutor
+from prefill_shell.engine.pooled_heads import activate, classify_logits, embed_vectors, yes_no_probability
 from prefill_shell.engine.runtime import PrefillRuntime
 from prefill_shell.pooling.collector import pooled_call
-from prefill_shell.pooling.heads import activate, classify_logits, embed_vectors, yes_no_probability
 from prefill_shell.reference.loading.pooling_folder import PoolingFolder, load_pooling_folder
 from prefill_shell.scoring.prefix_sharing import share_prefixes, sharing_groups
 from prefill_shell.scoring.setup import scoring_policy

@@ -16,9 +16,9 @@ from prefill_core.values.pooling import (
     PoolingPrefixError,
     PoolingType,
 )
+from prefill_shell.engine.pooled_heads import activate, embed_vectors
 from prefill_shell.engine.steps.pooled_states import RowPool
 from prefill_shell.pooling import PoolingRunner
-from prefill_shell.pooling.heads import activate, embed_vectors
 from prefill_shell.reference import random_llama
 
 

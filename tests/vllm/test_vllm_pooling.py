@@ -32,8 +32,8 @@ from vllm.v1.request import Request
 from prefill_core import PrefillPolicy
 from prefill_core.values.pooling import InvalidPoolingError, PoolingPrefixError, PoolingType, resolve_pooling
 from prefill_shell.backends.torch_backend import TorchBackend
+from prefill_shell.engine.pooled_heads import activate, classify_logits, embed_vectors
 from prefill_shell.pooling import PoolingRunner, RuntimePoolingModel
-from prefill_shell.pooling.heads import activate, classify_logits, embed_vectors
 from prefill_shell.reference.loading.pooling_folder import load_pooling_folder
 from prefill_shell.serving import serving_facade
 from tests.e2e.pooling_kit import (

@@ -2,7 +2,9 @@
 
 * Pooling itself (LAST, MEAN, CLS across steps) is a call output of the
   runtime (``prefill_shell.engine.steps.pooled_states``); these are the heads
-  over the pooled vectors.
+  over the pooled vectors. They live in the engine because two clients
+  apply them: ``prefill_shell.pooling.PoolingRunner`` and the serving
+  facade's ``prefill_forward(..., pooling=)``, which may not import each other.
 * ``embed_vectors``: truncate to ``dimensions``, then L2-normalise, as vLLM's
   ``EmbeddingPoolerHead`` orders them (vllm-project/vllm
   ``vllm/model_executor/layers/pooler/seqwise/heads.py`` at commit
