@@ -34,7 +34,6 @@ from prefill_core.values.errors import CapacityError, PrefillConfigError
 from prefill_core.values.pooling import (
     PoolerConfig,
     PoolingParams,
-    PoolingTask,
     PoolingType,
     effective_cached,
     resolve_rows,
@@ -42,7 +41,7 @@ from prefill_core.values.pooling import (
 from prefill_shell.backends import TorchBackend
 from prefill_shell.engine.config import PrefillRuntimeConfig
 from prefill_shell.engine.executor import PrefillExecutor
-from prefill_shell.engine.pooled_heads import activate, classify_logits, embed_vectors, yes_no_probability
+from prefill_shell.engine.pooled_heads import row_outputs, yes_no_probability
 from prefill_shell.engine.runtime import PrefillRuntime
 from prefill_shell.pooling.collector import pooled_call
 from prefill_shell.reference.loading.pooling_folder import PoolingFolder, load_pooling_folder
@@ -158,19 +157,7 @@ class PoolingRunner:
         prompts = [list(p) for p in prompts]
         rows = resolve_rows(PoolingParams() if pooling is None else pooling, len(prompts), self.pooler)
         pooled, _ = self._pooled(prompts, rows, share_prefixes, mode, on_progress, want_logits=False)
-        return self._heads(pooled, rows)
-
-    def _heads(self, pooled: torch.Tensor, rows) -> list[torch.Tensor]:
-        out: list[torch.Tensor | None] = [None] * len(rows)
-        embed = [i for i, r in enumerate(rows) if r.task is PoolingTask.EMBED]
-        for i, vector in zip(embed, embed_vectors(pooled[embed], [rows[i] for i in embed])):
-            out[i] = vector
-        classify = [i for i, r in enumerate(rows) if r.task is PoolingTask.CLASSIFY]
-        if classify:
-            logits = classify_logits(pooled[classify], self.score_head)
-            for i, row_logits in zip(classify, logits):
-                out[i] = activate(row_logits, rows[i].activation)
-        return out
+        return row_outputs(pooled, rows, self.score_head)
 
     def _rounds(self, prompts: list[list[int]]) -> list[list[int]]:
         """Consecutive rows whose blocks (unshared, an upper bound) fit the pool together."""

@@ -1,5 +1,5 @@
-"""prefill_shell.pooling.collector and heads: a row pooled across chunks, packed steps and a shared prefix
-equals the same row pooled from one unchunked forward of the same model (the transformers and
+"""prefill_shell.pooling.collector and the heads (``engine.pooled_heads``): a row pooled across chunks, packed steps
+and a shared prefix equals the same row pooled from one unchunked forward of the same model (the transformers and
 sentence-transformers comparisons are in test_oracles.py)."""
 
 from __future__ import annotations
