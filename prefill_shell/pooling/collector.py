@@ -5,8 +5,8 @@ outputs (``PrefillCall.pooling``: a ``PoolingType`` per row): the runtime
 pools each row's final hidden states across the steps that compute it
 (``engine.steps.pooled_states``, the core's ``pooled_positions``), eager or
 replaying traces, and returns them as ``PrefillResult.pooled`` beside the
-row's last-token logits. Everything above it (heads, rounds, prefix
-sharing) is the pooling layer's.
+row's last-token logits. Everything above it (applying the heads, rounds,
+prefix sharing) is the pooling layer's.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ the classification head where there is one, a block pool and a
    prefix call; a MEAN or CLS row never shares (it needs every position:
    ``prefill_core.values.pooling.effective_cached`` recomputes it);
 4. runs the round (``collector.pooled_call``) and applies the heads
-   (``heads``): truncate then normalise for embed rows, the ``score``
+   (``engine.pooled_heads``): truncate then normalise for embed rows, the ``score``
    linear and its activation for classify rows.
 
 Reranking one query against many documents puts the query first in every
@@ -34,7 +34,6 @@ from prefill_core.values.errors import CapacityError, PrefillConfigError
 from prefill_core.values.pooling import (
     PoolerConfig,
     PoolingParams,
-    PoolingTask,
     PoolingType,
     effective_cached,
     resolve_rows,
@@ -42,9 +41,9 @@ from prefill_core.values.pooling import (
 from prefill_shell.backends import TorchBackend
 from prefill_shell.engine.config import PrefillRuntimeConfig
 from prefill_shell.engine.executor import PrefillExecutor
+from prefill_shell.engine.pooled_heads import row_outputs, yes_no_probability
 from prefill_shell.engine.runtime import PrefillRuntime
 from prefill_shell.pooling.collector import pooled_call
-from prefill_shell.pooling.heads import activate, classify_logits, embed_vectors, yes_no_probability
 from prefill_shell.reference.loading.pooling_folder import PoolingFolder, load_pooling_folder
 from prefill_shell.scoring.prefix_sharing import share_prefixes, sharing_groups
 from prefill_shell.scoring.setup import scoring_policy
@@ -158,19 +157,7 @@ class PoolingRunner:
         prompts = [list(p) for p in prompts]
         rows = resolve_rows(PoolingParams() if pooling is None else pooling, len(prompts), self.pooler)
         pooled, _ = self._pooled(prompts, rows, share_prefixes, mode, on_progress, want_logits=False)
-        return self._heads(pooled, rows)
-
-    def _heads(self, pooled: torch.Tensor, rows) -> list[torch.Tensor]:
-        out: list[torch.Tensor | None] = [None] * len(rows)
-        embed = [i for i, r in enumerate(rows) if r.task is PoolingTask.EMBED]
-        for i, vector in zip(embed, embed_vectors(pooled[embed], [rows[i] for i in embed])):
-            out[i] = vector
-        classify = [i for i, r in enumerate(rows) if r.task is PoolingTask.CLASSIFY]
-        if classify:
-            logits = classify_logits(pooled[classify], self.score_head)
-            for i, row_logits in zip(classify, logits):
-                out[i] = activate(row_logits, rows[i].activation)
-        return out
+        return row_outputs(pooled, rows, self.score_head)
 
     def _rounds(self, prompts: list[list[int]]) -> list[list[int]]:
         """Consecutive rows whose blocks (unshared, an upper bound) fit the pool together."""

@@ -5,7 +5,9 @@ or, for a model with KV groups, ``HybridServingFacade`` (``hybrid_facade``).
 ``facade`` holds ``ServingFacade`` (``prefill_forward``, ``warmup_model_prefill``,
 ``allocate_kv_cache``, ``model_capabilities``) over one executor;
 ``lane_facade`` the same surface over a ``LaneGroup``; ``plugin_sampling``
-turns the plugin's ``TTSamplingParams`` into per-row sampling values.
+turns the plugin's ``TTSamplingParams`` into per-row sampling values;
+``pooled_output`` checks a call's pooling requests and builds vLLM's
+``pooler_output``.
 Independent of ``prefill_shell.scoring``.
 """
 

@@ -5,7 +5,8 @@ plugin's generator facade (``model_capabilities``, ``allocate_kv_cache``,
 ``warmup_model_prefill``, ``prefill_forward``); ``ServingFacade`` composes it
 with ``OneLane`` (one ``PrefillExecutor``), ``lane_facade.LaneGroupFacade``
 with a lane group. The call, its refusals, returns and sampling encodings:
-docs/serving.md.
+docs/serving.md; pooling requests (``pooling=``, vLLM's ``pooler_output``):
+``pooled_output`` and docs/pooling.md.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from prefill_core import (
 from prefill_core.calls.trace_check import replays_call
 from prefill_core.calls.warmup import limited_to
 from prefill_core.values.errors import KVCacheMismatchError, PrefillConfigError, PrefillInputError, PrefillStateError
+from prefill_core.values.pooling import InvalidPoolingError
 from prefill_shell.backends.base import Backend
 from prefill_shell.device.model import PrefillModel
 from prefill_shell.device.notes import add_note
@@ -42,6 +44,7 @@ from prefill_shell.engine.runtime import PrefillRuntime
 from prefill_shell.sampling.penalties import sample_penalised
 from prefill_shell.serving.penalty_state import check_slot_remap, state_rows, token_ids
 from prefill_shell.serving.plugin_sampling import PluginRows, rows_from_plugin
+from prefill_shell.serving.pooled_output import PoolingHead, pooled_rows, pooler_output
 
 __all__ = ["CHECKED_KEYWORDS", "IGNORED_KEYWORDS", "OneLane", "PluginFacade", "ServingFacade"]
 
@@ -91,6 +94,8 @@ class PluginFacade:
         prefill_traces: bool,
         seed: int,
         warmup_lengths: Sequence[int] | None = None,
+        pooler: Any = None,
+        score: torch.Tensor | None = None,
     ):
         for name, value in (("max_seq_len", max_seq_len), ("max_batch_size", max_batch_size)):
             if type(value) is not int or value <= 0:
@@ -113,6 +118,8 @@ class PluginFacade:
         self._kv_dtype = model.dtype
         self._rng = random.Random(seed)
         self.kv: Any = None
+        # What pooling requests are resolved against (``pooled_output``); None: the facade refuses them.
+        self.pooling_head = PoolingHead.of(type(self).__name__, pooler, score, lanes.lane_models)
 
     def _lane_executor(self, model, backend, kv, num_blocks: int, block_size: int, seed: int) -> PrefillExecutor:
         """One lane's executor over ``kv``: the facade's layout, and its policy with the lane's slots."""
@@ -264,9 +271,17 @@ class PluginFacade:
         empty_slots=None,
         kv_cache=None,
         sampling_params=None,
+        pooling: Sequence | None = None,
+        pooling_prompt_lens=None,
         **compatibility_kwargs: Any,
     ):
-        """One prefill step as the plugin submits it; see the module docstring for the returns."""
+        """One prefill step as the plugin submits it; see the module docstring for the returns.
+
+        ``pooling``: one ``prefill_core`` ``PoolingParams`` or None per row (a facade built with ``pooler=``);
+        ``pooling_prompt_lens``: each row's whole prompt length (default ``prompt_lens``: every step completes
+        its rows' prompts). Then the return is vLLM's ``pooler_output``: per row, the head's float32 output on
+        the host where this step completes a pooled row's prompt, else None (``pooled_output``).
+        """
         unknown = sorted(key for key in compatibility_kwargs if key not in IGNORED_KEYWORDS | CHECKED_KEYWORDS)
         if unknown:
             raise TypeError(f"prefill got an unexpected keyword argument {unknown[0]!r}")
@@ -279,6 +294,17 @@ class PluginFacade:
         mode = "traced" if enable_trace else "eager"
         target = self.lanes.target()
         plan = self._plan_keywords(compatibility_kwargs, page_table, prompt_lens, num_rows)
+        if pooling is not None:
+            lengths = _cast(pooling_prompt_lens, torch.int64)
+            sampled = sampling_params is not None
+            rows = pooled_rows(self.pooling_head, pooling, lengths, prompt_lens, start_pos, num_rows, sampled)
+            results = target.prefill(
+                tokens, page_table, prompt_lens, start_pos, empty_slots, None, mode=mode, pooling=rows.types, **plan
+            )
+            return pooler_output(results, rows, self.pooling_head)
+        if pooling_prompt_lens is not None:
+            msg = "pooling_prompt_lens is invalid without pooling: it says which pooled rows a step completes"
+            raise InvalidPoolingError(msg, field="pooling_prompt_lens")
         if sampling_params is None:
             out = target.prefill(
                 tokens, page_table, prompt_lens, start_pos, empty_slots, None, mode=mode, batched=True, **plan
@@ -380,6 +406,11 @@ class OneLane:
         self.model = regrouped(self.model)
 
     @property
+    def lane_models(self) -> tuple:
+        """The one ``(model, backend)`` pair, as a lane group lists its lanes."""
+        return ((self.model, self.backend),)
+
+    @property
     def built(self) -> bool:
         return self.executor is not None
 
@@ -431,6 +462,9 @@ class ServingFacade(PluginFacade):
     a traced call of another length is then a ``TraceCoverageError``. ``kv_dtype`` is None or
     the model's dtype (the pool is built in it and the model runs on it);
     any other is a ``PrefillConfigError`` here, before any pool exists.
+    ``pooler`` (a ``PoolerConfig``) and ``score`` (its classification head,
+    where it has one) let ``prefill_forward`` take pooling requests; a
+    ``PoolingFolder`` from ``load_pooling_folder`` holds both.
     """
 
     def __init__(
@@ -446,6 +480,8 @@ class ServingFacade(PluginFacade):
         prefill_traces: bool = True,
         warmup_lengths: Sequence[int] | None = None,
         seed: int = 0,
+        pooler: Any = None,
+        score: torch.Tensor | None = None,
     ):
         lane = OneLane(model, backend, kv_factory, max_batch_size, seed)
         super().__init__(
@@ -457,6 +493,8 @@ class ServingFacade(PluginFacade):
             prefill_traces=prefill_traces,
             seed=seed,
             warmup_lengths=warmup_lengths,
+            pooler=pooler,
+            score=score,
         )
 
     @property

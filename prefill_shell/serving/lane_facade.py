@@ -118,6 +118,8 @@ class LaneGroupFacade(PluginFacade):
     Each lane's pool comes from its own model's ``new_kv_cache``; lane ``i``'s
     runtime is seeded ``seed + i``. ``threaded`` is ``LaneGroup``'s. Every
     lane's model must match lane 0's (``device.model.model_difference``).
+    ``pooler`` and ``score`` are ``ServingFacade``'s: every lane pools its own
+    rows, with the one head.
     """
 
     def __init__(
@@ -131,6 +133,8 @@ class LaneGroupFacade(PluginFacade):
         warmup_lengths=None,
         threaded: bool = False,
         seed: int = 0,
+        pooler=None,
+        score=None,
     ):
         lane_models = _lane_pairs(lanes)
         model = lane_models[0][0]
@@ -151,6 +155,8 @@ class LaneGroupFacade(PluginFacade):
             prefill_traces=prefill_traces,
             warmup_lengths=warmup_lengths,
             seed=seed,
+            pooler=pooler,
+            score=score,
         )
 
     @property

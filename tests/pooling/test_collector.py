@@ -1,5 +1,5 @@
-"""prefill_shell.pooling.collector and heads: a row pooled across chunks, packed steps and a shared prefix
-equals the same row pooled from one unchunked forward of the same model (the transformers and
+"""prefill_shell.pooling.collector and the heads (``engine.pooled_heads``): a row pooled across chunks, packed steps
+and a shared prefix equals the same row pooled from one unchunked forward of the same model (the transformers and
 sentence-transformers comparisons are in test_oracles.py)."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from prefill_core.values.pooling import (
     PoolingPrefixError,
     PoolingType,
 )
+from prefill_shell.engine.pooled_heads import activate, embed_vectors
 from prefill_shell.engine.steps.pooled_states import RowPool
 from prefill_shell.pooling import PoolingRunner
-from prefill_shell.pooling.heads import activate, embed_vectors
 from prefill_shell.reference import random_llama
 
 

@@ -12,18 +12,19 @@ causal body; ``vllm/engine/arg_utils.py`` takes them as the defaults).
 ``PoolingPluginRunner`` is ``plugin_runner.PluginRunner``'s step (vLLM's
 block ids, ``start_pos`` = computed tokens, persistent batch slots, no KV
 byte outside a step's written blocks changed) with a pooled result instead
-of a sampled token: each step is one call of the facade's executor with
-``pooling=`` (the runtime's pooled output, ``PrefillResult.pooled``), and, as
-vLLM's GPU runner does (``vllm/v1/worker/gpu_model_runner.py`` ``_pool``),
-``pooler_output`` holds a row's vector once its prompt is complete and None
-for a partial prefill. ``update_from_output`` then finishes every request
-with an output (``vllm/v1/core/sched/scheduler.py``: "Pooling stops as soon
-as there is output"); what it hands back per request is ``outputs``.
+of a sampled token: each step is one ``facade.prefill_forward`` with
+``pooling=`` (each row's request's ``PoolingParams``, recorded when vLLM
+schedules it as new, as the GPU runner's input batch keeps them) and
+``pooling_prompt_lens=`` (each row's whole prompt), and its return is the
+step's ``pooler_output`` as it is: a row's vector once its prompt is
+complete and None for a partial prefill, as vLLM's GPU runner hands it over
+(``vllm/v1/worker/gpu_model_runner.py`` ``_pool``). ``update_from_output``
+then finishes every request with an output
+(``vllm/v1/core/sched/scheduler.py``: "Pooling stops as soon as there is
+output"); what it hands back per request is ``outputs``.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import torch
 from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
@@ -34,7 +35,7 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.structured_output import StructuredOutputManager
 
-from prefill_core.values.pooling import PoolingParams, PoolingType
+from prefill_core.values.pooling import PoolingParams
 from tests.vllm.checkpoints import BLOCK
 from tests.vllm.plugin_runner import PluginRunner
 from tests.vllm.vllm_side import MAX_MODEL_LEN, layer_name
@@ -107,52 +108,43 @@ def project_params(params: VllmPoolingParams) -> PoolingParams:
 
 
 class PoolingPluginRunner(PluginRunner):
-    """``PluginRunner`` with pooling requests: ``head(request_id, pooled)`` turns a finished row's pooled final
-    hidden states into its output (the embedding or the label scores); ``outputs`` collects what vLLM's
-    ``update_from_output`` reports for each finished request, ``steps_of`` how many steps computed each."""
+    """``PluginRunner`` with pooling requests, the facade built with the folder's ``pooler=`` and ``score=``:
+    ``outputs`` collects what vLLM's ``update_from_output`` reports for each finished request, ``steps_of``
+    how many steps computed each."""
 
-    def __init__(
-        self,
-        facade,
-        kv,
-        scheduler,
-        pooling_type: PoolingType,
-        head: Callable[[str, torch.Tensor], torch.Tensor],
-        *,
-        enable_trace: bool,
-        max_num_seqs: int,
-        max_blocks: int,
-    ):
+    def __init__(self, facade, kv, scheduler, *, enable_trace: bool, max_num_seqs: int, max_blocks: int):
         super().__init__(
             facade, kv, scheduler, None, enable_trace=enable_trace, max_num_seqs=max_num_seqs, max_blocks=max_blocks
         )
-        self.pooling_type, self.head = pooling_type, head
+        self.params: dict[str, PoolingParams] = {}  # each live request's, projected (the input batch's copy)
         self.outputs: dict[str, torch.Tensor] = {}
         self.finish_reasons: dict[str, str] = {}
         self.steps_of: dict[str, int] = {}
 
     def step(self) -> None:
         out, rows = self.schedule()
+        for new in out.scheduled_new_reqs:  # a resumed request comes back as new, with its params
+            self.params[new.req_id] = project_params(new.pooling_params)
         pooled: list[torch.Tensor | None] = []
         if rows:
             call = self.prepare(rows, out.num_scheduled_tokens)
-            # The lane's executor is what prefill_forward calls; prefill_forward itself returns logits or tokens
-            # only, so the pooled call goes to the executor with the same normalised arguments.
-            results = self.facade.executor.prefill(
+            pooled = self.facade.prefill_forward(
                 call.tokens,
                 call.tables[0][: len(rows)],
-                call.ends,
-                call.starts,
-                [self.slots[r] for r in rows],
-                mode="traced" if self.enable_trace else "eager",
-                pooling=[self.pooling_type] * len(rows),
+                enable_trace=self.enable_trace,
+                prompt_lens=torch.tensor(call.ends),
+                start_pos=torch.tensor(call.starts),
+                empty_slots=[self.slots[r] for r in rows],
+                kv_cache=self.kv,
+                pooling=[self.params[r] for r in rows],
+                pooling_prompt_lens=[len(self.live[r].prompt) for r in rows],
             )
             for block, old in call.before.items():
                 assert torch.equal(self.kv.block_bytes(block), old), f"block {block} changed outside the step's writes"
             for i, r in enumerate(rows):
                 self.steps_of[r] = self.steps_of.get(r, 0) + 1
                 done = call.ends[i] == len(self.live[r].prompt)
-                pooled.append(self.head(r, results[i].pooled) if done else None)
+                assert (pooled[i] is not None) == done, (r, call.ends[i], len(self.live[r].prompt))
                 self.stats.finished += done
         runner_out = ModelRunnerOutput(
             req_ids=rows, req_id_to_index={r: i for i, r in enumerate(rows)}, pooler_output=pooled
@@ -166,6 +158,7 @@ class PoolingPluginRunner(PluginRunner):
             if self.scheduler.requests.get(req_id) is None:
                 del self.live[req_id]
                 self.slots.pop(req_id, None)
+                self.params.pop(req_id, None)
 
 
 def plugin_pooling_step(scheduler, model) -> dict[str, torch.Tensor]:

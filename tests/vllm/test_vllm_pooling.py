@@ -8,10 +8,11 @@ refuses partial prefill for them), so each such prompt is one vLLM step that the
 chunks.
 Requests carry vLLM's own ``PoolingParams`` (task ``embed`` or ``classify``, ``dimensions``,
 ``use_activation``), verified against vLLM's model config and mapped field by field
-(``pooling_runner.project_params``); each step runs through the facade's executor with ``pooling=`` and the
-finished rows go back as ``ModelRunnerOutput.pooler_output`` to ``update_from_output``, whose outputs are
-checked against ``SentenceTransformer.encode`` and ``*ForSequenceClassification`` within 1e-5 relative (raw
-and cosine), eager and traced.
+(``pooling_runner.project_params``); each step is one ``prefill_forward(..., pooling=, pooling_prompt_lens=)`` of
+the facade built with the folder's ``pooler`` and ``score``, and its return goes as it is into
+``ModelRunnerOutput.pooler_output`` for ``update_from_output``, whose outputs are checked against
+``SentenceTransformer.encode`` and ``*ForSequenceClassification`` within 1e-5 relative (raw and cosine), eager
+and traced.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ from prefill_core import PrefillPolicy
 from prefill_core.values.pooling import InvalidPoolingError, PoolingPrefixError, PoolingType, resolve_pooling
 from prefill_shell.backends.torch_backend import TorchBackend
 from prefill_shell.pooling import PoolingRunner, RuntimePoolingModel
-from prefill_shell.pooling.heads import activate, classify_logits, embed_vectors
 from prefill_shell.reference.loading.pooling_folder import load_pooling_folder
 from prefill_shell.serving import serving_facade
 from tests.e2e.pooling_kit import (
@@ -96,10 +96,13 @@ def _close(ours: torch.Tensor, theirs: torch.Tensor) -> None:
     assert cosine >= 1 - RTOL, cosine
 
 
-def _facade(model, kv_config):
+def _facade(loaded, kv_config):
+    """The plugin's facade over a loaded pooling folder: its body, and its pooler and head for ``pooling=``."""
+    model = loaded.model
     facade = serving_facade(
-        model, TorchBackend(), max_seq_len=vllm_side.MAX_MODEL_LEN, max_batch_size=SEQS, policy=POLICY
-    )
+        model, TorchBackend(), max_seq_len=vllm_side.MAX_MODEL_LEN, max_batch_size=SEQS, policy=POLICY,
+        pooler=loaded.pooler, score=loaded.score,
+    )  # fmt: skip
     spec = model.spec
     kv = facade.allocate_kv_cache(
         (kv_config.num_blocks, spec.num_kv_heads, BLOCK, spec.head_dim), model.dtype, spec.num_layers
@@ -118,27 +121,12 @@ def _drive(family: str, folder: Path, params_of, *, enable_trace: bool):
         model_config, loaded.model.spec, num_blocks=64, token_budget=BUDGET, max_num_seqs=SEQS
     )
     assert scheduler.num_sampled_tokens_per_step == 0  # a pooling model: no sampled token after the prompt
-    facade, kv = _facade(loaded.model, kv_config)
+    facade, kv = _facade(loaded, kv_config)
     facade.warmup_model_prefill(kv_cache=kv, can_sample_on_device=False, enable_trace=enable_trace)
     tokenizer = folder_tokenizer(family, folder)
     requests: dict[str, tuple[str, VllmPoolingParams]] = {}
-
-    def head(req_id: str, pooled: torch.Tensor) -> torch.Tensor:
-        """vLLM's pooler head for the request, as the project's heads compute it."""
-        resolved = resolve_pooling(0, project_params(requests[req_id][1]), loaded.pooler)
-        if loaded.score is None:
-            return embed_vectors(pooled[None], [resolved])[0]
-        return activate(classify_logits(pooled[None], loaded.score)[0], resolved.activation)
-
     runner = PoolingPluginRunner(
-        facade,
-        kv,
-        scheduler,
-        loaded.pooler.pooling_type,
-        head,
-        enable_trace=enable_trace,
-        max_num_seqs=SEQS,
-        max_blocks=MAX_BLOCKS,
+        facade, kv, scheduler, enable_trace=enable_trace, max_num_seqs=SEQS, max_blocks=MAX_BLOCKS
     )
     hasher, count = vllm_side.block_hasher(), 0
     for wave in _waves(0):
@@ -263,27 +251,27 @@ def test_what_vllm_refuses_the_mapped_params_refuse_by_name(family):
 
 def test_mean_under_forced_chunked_prefill_is_refused_by_name(family):
     """With chunked prefill forced on for a MEAN model (vLLM warns that it may produce incorrect outputs, and its
-    ``MeanPool`` raises on a partial prefill), the step that continues a prompt asks the runtime to pool
-    positions an earlier step computed: a ``PoolingPrefixError``, not a mean over the last chunk alone."""
+    ``MeanPool`` raises on a partial prefill), the first step's partial prefill of the prompt is refused by the
+    facade as vLLM's pooler refuses it: a ``PoolingPrefixError`` naming the row, before any KV is written (never
+    a mean over one chunk alone)."""
     folder = _folder(family, "mean")
     model_config = pooling_model_config(folder)
     loaded = load_pooling_folder(folder)
     scheduler, kv_config = pooling_setup(
         model_config, loaded.model.spec, num_blocks=64, token_budget=BUDGET, max_num_seqs=SEQS, chunked=True
     )
-    facade, kv = _facade(loaded.model, kv_config)
+    facade, kv = _facade(loaded, kv_config)
     facade.warmup_model_prefill(kv_cache=kv, can_sample_on_device=False, enable_trace=False)
-    runner = PoolingPluginRunner(
-        facade, kv, scheduler, PoolingType.MEAN, lambda r, v: v, enable_trace=False, max_num_seqs=SEQS,
-        max_blocks=MAX_BLOCKS,
-    )  # fmt: skip
+    runner = PoolingPluginRunner(facade, kv, scheduler, enable_trace=False, max_num_seqs=SEQS, max_blocks=MAX_BLOCKS)
     params = VllmPoolingParams(task="embed")
     params.verify(model_config)
     runner.add(Request("long", list(range(4, 104)), None, params, block_hasher=vllm_side.block_hasher()))
-    runner.step()  # the first 48 tokens: a partial prefill, no output yet
-    assert runner.outputs == {} and runner.steps_of == {"long": 1}
-    with pytest.raises(PoolingPrefixError, match="MEAN pooling needs positions"):
-        runner.step()
+    before = [kv.block_bytes(block) for block in range(kv.num_blocks)]
+    rule = r"row 0: prompt_lens=48 is invalid: MEAN pooling needs the whole prompt \(100 tokens\) in one step"
+    with pytest.raises(PoolingPrefixError, match=rule):
+        runner.step()  # vLLM scheduled the first 48 tokens of 100
+    assert all(torch.equal(kv.block_bytes(block), old) for block, old in enumerate(before))
+    assert runner.outputs == {}
     facade.cleanup()
 
 

@@ -12,7 +12,8 @@ vector, a MEAN row a float32 sum and a count (the mean is taken once, after
 its last step, so a row split over chunks or packed requests pools as one
 pass would). ``PrefillResult.pooled`` then holds the row's float32
 ``[hidden]`` vector. The heads (truncation, normalisation, a classification
-layer) are the pooling clients' (``prefill_shell.pooling``).
+layer) are the pooling clients' (``prefill_shell.pooling``, the serving
+facade), from ``engine.pooled_heads``.
 
 The hidden output must be a torch tensor (the torch backend, eager or
 traced); another backend's is refused by name.
