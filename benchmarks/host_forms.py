@@ -24,6 +24,11 @@ plain form should come back.
   ``F.linear``, ``F.silu``, ``mul`` and ``addmm``); the MLP also in bfloat16
   (``swiglu_mlp_{128,512,4096}rows_bfloat16``) where the CPU computes it
   natively.
+* ``up_times_{32,512,4096}rows_<dtype>``: SwiGLU's product on the
+  prepacked up weight at SmolLM2's shapes, ``Projection.times`` (oneDNN's
+  plain GEMM, then ``mul_`` by the activated gate) vs the GEMM with the
+  multiply fused as oneDNN's post-op (key ``fused``), where the dtype is
+  prepacked.
 * ``cached_attention_p<P>_s<S>_<dtype>``: one cached segment's attention at
   SmolLM2's heads (9 query, 3 K/V, 64 wide) over a prefix of ``P`` and its
   own ``S`` tokens, as ``segment_attention`` runs it on the CPU (one masked
@@ -119,6 +124,21 @@ def _mlp_case(rows: int, dtype: torch.dtype = torch.float32) -> tuple:
     return _against_other_form(rows, chosen, plain, g, u, d)
 
 
+def _up_times_case(rows: int, dtype: torch.dtype) -> tuple:
+    """SwiGLU's product on the prepacked up weight: ``Projection.times`` (GEMM, then ``mul_``) vs oneDNN's
+    GEMM with the multiply fused as a post-op (key ``fused``)."""
+    up = (_randn(INTERMEDIATE, HIDDEN) / HIDDEN**0.5).to(dtype)
+    x, gate = _randn(rows, HIDDEN).to(dtype), _randn(rows, INTERMEDIATE).to(dtype)
+    form = Projection(up)
+    form.max_rows = sys.maxsize
+    packed = torch.ops.mkldnn._reorder_linear_weight(up, 1024)
+
+    def fused():
+        return torch.ops.mkldnn._linear_pointwise.binary(x, gate, packed, None, "mul")
+
+    return lambda: form.times(x, gate), fused, "fused"
+
+
 def _cached_attention_case(prefix: int, own: int, dtype: torch.dtype) -> tuple:
     heads, kv_heads, dim = 9, 3, 64
     q = _randn(1, heads, own, dim).to(dtype)
@@ -148,6 +168,12 @@ GEMM_CASES = {  # name: (chosen, other, the other form's key)
         if prepacks(torch.empty(1, 1, dtype=torch.bfloat16))
         else {}
     ),
+    **{
+        f"up_times_{n}rows_{d}": _up_times_case(n, dtype)
+        for d, dtype in DTYPES.items()
+        for n in (32, 512, 4096)
+        if prepacks(torch.empty(1, 1, dtype=dtype))
+    },
 }
 OTHER_CASES = {  # name: (chosen, other, the other form's key)
     f"cached_attention_p{p}_s{n}_{d}": (*_cached_attention_case(p, n, dtype), "other")

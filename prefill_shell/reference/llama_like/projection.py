@@ -12,13 +12,15 @@ both forms on this machine (``backends.numerics.linear_form_probe``): a
 few hundred rows where the BLAS's own blocking wins long products, every
 row count where oneDNN's prepacked form is faster throughout
 (``benchmarks/host_forms.py``, rows ``lm_head_*``, ``qkv_*`` and
-``swiglu_mlp_*``, time both forms on either side of the limit). The fused forms put SwiGLU's
-activation, its product and the residual add into the same kernel calls: in
+``swiglu_mlp_*``, time both forms on either side of the limit). The fused
+forms put SwiGLU's activation and the residual add into the GEMM calls: in
 bfloat16 that is one rounding where the plain expressions round after each
 op (the results agree with them to bf16 rounding, so a row's bfloat16
 outputs can differ in their last bits with the size of the step it runs
-in), and an MLP of three kernel calls where the plain one takes four or five
-ops over the activations, a strided SiLU among them.
+in), and no separate pass over the activations for either. SwiGLU's
+product is the exception: oneDNN's fused multiply ran slower than its plain
+GEMM followed by an in-place ``mul_`` at every row count measured, so
+``times`` takes the latter (``benchmarks/host_forms.py``, ``up_times_*``).
 
 Elsewhere (CUDA, float16, bfloat16 without matrix instructions, a torch
 built without oneDNN) every form is the plain ``F.linear`` expression it
@@ -116,7 +118,7 @@ class Projection:
         """``(x @ W^T) * other``: SwiGLU's up projection times the gate."""
         if not self._on_packed(x):
             return F.linear(x, self.weight).mul_(other)
-        return torch.ops.mkldnn._linear_pointwise.binary(x, other, self._packed, None, "mul")
+        return torch.ops.mkldnn._linear_pointwise(x, self._packed, None, "none", [], "").mul_(other)
 
     def plus(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
         """``other + (x @ W^T + b)`` as a new tensor: a residual add."""
