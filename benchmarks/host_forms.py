@@ -29,6 +29,11 @@ plain form should come back.
   plain GEMM, then ``mul_`` by the activated gate) vs the GEMM with the
   multiply fused as oneDNN's post-op (key ``fused``), where the dtype is
   prepacked.
+* ``shared_prefix_{chat16,documents16}_<dtype>``: one layer's attention
+  of 16 cached segments behind one shared prefix at SmolLM2's heads, as
+  ``segment_reads`` runs it (short chat turns of 18-30 tokens behind 160:
+  one padded call; documents of 32-256 tokens behind 256: one call each) vs
+  the other way (key ``per_segment`` or ``grouped``).
 * ``cached_attention_p<P>_s<S>_<dtype>``: one cached segment's attention at
   SmolLM2's heads (9 query, 3 K/V, 64 wide) over a prefix of ``P`` and its
   own ``S`` tokens, as ``segment_attention`` runs it on the CPU (one masked
@@ -50,8 +55,15 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._report import Metric, report
-from prefill_shell.reference.llama_like.packed_attention import ONE_CALL_KEYS, prefix_then_causal
+from prefill_shell.reference.llama_like import packed_attention
+from prefill_shell.reference.llama_like.packed_attention import (
+    ONE_CALL_KEYS,
+    prefix_then_causal,
+    segment_attention,
+    segment_reads,
+)
 from prefill_shell.reference.llama_like.projection import Projection, prepacks
+from prefill_shell.reference.pools.kv_cache import PagedKVCache
 
 
 def _mode_per_call() -> None:
@@ -156,6 +168,38 @@ def _cached_attention_case(prefix: int, own: int, dtype: torch.dtype) -> tuple:
     return (one_call, two_calls) if prefix + own <= ONE_CALL_KEYS else (two_calls, one_call)
 
 
+def _shared_prefix_case(prefix: int, lengths: list[int], dtype: torch.dtype) -> tuple:
+    """Cached segments behind one shared prefix, one layer's attention at SmolLM2's heads: as
+    ``segment_reads`` groups them (``SHARED_PREFIX_LENGTH``) vs the other way (grouped where it does not
+    group, per segment where it does)."""
+    heads, kv_heads, dim, bs = 9, 3, 64, 16
+    width = -(-prefix // bs)
+    kv = PagedKVCache(1, width, bs, kv_heads, dim, dtype=dtype)
+    kv.keys[0].copy_(_randn(*kv.keys[0].shape).to(dtype))
+    kv.values[0].copy_(_randn(*kv.values[0].shape).to(dtype))
+    offsets = [sum(lengths[:i]) for i in range(len(lengths))]
+    segments = torch.tensor([[o, n, prefix] for o, n in zip(offsets, lengths)])
+    table = torch.arange(width, dtype=torch.int32).expand(len(lengths), -1)
+    total = sum(lengths)
+    qkv = tuple(_randn(total, h, dim).to(dtype) for h in (heads, kv_heads, kv_heads))
+    chosen_reads = segment_reads(segments, table, bs, dtype)
+    grouped = any(r.padded is not None for r in chosen_reads.segments)
+    saved = packed_attention.SHARED_PREFIX_LENGTH
+    packed_attention.SHARED_PREFIX_LENGTH = 0 if grouped else sys.maxsize
+    try:
+        other_reads = segment_reads(segments, table, bs, dtype)
+    finally:
+        packed_attention.SHARED_PREFIX_LENGTH = saved
+
+    def sdpa(q, k, v, **kwargs):
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=True, **kwargs)
+
+    def attend(reads):
+        return lambda: segment_attention(kv, 0, qkv, reads, sdpa)
+
+    return attend(chosen_reads), attend(other_reads), "per_segment" if grouped else "grouped"
+
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 CASES = {"inference_mode": (_mode_per_invocation, _mode_per_call)}
 GEMM_CASES = {  # name: (chosen, other, the other form's key)
@@ -180,6 +224,15 @@ OTHER_CASES = {  # name: (chosen, other, the other form's key)
     for d, dtype in DTYPES.items()
     for p, n in ((160, 6), (320, 48), (1024, 256))
 }
+_CHAT_TURNS = [18, 30, 22, 25, 19, 28, 24, 21, 27, 23, 26, 20, 29, 24, 22, 25]
+_DOCUMENTS = [32 + (97 * i) % 225 for i in range(16)]
+OTHER_CASES.update(
+    {
+        f"shared_prefix_{name}_{d}": _shared_prefix_case(prefix, lengths, dtype)
+        for d, dtype in DTYPES.items()
+        for name, prefix, lengths in (("chat16", 160, _CHAT_TURNS), ("documents16", 256, _DOCUMENTS))
+    }
+)
 
 
 def _mean_us(fn, calls: int) -> float:

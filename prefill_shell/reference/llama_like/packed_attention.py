@@ -11,6 +11,20 @@ position % bs``): a segment may start at any position, and a fully cached
 row's re-run (slots ``-1``) writes nothing. Eager only: the shapes follow
 each step's segments.
 
+Cached segments that lie back to back, start at the same position and
+read the same prefix blocks (rows behind one shared system prompt, a
+reranker's documents behind one query) run as one masked call on the CPU:
+their queries and fresh keys padded to the longest of them, the prefix
+gathered once and shared, one causal mask for all (a padded key is visible
+only to padded queries, whose outputs are dropped). Only short segments
+group (at most ``SHARED_PREFIX_LENGTH`` tokens: chat turns behind a system
+prompt), where a call's fixed cost is most of it; longer ones (a reranker's
+documents) computed more for the padding than the joint call saved
+(``benchmarks/host_forms.py``, ``shared_prefix_*``). And a group is formed
+only while its padding stays within ``SHARED_PREFIX_PADDING`` of its real
+tokens, so one longer segment does not make many short ones compute at its
+length.
+
 Tensors here are token-major, ``[T, heads, D]``, as the QKV projection lays
 them out, so the attention output feeds ``o_proj`` without a transpose copy.
 Equal-length uncached segments that lie back to back (a batch of same-length
@@ -40,6 +54,8 @@ from prefill_shell.reference.pools.kv_cache import PagedKVCache
 __all__ = [
     "ONE_CALL_KEYS",
     "PackedWrites",
+    "SHARED_PREFIX_LENGTH",
+    "SHARED_PREFIX_PADDING",
     "SegmentRead",
     "StepReads",
     "packed_writes",
@@ -52,6 +68,12 @@ __all__ = [
 
 ONE_CALL_KEYS = 512
 """On the CPU, a cached segment reading at most this many keys (prefix and its own) runs as one masked call."""
+
+SHARED_PREFIX_LENGTH = 64
+"""The longest cached segment that joins a shared-prefix group."""
+
+SHARED_PREFIX_PADDING = 1.5
+"""The most padded query tokens a shared-prefix group computes per real one (``SegmentRead.padded``)."""
 
 
 class SegmentRead(NamedTuple):
@@ -68,11 +90,15 @@ class SegmentRead(NamedTuple):
     # [length, start + length] additive: key j visible to query i iff j <= start + i. None where no
     # mask is needed: an uncached segment, or a long cached one on the CPU (``prefix_then_causal``).
     mask: torch.Tensor | None
+    # A shared-prefix group of ``rows`` cached segments of up to ``length`` tokens: (the step's token
+    # index of each padded position [rows * length], the padded positions holding real tokens [span]).
+    padded: tuple[torch.Tensor, torch.Tensor] | None = None
+    span: int = 0  # a group's real tokens (its segments' lengths summed)
 
     @property
     def end(self) -> int:
         """The token offset just past these segments."""
-        return self.offset + self.rows * self.length
+        return self.offset + (self.span if self.padded is not None else self.rows * self.length)
 
 
 class StepReads(NamedTuple):
@@ -101,6 +127,8 @@ def segment_reads(segments: torch.Tensor, prefix_table: torch.Tensor, block_size
     blocks: list[torch.Tensor] = []
     prefix_at = 0
     cpu = segments.device.type == "cpu"
+    shared: list[tuple[int, int]] = []  # (offset, length) of the open shared-prefix group
+    shared_blocks: torch.Tensor | None = None
     for i, (offset, length, start) in enumerate(segments.tolist()):
         if start == 0:
             last = reads[-1] if reads else None
@@ -110,14 +138,54 @@ def segment_reads(segments: torch.Tensor, prefix_table: torch.Tensor, block_size
                 reads.append(SegmentRead(offset, length, 1, 0, 0, None))
             continue
         width = ceil_div(start, block_size)
-        blocks.append(prefix_table[i, :width])
+        row_blocks = prefix_table[i, :width]
+        if cpu and _joins(reads[-1] if reads else None, shared, shared_blocks, offset, length, start, row_blocks):
+            shared.append((offset, length))
+            reads[-1] = _shared_group(reads[-1], shared, dtype, segments.device)
+            continue
+        blocks.append(row_blocks)
+        shared, shared_blocks = [(offset, length)], row_blocks
         mask = None
         if not cpu or start + length <= ONE_CALL_KEYS:
-            mask = torch.full((length, start + length), float("-inf"), dtype=dtype, device=segments.device)
-            mask.triu_(diagonal=start + 1)  # 0 where key j <= start + i, -inf past it
+            mask = _causal_after(start, length, dtype, segments.device)
         reads.append(SegmentRead(offset, length, 1, start, prefix_at, mask))
         prefix_at += width * block_size
     return StepReads(reads, torch.cat(blocks)[None].to(torch.int64) if blocks else None)
+
+
+def _causal_after(start: int, length: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``[length, start + length]`` additive: 0 where key j <= start + i, -inf past it."""
+    return torch.full((length, start + length), float("-inf"), dtype=dtype, device=device).triu_(diagonal=start + 1)
+
+
+def _joins(last, shared, shared_blocks, offset: int, length: int, start: int, row_blocks: torch.Tensor) -> bool:
+    """Whether a cached segment joins the open shared-prefix group ending in ``last``: it follows it, starts
+    where it starts, reads the same blocks, the joint call stays one masked call, and the padding bound holds."""
+    if last is None or last.start != start or last.mask is None or last.end != offset:
+        return False
+    if shared_blocks is None or not torch.equal(shared_blocks, row_blocks):
+        return False
+    longest = max(length, *(n for _, n in shared))
+    real = length + sum(n for _, n in shared)
+    return (
+        longest <= SHARED_PREFIX_LENGTH
+        and start + longest <= ONE_CALL_KEYS
+        and (len(shared) + 1) * longest <= SHARED_PREFIX_PADDING * real
+    )
+
+
+def _shared_group(first: SegmentRead, shared: list[tuple[int, int]], dtype, device) -> SegmentRead:
+    """One read for the group's segments: padded token indices, kept positions, one mask at the longest."""
+    longest = max(n for _, n in shared)
+    gather, keep = [], []
+    for r, (offset, length) in enumerate(shared):
+        # A padded position repeats the row's last token: finite, and seen only by padded queries.
+        gather += [offset + min(i, length - 1) for i in range(longest)]
+        keep += range(r * longest, r * longest + length)
+    padded = (torch.tensor(gather, device=device), torch.tensor(keep, device=device))
+    mask = _causal_after(first.start, longest, dtype, device)
+    span = sum(n for _, n in shared)
+    return first._replace(length=longest, rows=len(shared), mask=mask, padded=padded, span=span)
 
 
 def packed_writes(write_slots: torch.Tensor, block_size: int) -> PackedWrites:
@@ -154,6 +222,17 @@ def segment_attention(
     outputs = []
     for read in reads.segments:
         span = slice(read.offset, read.end)
+        if read.padded is not None:  # a shared-prefix group: padded rows, then the real positions kept
+            gather, keep = read.padded
+            q_s, k_s, v_s = (
+                x.index_select(0, gather).unflatten(0, (read.rows, read.length)).transpose(1, 2) for x in (q, k, v)
+            )
+            cut = slice(read.prefix_at, read.prefix_at + read.start)
+            old_k, old_v = (p[:, :, cut].to(k.dtype).expand(read.rows, -1, -1, -1) for p in (prefix_k, prefix_v))
+            keys, values = torch.cat((old_k, k_s), dim=2), torch.cat((old_v, v_s), dim=2)
+            out = sdpa(q_s, keys, values, attn_mask=read.mask)
+            outputs.append(out.transpose(1, 2).flatten(0, 1).index_select(0, keep))
+            continue
         # [rows, heads, length, D] views of the segments' tokens
         q_s, k_s, v_s = (x[span].unflatten(0, (read.rows, read.length)).transpose(1, 2) for x in (q, k, v))
         if read.start == 0:

@@ -18,9 +18,10 @@ bfloat16 that is one rounding where the plain expressions round after each
 op (the results agree with them to bf16 rounding, so a row's bfloat16
 outputs can differ in their last bits with the size of the step it runs
 in), and no separate pass over the activations for either. SwiGLU's
-product is the exception: oneDNN's fused multiply ran slower than its plain
-GEMM followed by an in-place ``mul_`` at every row count measured, so
-``times`` takes the latter (``benchmarks/host_forms.py``, ``up_times_*``).
+product is the exception past ``PACKED_MAX_ROWS`` rows: there oneDNN's
+fused multiply ran slower than its plain GEMM followed by an in-place
+``mul_``, which ``times`` takes (``benchmarks/host_forms.py``,
+``up_times_*``); under it the fused multiply is the faster.
 
 Elsewhere (CUDA, float16, bfloat16 without matrix instructions, a torch
 built without oneDNN) every form is the plain ``F.linear`` expression it
@@ -118,6 +119,8 @@ class Projection:
         """``(x @ W^T) * other``: SwiGLU's up projection times the gate."""
         if not self._on_packed(x):
             return F.linear(x, self.weight).mul_(other)
+        if x.numel() <= PACKED_MAX_ROWS * x.shape[-1]:
+            return torch.ops.mkldnn._linear_pointwise.binary(x, other, self._packed, None, "mul")
         return torch.ops.mkldnn._linear_pointwise(x, self._packed, None, "none", [], "").mul_(other)
 
     def plus(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:

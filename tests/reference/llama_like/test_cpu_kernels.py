@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from prefill_shell.reference.llama_like import projection as projection_module
 from prefill_shell.reference.llama_like.packed_attention import (
     ONE_CALL_KEYS,
+    SHARED_PREFIX_LENGTH,
     prefix_then_causal,
     segment_attention,
     segment_reads,
@@ -192,3 +193,74 @@ def test_the_probe_times_both_forms_and_auto_follows_it():
     assert probe.dtype == "float32" and probe.plain_gflops > 0 and probe.prepacked_gflops > 0
     expected = prepacked_row_limit(probe)
     assert projection_module.packed_row_limit(torch.float32) == (sys.maxsize if expected is None else expected)
+
+
+def _per_segment_expected(kv, table, widths, spec, offsets, qkv, sdpa):
+    """Each segment's attention on its own: its row's pooled prefix, then its own keys, causally."""
+    q, k, v = qkv
+    out = {}
+    for i, ((start, length), offset) in enumerate(zip(spec, offsets)):
+        span = slice(offset, offset + length)
+        old_k, old_v = (x[0, :, :start] for x in kv.gather(0, table[i : i + 1, : widths[i]]))
+        keys = torch.cat((old_k, k[span].transpose(0, 1)), dim=1)
+        values = torch.cat((old_v, v[span].transpose(0, 1)), dim=1)
+        visible = torch.ones(length, start + length, dtype=torch.bool).tril(diagonal=start)
+        out[i] = sdpa(q[span].transpose(0, 1)[None], keys[None], values[None], attn_mask=visible)[0].transpose(0, 1)
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cached_segments_behind_one_shared_prefix_run_as_one_padded_call_and_each_equals_its_own(dtype):
+    """Rows behind the same prefix blocks at the same start (a shared system prompt) form one padded group
+    while the padding bound holds; a row behind other blocks, at another start, or too long for the bound
+    starts its own read. Every segment's output equals its attention computed alone."""
+    heads, kv_heads, dim, bs = 4, 2, 16, 16
+    shared_width = 3  # 48 cached tokens in blocks 0..2, shared by rows 0-2 and 4
+    spec = [(48, 9), (48, 12), (48, 7), (48, 10), (48, 11), (48, 40), (32, 8)]  # (start, length)
+    tables = [[0, 1, 2], [0, 1, 2], [0, 1, 2], [3, 4, 5], [3, 4, 5], [3, 4, 5], [0, 1]]
+    # rows 0-2: one group (same blocks, same start); row 3: other blocks; row 4 joins row 3;
+    # row 5: the same blocks as 3-4, but 40 tokens would pad 3 rows to 120 for 61 real (> 1.5x);
+    # row 6: another start.
+    kv = PagedKVCache(1, 8, bs, kv_heads, dim, dtype=dtype)
+    kv.keys[0].copy_(_randn(*kv.keys[0].shape, dtype=dtype))
+    kv.values[0].copy_(_randn(*kv.values[0].shape, dtype=dtype))
+    widths = [len(t) for t in tables]
+    table = torch.tensor([t + [0] * (shared_width - len(t)) for t in tables], dtype=torch.int32)
+    offsets = [sum(n for _, n in spec[:i]) for i in range(len(spec))]
+    segments = torch.tensor([[o, n, s] for o, (s, n) in zip(offsets, spec)])
+    total = sum(n for _, n in spec)
+    qkv = (
+        _randn(total, heads, dim, dtype=dtype),
+        _randn(total, kv_heads, dim, dtype=dtype),
+        _randn(total, kv_heads, dim, dtype=dtype),
+    )
+    reads = segment_reads(segments, table, bs, dtype)
+    assert [(r.offset, r.rows, r.length, r.padded is not None) for r in reads.segments] == [
+        (0, 3, 12, True),
+        (28, 2, 11, True),
+        (49, 1, 40, False),
+        (89, 1, 8, False),
+    ]
+    assert reads.prefix_blocks.tolist() == [[0, 1, 2, 3, 4, 5, 3, 4, 5, 0, 1]]  # a group gathers its prefix once
+
+    def sdpa(q_, k_, v_, **kw):
+        return F.scaled_dot_product_attention(q_, k_, v_, enable_gqa=True, **kw)
+
+    got = segment_attention(kv, 0, qkv, reads, sdpa)
+    assert got.shape == (total, heads, dim)
+    expected = _per_segment_expected(kv, table, widths, spec, offsets, qkv, sdpa)
+    tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
+    for i, (_, length) in enumerate(spec):
+        torch.testing.assert_close(got[offsets[i] : offsets[i] + length], expected[i], **tol)
+
+
+def test_segments_longer_than_the_shared_prefix_limit_keep_one_call_each():
+    """Two equal cached segments behind the same blocks, each longer than ``SHARED_PREFIX_LENGTH``: no padding
+    at all, yet they stay one read each (past the limit the joint call computed more than it saved)."""
+    length = SHARED_PREFIX_LENGTH + 1
+    segments = torch.tensor([[0, length, 32], [length, length, 32]])
+    table = torch.tensor([[0, 1], [0, 1]], dtype=torch.int32)
+    reads = segment_reads(segments, table, 16, torch.float32)
+    assert [(r.rows, r.padded is None) for r in reads.segments] == [(1, True), (1, True)]
+    short = torch.tensor([[0, SHARED_PREFIX_LENGTH, 32], [SHARED_PREFIX_LENGTH, SHARED_PREFIX_LENGTH, 32]])
+    assert [r.rows for r in segment_reads(short, table, 16, torch.float32).segments] == [2]
