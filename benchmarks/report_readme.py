@@ -70,7 +70,7 @@ VLLM_CPU = """## vLLM's CPU engine beside this runtime (issue 57): set-up, and w
 alternating rounds, medians; its tables are `vs_vllm_cpu` (`<dtype>.<case>.over_vllm`
 is our tokens/s over the faster vLLM engine's), `vs_vllm_cpu_profile` and
 `vs_vllm_cpu_tcmalloc` below. Commands, in the order they ran (the
-comparison and the profile at commit 276b8cb, on a quiet machine; the
+comparison and the profile on a quiet machine, after this round's last library change; the
 tcmalloc rows are an earlier round's, on a loaded one):
 
 ```sh
