@@ -69,9 +69,9 @@ def linear_form_probe(dtype: torch.dtype) -> LinearFormProbe:
     layer's work and what the row limit decides: where the bare GEMMs tie,
     the fused epilogues' saved passes still count. The two forms alternate
     for ``_LINEAR_PROBE_ROUNDS`` rounds after a warm-up each, and each keeps its
-    fastest round (another process only ever slows a sample). About a tenth
-    of a second once per dtype and process; asked only where a prepacked
-    weight is held (``reference.llama_like.projection``).
+    fastest round (another process only ever slows a sample). Run once per
+    dtype and process, and only where a prepacked weight is held
+    (``reference.llama_like.projection``).
     """
     rows, hidden, inner = _LINEAR_PROBE_SHAPE
     gen = torch.Generator().manual_seed(0)

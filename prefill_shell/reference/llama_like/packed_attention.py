@@ -12,8 +12,8 @@ row's re-run (slots ``-1``) writes nothing. Eager only: the shapes follow
 each step's segments.
 
 Cached segments that lie back to back, start at the same position and
-read the same prefix blocks (rows behind one shared system prompt, a
-reranker's documents behind one query) run as one masked call on the CPU:
+read the same prefix blocks (rows behind one shared system prompt) run as
+one masked call on the CPU:
 their queries and fresh keys padded to the longest of them, the prefix
 gathered once and shared, one causal mask for all (a padded key is visible
 only to padded queries, whose outputs are dropped). Only short segments
@@ -127,10 +127,17 @@ def segment_reads(segments: torch.Tensor, prefix_table: torch.Tensor, block_size
     blocks: list[torch.Tensor] = []
     prefix_at = 0
     cpu = segments.device.type == "cpu"
-    shared: list[tuple[int, int]] = []  # (offset, length) of the open shared-prefix group
+    shared: list[tuple[int, int]] = []  # (offset, length) of the open shared-prefix group's segments
     shared_blocks: torch.Tensor | None = None
+
+    def close_group() -> None:  # the open group's read, built once when no further segment joins
+        if len(shared) > 1:
+            reads[-1] = _shared_group(reads[-1], shared, dtype, segments.device)
+        shared.clear()
+
     for i, (offset, length, start) in enumerate(segments.tolist()):
         if start == 0:
+            close_group()
             last = reads[-1] if reads else None
             if last is not None and last.start == 0 and (last.length, last.end) == (length, offset):
                 reads[-1] = last._replace(rows=last.rows + 1)
@@ -141,15 +148,17 @@ def segment_reads(segments: torch.Tensor, prefix_table: torch.Tensor, block_size
         row_blocks = prefix_table[i, :width]
         if cpu and _joins(reads[-1] if reads else None, shared, shared_blocks, offset, length, start, row_blocks):
             shared.append((offset, length))
-            reads[-1] = _shared_group(reads[-1], shared, dtype, segments.device)
             continue
+        close_group()
         blocks.append(row_blocks)
-        shared, shared_blocks = [(offset, length)], row_blocks
+        shared.append((offset, length))
+        shared_blocks = row_blocks
         mask = None
         if not cpu or start + length <= ONE_CALL_KEYS:
             mask = _causal_after(start, length, dtype, segments.device)
         reads.append(SegmentRead(offset, length, 1, start, prefix_at, mask))
         prefix_at += width * block_size
+    close_group()
     return StepReads(reads, torch.cat(blocks)[None].to(torch.int64) if blocks else None)
 
 
@@ -159,9 +168,10 @@ def _causal_after(start: int, length: int, dtype: torch.dtype, device: torch.dev
 
 
 def _joins(last, shared, shared_blocks, offset: int, length: int, start: int, row_blocks: torch.Tensor) -> bool:
-    """Whether a cached segment joins the open shared-prefix group ending in ``last``: it follows it, starts
-    where it starts, reads the same blocks, the joint call stays one masked call, and the padding bound holds."""
-    if last is None or last.start != start or last.mask is None or last.end != offset:
+    """Whether a cached segment joins the open shared-prefix group (``shared``, whose first read is ``last``):
+    it follows the group's last segment, starts where they start, reads the same blocks, the joint call stays
+    one masked call, and the padding bound holds."""
+    if last is None or not shared or last.start != start or last.mask is None or sum(shared[-1]) != offset:
         return False
     if shared_blocks is None or not torch.equal(shared_blocks, row_blocks):
         return False
