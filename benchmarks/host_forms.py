@@ -34,6 +34,13 @@ plain form should come back.
   ``segment_reads`` runs it (short chat turns of 18-30 tokens behind 160:
   one padded call; documents of 32-256 tokens behind 256: one call each) vs
   the other way (key ``per_segment`` or ``grouped``).
+* ``packed_attention_{uncached32x128,mixed8,chat16,documents16}_<dtype>``:
+  one layer's attention over a whole packed step as ``forward_packed`` runs
+  it where the CPU runs ``reference/cpu_attention``'s kernel (one call for
+  every segment, prefixes read from the pool in place) vs torch's SDPA a
+  segment at a time (``segment_attention``, key ``torch_sdpa``): 32 prompts
+  of 128 and 8 of 64-1024 at the bench Llama's heads (8 query, 4 K/V, 64
+  wide), the chat and document steps of ``shared_prefix_*`` at SmolLM2's.
 * ``cached_attention_p<P>_s<S>_<dtype>``: one cached segment's attention at
   SmolLM2's heads (9 query, 3 K/V, 64 wide) over a prefix of ``P`` and its
   own ``S`` tokens, as ``segment_attention`` runs it on the CPU (one masked
@@ -55,6 +62,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._report import Metric, report
+from prefill_shell.reference.cpu_attention.flash import flash_step
+from prefill_shell.reference.cpu_attention.library import kernel_dtypes
 from prefill_shell.reference.llama_like import packed_attention
 from prefill_shell.reference.llama_like.packed_attention import (
     ONE_CALL_KEYS,
@@ -204,6 +213,27 @@ def _shared_prefix_case(prefix: int, lengths: list[int], dtype: torch.dtype) -> 
     return attend(chosen_reads), attend(other_reads), "per_segment" if grouped else "grouped"
 
 
+def _packed_attention_case(heads: int, kv_heads: int, prefix: int, lengths: list[int], dtype: torch.dtype) -> tuple:
+    """One layer's attention over a packed step: the CPU kernel's one call vs torch's SDPA per segment."""
+    dim, bs = 64, 16
+    width = -(-prefix // bs)
+    kv = PagedKVCache(1, max(width, 1), bs, kv_heads, dim, dtype=dtype)
+    kv.keys[0].copy_(_randn(*kv.keys[0].shape).to(dtype))
+    kv.values[0].copy_(_randn(*kv.values[0].shape).to(dtype))
+    offsets = [sum(lengths[:i]) for i in range(len(lengths))]
+    segments = torch.tensor([[o, n, prefix] for o, n in zip(offsets, lengths)])
+    table = torch.arange(max(width, 1), dtype=torch.int32).expand(len(lengths), -1)
+    total = sum(lengths)
+    qkv = tuple(_randn(total, h, dim).to(dtype) for h in (heads, kv_heads, kv_heads))
+    step = flash_step(segments, table, kv, heads, kv_heads, dim, dtype, total)
+    reads = segment_reads(segments, table, bs, dtype)
+
+    def sdpa(q, k, v, **kwargs):
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=True, **kwargs)
+
+    return (lambda: step(kv, 0, *qkv)), (lambda: segment_attention(kv, 0, qkv, reads, sdpa)), "torch_sdpa"
+
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 CASES = {"inference_mode": (_mode_per_invocation, _mode_per_call)}
 GEMM_CASES = {  # name: (chosen, other, the other form's key)
@@ -230,6 +260,20 @@ OTHER_CASES = {  # name: (chosen, other, the other form's key)
 }
 _CHAT_TURNS = [18, 30, 22, 25, 19, 28, 24, 21, 27, 23, 26, 20, 29, 24, 22, 25]
 _DOCUMENTS = [32 + (97 * i) % 225 for i in range(16)]
+_MIXED8 = [64 + (389 * i) % 961 for i in range(8)]
+OTHER_CASES.update(
+    {
+        f"packed_attention_{name}_{d}": _packed_attention_case(*shape, dtype)
+        for d, dtype in DTYPES.items()
+        if dtype in kernel_dtypes()
+        for name, shape in (
+            ("uncached32x128", (8, 4, 0, [128] * 32)),
+            ("mixed8", (8, 4, 0, _MIXED8)),
+            ("chat16", (9, 3, 160, _CHAT_TURNS)),
+            ("documents16", (9, 3, 256, _DOCUMENTS)),
+        )
+    }
+)
 OTHER_CASES.update(
     {
         f"shared_prefix_{name}_{d}": _shared_prefix_case(prefix, lengths, dtype)

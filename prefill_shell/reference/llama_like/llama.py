@@ -34,6 +34,7 @@ import torch.nn.functional as F
 
 from prefill_core import ceil_div
 from prefill_core.values.errors import PrefillConfigError
+from prefill_shell.reference.cpu_attention.flash import flash_step
 from prefill_shell.reference.llama_like.config import LayerAttention, LlamaSpec
 from prefill_shell.reference.llama_like.packed_attention import (
     packed_writes,
@@ -372,7 +373,15 @@ class PagedLlama:
         total = tokens.shape[0]
         cos = self._cos[positions].to(self.dtype)[:, None]  # [T, 1, D]
         sin = self._signed_sin[positions].to(self.dtype)[:, None]
-        reads = segment_reads(segments, prefix_table, kv.block_size, self.dtype)
+        # On the CPU, one kernel call per layer covers every segment (reference/cpu_attention); None: torch's SDPA
+        # per segment, as on CUDA or where the kernel lacks the dtype or head size.
+        flash = None
+        if self.device.type == "cpu":
+            spec = self.spec
+            flash = flash_step(
+                segments, prefix_table, kv, spec.num_heads, spec.num_kv_heads, spec.head_dim, self.dtype, total
+            )
+        reads = segment_reads(segments, prefix_table, kv.block_size, self.dtype) if flash is None else None
         writes = packed_writes(write_slots, kv.block_size)
         residual = F.embedding(tokens, self._embed)  # [T, H]
         eps = self.config.rms_norm_eps
@@ -380,7 +389,10 @@ class PagedLlama:
             qkv = layer.qkv(_rms_norm(residual, layer.attn_norm, eps))
             q, k, v = _split_qkv(qkv, self.config, layer, cos, sin)  # token-major [T, heads, D]
             write_packed(kv, i, k, v, writes)
-            attn = segment_attention(kv, i, (q, k, v), reads, self._sdpa)  # [T, H, D]
+            if flash is not None:
+                attn = flash(kv, i, q, k, v)
+            else:
+                attn = segment_attention(kv, i, (q, k, v), reads, self._sdpa)  # [T, H, D]
             residual = layer.o.plus(attn.flatten(1), residual)
             residual = self._mlp(layer, _rms_norm(residual, layer.mlp_norm, eps), residual)
         return _rms_norm(residual, self._final_norm, eps).view(1, total, -1)
