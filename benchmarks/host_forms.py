@@ -36,7 +36,7 @@ plain form should come back.
   the other way (key ``per_segment`` or ``grouped``).
 * ``packed_attention_{uncached32x128,mixed8,chat16,documents16}_<dtype>``:
   one layer's attention over a whole packed step as ``forward_packed`` runs
-  it where the CPU runs ``reference/cpu_attention``'s kernel (one call for
+  it where the CPU runs ``reference/cpu_kernels``'s kernel (one call for
   every segment, prefixes read from the pool in place) vs torch's SDPA a
   segment at a time (``segment_attention``, key ``torch_sdpa``): 32 prompts
   of 128 and 8 of 64-1024 at the bench Llama's heads (8 query, 4 K/V, 64
@@ -62,8 +62,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._report import Metric, report
-from prefill_shell.reference.cpu_attention.flash import flash_step
-from prefill_shell.reference.cpu_attention.library import kernel_dtypes
+from prefill_shell.reference.cpu_kernels.flash import flash_step
+from prefill_shell.reference.cpu_kernels.library import kernel_dtypes
 from prefill_shell.reference.llama_like import packed_attention
 from prefill_shell.reference.llama_like.packed_attention import (
     ONE_CALL_KEYS,

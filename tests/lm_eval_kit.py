@@ -44,7 +44,7 @@ def responses(results, task: str) -> list[list]:
 def assert_log_likelihoods_equal(mine: list[list], theirs: list[list], choices: int | None = None) -> None:
     """Request by request: log-likelihoods within 1e-4 plus 1e-5 of their size, and is_greedy flags equal
     (``choices`` per document). The relative part is float32 attention summed in another order than torch's
-    (the CPU kernel of reference/cpu_attention): as close to float64 as torch's, not bit-equal to it, and a
+    (the CPU kernel of reference/cpu_kernels): as close to float64 as torch's, not bit-equal to it, and a
     continuation's log-likelihood sums tens of token log-probabilities through the whole model."""
     assert len(mine) == len(theirs)
     for doc, (a, b) in enumerate(zip(mine, theirs)):

@@ -1,4 +1,4 @@
-"""The CPU attention kernel of packed steps (prefill_shell/reference/cpu_attention) against float64 attention
+"""The CPU attention kernel of packed steps (prefill_shell/reference/cpu_kernels) against float64 attention
 written out here: every segment, cached or not, with its prefix read from the paged pool."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prefill_shell.reference.cpu_attention import library
-from prefill_shell.reference.cpu_attention.flash import flash_step
+from prefill_shell.reference.cpu_kernels import library
+from prefill_shell.reference.cpu_kernels.flash import flash_step
 from prefill_shell.reference.pools.kv_cache import PagedKVCache
 
 BS = 16
@@ -156,7 +156,7 @@ def test_where_the_kernel_does_not_apply_the_step_is_none():
 
 
 def test_the_setting_turns_the_kernel_off(monkeypatch):
-    """PREFILL_CPU_ATTENTION=torch: no kernel dtypes, so packed steps keep torch's SDPA."""
+    """PREFILL_CPU_KERNELS=torch: no kernel dtypes, so packed steps keep torch's SDPA and bfloat16 norms torch's ops."""
     monkeypatch.setenv(library.SETTING, "torch")
     library.kernel_dtypes.cache_clear()
     try:

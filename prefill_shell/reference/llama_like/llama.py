@@ -34,7 +34,8 @@ import torch.nn.functional as F
 
 from prefill_core import ceil_div
 from prefill_core.values.errors import PrefillConfigError
-from prefill_shell.reference.cpu_attention.flash import flash_step
+from prefill_shell.reference.cpu_kernels.flash import flash_step
+from prefill_shell.reference.cpu_kernels.rms_norm import rms_norm_rows
 from prefill_shell.reference.llama_like.config import LayerAttention, LlamaSpec
 from prefill_shell.reference.llama_like.packed_attention import (
     packed_writes,
@@ -165,6 +166,10 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     """RMSNorm over the last dimension; ``weight`` is ``[D]`` or broadcasts over ``x`` (one per head)."""
     if x.dtype == torch.float32 and weight.dim() == 1:
         return F.rms_norm(x, (x.shape[-1],), weight, eps)  # one fused kernel
+    if x.dtype == torch.bfloat16 and weight.dim() == 1 and x.device.type == "cpu":
+        fused = rms_norm_rows(x, weight, eps)  # one pass, HF's roundings (reference/cpu_kernels); None: not here
+        if fused is not None:
+            return fused
     # At half precision HF's bits: normalise in float32, round to the model dtype, then scale
     # (F.rms_norm would scale before rounding). In place where HF allocates: same ops, two fewer passes.
     x32 = x.float()
@@ -373,7 +378,7 @@ class PagedLlama:
         total = tokens.shape[0]
         cos = self._cos[positions].to(self.dtype)[:, None]  # [T, 1, D]
         sin = self._signed_sin[positions].to(self.dtype)[:, None]
-        # On the CPU, one kernel call per layer covers every segment (reference/cpu_attention); None: torch's SDPA
+        # On the CPU, one kernel call per layer covers every segment (reference/cpu_kernels); None: torch's SDPA
         # per segment, as on CUDA or where the kernel lacks the dtype or head size.
         flash = None
         if self.device.type == "cpu":

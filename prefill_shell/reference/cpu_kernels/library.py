@@ -1,4 +1,4 @@
-"""Builds ``flash.c`` once per machine and loads it: the CPU attention kernel's shared library.
+"""Builds the CPU kernels (``flash.c``, ``rms_norm.c``) once per machine into one shared library and loads it.
 
 The library is compiled on first use with the system C compiler (``cc``,
 or ``$CC``) for the AVX-512 features the kernel uses, into
@@ -7,8 +7,14 @@ under a name keyed by the source, the flags and the compiler's version, so
 an edited source or another compiler builds anew and concurrent builders
 (two test suites) each finish their own file and rename it into place.
 Where the CPU lacks AVX-512 (torch's capability below ``AVX512``), where
-no compiler runs, or where ``PREFILL_CPU_ATTENTION=torch`` says so, there
-is no library and attention stays torch's SDPA.
+no compiler runs, or where ``PREFILL_CPU_KERNELS=torch`` says so, there
+is no library and the model keeps torch's ops.
+
+Each kernel splits its work into items that its callers claim from a
+shared counter; ``on_all_threads`` runs one on the calling thread and
+``torch.get_num_threads() - 1`` helper threads at once (ctypes releases the
+GIL for the call), so an item runs whole on one thread and the thread count
+changes no bit.
 """
 
 from __future__ import annotations
@@ -21,17 +27,18 @@ import shutil
 import subprocess
 import tempfile
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 
-__all__ = ["FlashArgs", "FlashSegment", "SETTING", "kernel_library", "kernel_dtypes"]
+__all__ = ["FlashArgs", "FlashSegment", "NormArgs", "SETTING", "kernel_dtypes", "kernel_library", "on_all_threads"]
 
-SOURCE = Path(__file__).with_name("flash.c")
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("flash.c", "rms_norm.c"))
 FLAGS = ("-O3", "-shared", "-fPIC", "-std=gnu11", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma")
 BF16_FLAG = "-mavx512bf16"
-SETTING = "PREFILL_CPU_ATTENTION"
-"""``auto`` (default): the kernel where it builds and the CPU runs it; ``torch``: never the kernel."""
+SETTING = "PREFILL_CPU_KERNELS"
+"""``auto`` (default): the kernels where they build and the CPU runs them; ``torch``: never the kernels."""
 
 
 class FlashSegment(ctypes.Structure):
@@ -74,9 +81,25 @@ class FlashArgs(ctypes.Structure):
     ]
 
 
+class NormArgs(ctypes.Structure):
+    """``norm_args`` in ``rms_norm.c``."""
+
+    _fields_ = [
+        ("x", ctypes.c_void_p),
+        ("x_stride", ctypes.c_int64),
+        ("weight", ctypes.c_void_p),
+        ("out", ctypes.c_void_p),
+        ("rows", ctypes.c_int64),
+        ("cols", ctypes.c_int64),
+        ("eps", ctypes.c_float),
+        ("next", ctypes.c_int64),
+    ]
+
+
 @functools.cache
 def kernel_dtypes() -> frozenset[torch.dtype]:
-    """The dtypes this CPU runs the kernel at: float32 with AVX-512, bfloat16 with AVX512-BF16 too."""
+    """The dtypes this CPU runs the kernels at: float32 with AVX-512, bfloat16 with AVX512-BF16 too (the
+    RMSNorm kernel is bfloat16's only)."""
     if os.environ.get(SETTING, "auto") == "torch":
         return frozenset()
     if torch.backends.cpu.get_cpu_capability() not in ("AVX512",):
@@ -91,36 +114,57 @@ def kernel_dtypes() -> frozenset[torch.dtype]:
 def kernel_library() -> ctypes.CDLL | None:
     """The loaded library, built first where needed; None (with a warning) where it cannot be built."""
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if not SOURCE.exists():
-        warnings.warn(f"{SOURCE} is missing: CPU attention stays torch's SDPA", RuntimeWarning, stacklevel=2)
+    missing = [str(source) for source in SOURCES if not source.exists()]
+    if missing:
+        warnings.warn(f"{missing} missing: the model keeps torch's ops", RuntimeWarning, stacklevel=2)
         return None
     if compiler is None:
-        warnings.warn("no C compiler: CPU attention stays torch's SDPA", RuntimeWarning, stacklevel=2)
+        warnings.warn("no C compiler: the model keeps torch's ops", RuntimeWarning, stacklevel=2)
         return None
     flags = (*FLAGS, BF16_FLAG)
     try:
         version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError) as err:
-        warnings.warn(f"{compiler} --version failed ({err}): CPU attention stays torch's SDPA", RuntimeWarning, 2)
+        warnings.warn(f"{compiler} --version failed ({err}): the model keeps torch's ops", RuntimeWarning, 2)
         return None
-    key = hashlib.sha256("\0".join((SOURCE.read_text(), *flags, version)).encode()).hexdigest()[:16]
-    target = _cache_dir() / f"flash-{key}.so"
+    key = hashlib.sha256("\0".join((*(s.read_text() for s in SOURCES), *flags, version)).encode()).hexdigest()[:16]
+    target = _cache_dir() / f"kernels-{key}.so"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
             built = Path(tmp) / target.name
-            run = subprocess.run(
-                [compiler, *flags, str(SOURCE), "-o", str(built), "-lm"], capture_output=True, text=True
-            )
+            command = [compiler, *flags, *map(str, SOURCES), "-o", str(built), "-lm"]
+            run = subprocess.run(command, capture_output=True, text=True)
             if run.returncode != 0:
-                warnings.warn(f"building {SOURCE.name} failed: {run.stderr[-2000:]}", RuntimeWarning, stacklevel=2)
+                warnings.warn(f"building the CPU kernels failed: {run.stderr[-2000:]}", RuntimeWarning, stacklevel=2)
                 return None
             os.replace(built, target)
     library = ctypes.CDLL(str(target))
     for name in ("flash_pack", "flash_attend"):
         getattr(library, name).argtypes = [ctypes.POINTER(FlashArgs), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
         getattr(library, name).restype = None
+    library.rms_norm_bf16.argtypes = [ctypes.POINTER(NormArgs)]
+    library.rms_norm_bf16.restype = None
     return library
+
+
+_helpers: ThreadPoolExecutor | None = None
+
+
+def on_all_threads(kernel, *arguments, threads: int | None = None) -> None:
+    """Runs ``kernel(*arguments)`` on this thread and ``threads - 1`` helpers at once (default: torch's
+    thread count); each call claims work items until none is left."""
+    global _helpers
+    threads = torch.get_num_threads() if threads is None else threads
+    if threads <= 1:
+        kernel(*arguments)
+        return
+    if _helpers is None or _helpers._max_workers != threads - 1:
+        _helpers = ThreadPoolExecutor(threads - 1, thread_name_prefix="prefill-cpu-kernels")
+    running = [_helpers.submit(kernel, *arguments) for _ in range(threads - 1)]
+    kernel(*arguments)
+    for future in running:
+        future.result()
 
 
 def _cache_dir() -> Path:

@@ -26,24 +26,31 @@ from __future__ import annotations
 
 import ctypes
 import math
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
 from prefill_core import ceil_div
-from prefill_shell.reference.cpu_attention.library import FlashArgs, FlashSegment, kernel_dtypes, kernel_library
+from prefill_shell.reference.cpu_kernels.library import (
+    FlashArgs,
+    FlashSegment,
+    kernel_dtypes,
+    kernel_library,
+    on_all_threads,
+)
 from prefill_shell.reference.pools.kv_cache import PagedKVCache
 
-__all__ = ["BLOCK_KEYS", "FlashStep", "QUERY_ROWS", "flash_step"]
+__all__ = ["BLOCK_KEYS", "FlashStep", "QUERY_ROWS", "SHARED_FLOPS", "flash_step"]
 
 BLOCK_KEYS = 64
 """Keys per packed block (``BK`` in ``flash.c``)."""
 
+SHARED_FLOPS = 32e6
+"""A step of less attention work (multiply-adds counted twice) runs on the calling thread alone: handing each
+phase to helper threads costs tens of microseconds, about what a thread takes for this much work."""
+
 QUERY_ROWS = 64
 """Query rows (positions times the query heads of one KV head) a work item aims at: each packed block it
 reads serves that many rows."""
-
-_helpers: ThreadPoolExecutor | None = None
 
 
 class FlashStep:
@@ -55,13 +62,16 @@ class FlashStep:
         self.bq = max(1, QUERY_ROWS // groups)
         table = (FlashSegment * len(segments))()
         packed = items = blocks_at = 0
+        flops = 0.0
         for entry, (offset, length, start) in zip(table, segments):
             entry.offset, entry.length, entry.start = offset, length, start
             entry.blocks_at, entry.packed_at, entry.items_at = blocks_at, packed, items
             packed += kv_heads * ceil_div(start + length, BLOCK_KEYS)
             items += kv_heads * ceil_div(length, self.bq)
+            flops += 4.0 * heads * head_dim * length * (start + (length + 1) / 2)
             blocks_at += ceil_div(start, block_size)  # block_ids holds each cached segment's prefix blocks in turn
         self.table, self.packed, self.items = table, packed, items
+        self.threads = 1 if flops < SHARED_FLOPS else None  # None: torch's thread count
         self.block_ids = block_ids
         self.pool_blocks = int(block_ids.max()) + 1 if len(block_ids) else 0  # the pool must hold every block read
         self.heads, self.kv_heads, self.head_dim, self.dtype = heads, kv_heads, head_dim, dtype
@@ -98,23 +108,8 @@ class FlashStep:
         bf16 = int(self.dtype == torch.bfloat16)
         pointers = (ctypes.byref(args), self._kp.data_ptr(), self._vp.data_ptr(), bf16)
         for phase in (library.flash_pack, library.flash_attend):
-            _on_all_threads(phase, pointers)
+            on_all_threads(phase, *pointers, threads=self.threads)
         return out
-
-
-def _on_all_threads(phase, pointers) -> None:
-    """Runs ``phase(*pointers)`` on this thread and the helpers at once; each claims work until none is left."""
-    global _helpers
-    threads = torch.get_num_threads()
-    if threads <= 1:
-        phase(*pointers)
-        return
-    if _helpers is None or _helpers._max_workers != threads - 1:
-        _helpers = ThreadPoolExecutor(threads - 1, thread_name_prefix="prefill-attention")
-    running = [_helpers.submit(phase, *pointers) for _ in range(threads - 1)]
-    phase(*pointers)
-    for future in running:
-        future.result()
 
 
 def flash_step(
