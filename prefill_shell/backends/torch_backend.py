@@ -21,6 +21,7 @@ from prefill_shell.device.ledger import DeviceTensor, Ownership, ResourceLedger
 from prefill_shell.sampling.torch_sampling import sample_row, top_logprobs
 
 from .base import TraceHandle
+from .host_memory import keep_freed_host_memory
 
 __all__ = ["TorchBackend"]
 
@@ -63,6 +64,8 @@ class TorchBackend:
         self.device = _checked_device(device)
         self.ledger = ResourceLedger()
         self.is_cuda = self.device.type == "cuda"
+        if not self.is_cuda:
+            keep_freed_host_memory()  # a step's activations reuse the last step's pages (backends/host_memory.py)
         # Eager CPU torch builds nothing per shape; CUDA loads kernels lazily on their first launch.
         self.compiles_programs = self.is_cuda
         self._graph_pool = torch.cuda.graph_pool_handle() if self.is_cuda else None
