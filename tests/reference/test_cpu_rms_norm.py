@@ -8,7 +8,8 @@ import torch
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from prefill_shell.reference.cpu_kernels import library
-from prefill_shell.reference.cpu_kernels.rms_norm import SHARED_ELEMENTS, rms_norm_rows
+from prefill_shell.reference.cpu_kernels.library import SHARED_ELEMENTS
+from prefill_shell.reference.cpu_kernels.rms_norm import rms_norm_rows
 
 pytestmark = pytest.mark.skipif(torch.bfloat16 not in library.kernel_dtypes(), reason="no AVX512-BF16 here")
 

@@ -1,4 +1,4 @@
-"""Builds the CPU kernels (``flash.c``, ``rms_norm.c``) once per machine into one shared library and loads it.
+"""Builds the CPU kernels (``flash.c``, ``rms_norm.c``, ``rope.c``) once per machine into one library, and loads it.
 
 The library is compiled on first use with the system C compiler (``cc``,
 or ``$CC``) for the AVX-512 features the kernel uses, into
@@ -32,10 +32,31 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["FlashArgs", "FlashSegment", "NormArgs", "SETTING", "kernel_dtypes", "kernel_library", "on_all_threads"]
+__all__ = [
+    "FlashArgs",
+    "FlashSegment",
+    "NormArgs",
+    "RopeArgs",
+    "SETTING",
+    "SHARED_ELEMENTS",
+    "kernel_dtypes",
+    "kernel_library",
+    "on_all_threads",
+]
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("flash.c", "rms_norm.c"))
-FLAGS = ("-O3", "-shared", "-fPIC", "-std=gnu11", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma")
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("flash.c", "rms_norm.c", "rope.c"))
+FLAGS = (
+    "-O3",
+    "-shared",
+    "-fPIC",
+    "-std=gnu11",
+    "-ffp-contract=off",
+    "-mavx512f",
+    "-mavx512bw",
+    "-mavx512vl",
+    "-mavx512dq",
+    "-mfma",
+)
 BF16_FLAG = "-mavx512bf16"
 SETTING = "PREFILL_CPU_KERNELS"
 """``auto`` (default): the kernels where they build and the CPU runs them; ``torch``: never the kernels."""
@@ -96,6 +117,29 @@ class NormArgs(ctypes.Structure):
     ]
 
 
+class RopeArgs(ctypes.Structure):
+    """``rope_args`` in ``rope.c``."""
+
+    _fields_ = [
+        ("qk", ctypes.c_void_p),
+        ("qk_st", ctypes.c_int64),
+        ("v", ctypes.c_void_p),
+        ("v_st", ctypes.c_int64),
+        ("cos", ctypes.c_void_p),
+        ("sin", ctypes.c_void_p),
+        ("out", ctypes.c_void_p),
+        ("pool_k", ctypes.c_void_p),
+        ("pool_v", ctypes.c_void_p),
+        ("slots", ctypes.c_void_p),
+        *((name, ctypes.c_int64) for name in ("bs", "T", "H", "Hkv", "D", "next")),
+    ]
+
+
+SHARED_ELEMENTS = 1 << 19
+"""Element-wise kernels over fewer elements run on the calling thread alone: handing a call to helper threads
+costs tens of microseconds, about what a thread takes for half a million elements."""
+
+
 @functools.cache
 def kernel_dtypes() -> frozenset[torch.dtype]:
     """The dtypes this CPU runs the kernels at: float32 with AVX-512, bfloat16 with AVX512-BF16 too (the
@@ -145,6 +189,8 @@ def kernel_library() -> ctypes.CDLL | None:
         getattr(library, name).restype = None
     library.rms_norm_bf16.argtypes = [ctypes.POINTER(NormArgs)]
     library.rms_norm_bf16.restype = None
+    library.rope_write.argtypes = [ctypes.POINTER(RopeArgs), ctypes.c_int]
+    library.rope_write.restype = None
     return library
 
 

@@ -14,13 +14,15 @@ import ctypes
 
 import torch
 
-from prefill_shell.reference.cpu_kernels.library import NormArgs, kernel_dtypes, kernel_library, on_all_threads
+from prefill_shell.reference.cpu_kernels.library import (
+    SHARED_ELEMENTS,
+    NormArgs,
+    kernel_dtypes,
+    kernel_library,
+    on_all_threads,
+)
 
-__all__ = ["SHARED_ELEMENTS", "rms_norm_rows"]
-
-SHARED_ELEMENTS = 1 << 19
-"""Rows of fewer elements in all run on the calling thread alone: handing a call to helper threads costs
-tens of microseconds, about what a thread takes for half a million elements."""
+__all__ = ["rms_norm_rows"]
 
 
 def rms_norm_rows(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:

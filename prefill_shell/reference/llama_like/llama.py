@@ -36,6 +36,7 @@ from prefill_core import ceil_div
 from prefill_core.values.errors import PrefillConfigError
 from prefill_shell.reference.cpu_kernels.flash import flash_step
 from prefill_shell.reference.cpu_kernels.rms_norm import rms_norm_rows
+from prefill_shell.reference.cpu_kernels.rope import rope_step
 from prefill_shell.reference.llama_like.config import LayerAttention, LlamaSpec
 from prefill_shell.reference.llama_like.packed_attention import (
     packed_writes,
@@ -194,13 +195,19 @@ def _split_qkv(
     pass (and one per-head RMSNorm before it, where the layer has Q/K norms)
     covers both heads' groups.
     """
+    qk, v = _normed_qk_and_v(qkv, spec, layer)
+    qk = _apply_rope(qk, cos, signed_sin)
+    return qk[..., : spec.num_heads, :], qk[..., spec.num_heads :, :], v
+
+
+def _normed_qk_and_v(qkv: torch.Tensor, spec: LlamaSpec, layer: _Layer) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[..., q_out + 2 * kv_out]`` -> ``qk [..., H + Hkv, D]`` (per-head RMSNorm applied where the layer has
+    Q/K norms) and ``v [..., Hkv, D]`` (a view), before rotary."""
     heads, kv_heads, dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
     qk = qkv[..., : (heads + kv_heads) * dim].unflatten(-1, (heads + kv_heads, dim))
     if layer.qk_norm is not None:
         qk = _rms_norm(qk, layer.qk_norm, spec.rms_norm_eps)
-    qk = _apply_rope(qk, cos, signed_sin)
-    v = qkv[..., (heads + kv_heads) * dim :].unflatten(-1, (kv_heads, dim))
-    return qk[..., :heads, :], qk[..., heads:, :], v
+    return qk, qkv[..., (heads + kv_heads) * dim :].unflatten(-1, (kv_heads, dim))
 
 
 def _expand_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
@@ -376,24 +383,28 @@ class PagedLlama:
     ) -> torch.Tensor:
         """One packed step; see ``PrefillModel.forward_packed``. Returns ``[1, T, hidden]``."""
         total = tokens.shape[0]
-        cos = self._cos[positions].to(self.dtype)[:, None]  # [T, 1, D]
-        sin = self._signed_sin[positions].to(self.dtype)[:, None]
-        # On the CPU, one kernel call per layer covers every segment (reference/cpu_kernels); None: torch's SDPA
-        # per segment, as on CUDA or where the kernel lacks the dtype or head size.
-        flash = None
+        cos = self._cos[positions].to(self.dtype)  # [T, D]
+        sin = self._signed_sin[positions].to(self.dtype)
+        # On the CPU, one kernel call per layer covers every segment's attention, and one its rotary and pool
+        # writes (reference/cpu_kernels); None: torch's ops, as on CUDA or where a kernel lacks the dtype or size.
+        flash = rope = None
         if self.device.type == "cpu":
             spec = self.spec
             flash = flash_step(
                 segments, prefix_table, kv, spec.num_heads, spec.num_kv_heads, spec.head_dim, self.dtype, total
             )
+            rope = rope_step(cos, sin, write_slots, kv, spec.num_heads, spec.num_kv_heads)
         reads = segment_reads(segments, prefix_table, kv.block_size, self.dtype) if flash is None else None
-        writes = packed_writes(write_slots, kv.block_size)
+        writes = packed_writes(write_slots, kv.block_size) if rope is None else None
         residual = F.embedding(tokens, self._embed)  # [T, H]
         eps = self.config.rms_norm_eps
         for i, layer in enumerate(self._layers):
             qkv = layer.qkv(_rms_norm(residual, layer.attn_norm, eps))
-            q, k, v = _split_qkv(qkv, self.config, layer, cos, sin)  # token-major [T, heads, D]
-            write_packed(kv, i, k, v, writes)
+            if rope is not None:
+                q, k, v = rope(kv, i, *_normed_qk_and_v(qkv, self.config, layer))  # K/V written to the pool too
+            else:
+                q, k, v = _split_qkv(qkv, self.config, layer, cos[:, None], sin[:, None])  # token-major [T, heads, D]
+                write_packed(kv, i, k, v, writes)
             if flash is not None:
                 attn = flash(kv, i, q, k, v)
             else:
