@@ -178,3 +178,23 @@ def test_a_call_that_does_not_match_its_step_is_refused():
     small = PagedKVCache(1, 2, BS, 2, 64, dtype=torch.float32)
     with pytest.raises(ValueError, match="is not the step's"):
         flash(small, 0, step.q, step.k, step.v)
+
+
+@NEEDS_F32
+def test_the_kernels_share_torchs_openmp_runtime():
+    """The library's OpenMP calls bind to the libgomp torch loaded: its threads are torch's, not a second pool
+    competing with torch's spinning workers for the cores. (Other packages may load runtimes of their own.)"""
+    import ctypes
+    from pathlib import Path
+
+    kernels = library.kernel_library()
+    torch_dir = Path(torch.__file__).parent
+    with open("/proc/self/maps") as maps:
+        torch_gomp = {
+            line.split()[-1] for line in maps if "libgomp" in line and line.split()[-1].startswith(str(torch_dir))
+        }
+    if not torch_gomp:
+        pytest.skip("this torch carries no libgomp of its own")
+    ours = ctypes.cast(kernels.omp_get_max_threads, ctypes.c_void_p).value
+    theirs = ctypes.cast(ctypes.CDLL(torch_gomp.pop()).omp_get_max_threads, ctypes.c_void_p).value
+    assert ours == theirs

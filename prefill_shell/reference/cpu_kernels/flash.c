@@ -7,15 +7,16 @@
  * j <= start + i of [prefix | fresh]: no key is ever read at or past start + L, and no pool slot at or past
  * `start`, so filler and stale blocks never meet a query.
  *
- * Two phases, each split over `nthreads` callers (the Python side runs them on its threads; ctypes drops
- * the GIL): flash_pack_* lays each KV head's keys and values out once per call in blocks of BK keys, in
+ * Two phases on the OpenMP threads torch computes on (the library links the libgomp torch has loaded, so
+ * no second pool competes with it for the cores): flash_pack lays each KV head's keys and values out once per call in blocks of BK keys, in
  * the order the dot-product instructions read them (bfloat16: pairs along the reduced dimension, as
- * vdpbf16ps takes them); flash_attend_* runs blocks of query positions (every query head of one KV head
+ * vdpbf16ps takes them); flash_attend runs blocks of query positions (every query head of one KV head
  * together, so each packed block serves g * bq rows) with an online softmax in float32. Probabilities
  * meet the values at the input precision and accumulate in float32, as torch's CPU flash kernel does.
  */
 #include <immintrin.h>
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -182,8 +183,8 @@ static void pack_block(const flash_args *a, const flash_segment *s, int64_t loca
     }
 }
 
-/* Packs every segment's keys and values (phase one); each caller claims blocks until none are left. */
-void flash_pack(flash_args *a, void *kp, void *vp, int bf16) {
+/* Packs every segment's keys and values (phase one); each thread claims blocks until none are left. */
+static void flash_pack(flash_args *a, void *kp, void *vp, int bf16) {
     int64_t cursor = 0;
     for (;;) {
         int64_t w = __atomic_fetch_add(&a->next_pack, 1, __ATOMIC_RELAXED);
@@ -315,8 +316,8 @@ static void attend_item(const flash_args *a, const item_rows *it, const void *kp
     }
 }
 
-/* Runs the step's work items (phase two, after flash_pack); each caller claims items until none are left. */
-void flash_attend(flash_args *a, const void *kp, const void *vp, int bf16) {
+/* Runs the step's work items (phase two, after flash_pack); each thread claims items until none are left. */
+static void flash_attend(flash_args *a, const void *kp, const void *vp, int bf16) {
     int64_t rows = a->bq * (a->H / a->Hkv) + TILE, cursor = 0;
     float *out = aligned_alloc(64, sizeof(float) * rows * a->D);
     float *m = malloc(sizeof(float) * rows), *l = malloc(sizeof(float) * rows);
@@ -330,4 +331,20 @@ void flash_attend(flash_args *a, const void *kp, const void *vp, int bf16) {
     free(out);
     free(m);
     free(l);
+}
+
+/* The whole call on `threads` OpenMP threads (0: the runtime's default, torch's thread count): pack, wait for
+ * every thread, attend. */
+void flash_run(flash_args *a, void *kp, void *vp, int bf16, int threads) {
+    if (threads == 1) { /* no parallel region, as in rms_norm.c */
+        flash_pack(a, kp, vp, bf16);
+        flash_attend(a, kp, vp, bf16);
+        return;
+    }
+#pragma omp parallel num_threads(threads > 0 ? threads : omp_get_max_threads())
+    {
+        flash_pack(a, kp, vp, bf16);
+#pragma omp barrier
+        flash_attend(a, kp, vp, bf16);
+    }
 }

@@ -8,8 +8,7 @@ blocks of 32 or 64 below 768 tokens). This kernel packs each KV head's keys
 and values once per call into the layout the dot-product instructions read,
 runs every query head of a KV head against each packed block together, and
 hands the step's work items (segment, KV head, block of query positions) to
-the calling thread and ``torch.get_num_threads() - 1`` helper threads (ctypes
-releases the GIL), each claiming the next one as it finishes.
+torch's OpenMP threads, each claiming the next one as it finishes.
 
 What a query sees is what ``packed_attention.segment_attention`` gives it:
 positions before the segment's ``start`` through its prefix blocks, then its
@@ -35,7 +34,7 @@ from prefill_shell.reference.cpu_kernels.library import (
     FlashSegment,
     kernel_dtypes,
     kernel_library,
-    on_all_threads,
+    threads_for,
 )
 from prefill_shell.reference.pools.kv_cache import PagedKVCache
 
@@ -45,8 +44,8 @@ BLOCK_KEYS = 64
 """Keys per packed block (``BK`` in ``flash.c``)."""
 
 SHARED_FLOPS = 32e6
-"""A step of less attention work (multiply-adds counted twice) runs on the calling thread alone: handing each
-phase to helper threads costs tens of microseconds, about what a thread takes for this much work."""
+"""A step of less attention work (multiply-adds counted twice) runs on one thread: waking the others costs
+more than they save on so little."""
 
 QUERY_ROWS = 64
 """Query rows (positions times the query heads of one KV head) a work item aims at: each packed block it
@@ -71,7 +70,7 @@ class FlashStep:
             flops += 4.0 * heads * head_dim * length * (start + (length + 1) / 2)
             blocks_at += ceil_div(start, block_size)  # block_ids holds each cached segment's prefix blocks in turn
         self.table, self.packed, self.items = table, packed, items
-        self.threads = 1 if flops < SHARED_FLOPS else None  # None: torch's thread count
+        self.threads = threads_for(flops >= SHARED_FLOPS)
         self.block_ids = block_ids
         self.pool_blocks = int(block_ids.max()) + 1 if len(block_ids) else 0  # the pool must hold every block read
         self.heads, self.kv_heads, self.head_dim, self.dtype = heads, kv_heads, head_dim, dtype
@@ -104,11 +103,8 @@ class FlashStep:
             nseg=len(self.table), seg=ctypes.addressof(self.table), block_ids=self.block_ids.data_ptr(),
             packed=self.packed, items=self.items, next_pack=0, next_item=0,
         )  # fmt: skip
-        library = kernel_library()
         bf16 = int(self.dtype == torch.bfloat16)
-        pointers = (ctypes.byref(args), self._kp.data_ptr(), self._vp.data_ptr(), bf16)
-        for phase in (library.flash_pack, library.flash_attend):
-            on_all_threads(phase, *pointers, threads=self.threads)
+        kernel_library().flash_run(ctypes.byref(args), self._kp.data_ptr(), self._vp.data_ptr(), bf16, self.threads)
         return out
 
 

@@ -10,11 +10,13 @@ Where the CPU lacks AVX-512 (torch's capability below ``AVX512``), where
 no compiler runs, or where ``PREFILL_CPU_KERNELS=torch`` says so, there
 is no library and the model keeps torch's ops.
 
-Each kernel splits its work into items that its callers claim from a
-shared counter; ``on_all_threads`` runs one on the calling thread and
-``torch.get_num_threads() - 1`` helper threads at once (ctypes releases the
-GIL for the call), so an item runs whole on one thread and the thread count
-changes no bit.
+Each kernel splits its work into items that its threads claim from a
+shared counter, on OpenMP threads: the library is linked with ``-fopenmp``
+and loaded after torch, so the loader hands it the libgomp torch already
+loaded and both share one pool of threads. (Kernels run on threads of
+their own would compete for the cores with torch's OpenMP workers, which
+spin for a while after each op.) An item runs whole on one thread, so the
+thread count changes no bit.
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ import shutil
 import subprocess
 import tempfile
 import warnings
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -41,7 +42,7 @@ __all__ = [
     "SHARED_ELEMENTS",
     "kernel_dtypes",
     "kernel_library",
-    "on_all_threads",
+    "threads_for",
 ]
 
 SOURCES = tuple(Path(__file__).with_name(name) for name in ("flash.c", "rms_norm.c", "rope.c"))
@@ -49,6 +50,7 @@ FLAGS = (
     "-O3",
     "-shared",
     "-fPIC",
+    "-fopenmp",
     "-std=gnu11",
     "-ffp-contract=off",
     "-mavx512f",
@@ -136,8 +138,7 @@ class RopeArgs(ctypes.Structure):
 
 
 SHARED_ELEMENTS = 1 << 19
-"""Element-wise kernels over fewer elements run on the calling thread alone: handing a call to helper threads
-costs tens of microseconds, about what a thread takes for half a million elements."""
+"""Element-wise kernels over fewer elements run on one thread: waking the others costs more than they save."""
 
 
 @functools.cache
@@ -184,33 +185,18 @@ def kernel_library() -> ctypes.CDLL | None:
                 return None
             os.replace(built, target)
     library = ctypes.CDLL(str(target))
-    for name in ("flash_pack", "flash_attend"):
-        getattr(library, name).argtypes = [ctypes.POINTER(FlashArgs), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
-        getattr(library, name).restype = None
-    library.rms_norm_bf16.argtypes = [ctypes.POINTER(NormArgs)]
-    library.rms_norm_bf16.restype = None
-    library.rope_write.argtypes = [ctypes.POINTER(RopeArgs), ctypes.c_int]
-    library.rope_write.restype = None
+    pointer, void_p, int_ = ctypes.POINTER, ctypes.c_void_p, ctypes.c_int
+    library.flash_run.argtypes = [pointer(FlashArgs), void_p, void_p, int_, int_]
+    library.rms_norm_bf16.argtypes = [pointer(NormArgs), int_]
+    library.rope_write.argtypes = [pointer(RopeArgs), int_, int_]
+    for kernel in (library.flash_run, library.rms_norm_bf16, library.rope_write):
+        kernel.restype = None
     return library
 
 
-_helpers: ThreadPoolExecutor | None = None
-
-
-def on_all_threads(kernel, *arguments, threads: int | None = None) -> None:
-    """Runs ``kernel(*arguments)`` on this thread and ``threads - 1`` helpers at once (default: torch's
-    thread count); each call claims work items until none is left."""
-    global _helpers
-    threads = torch.get_num_threads() if threads is None else threads
-    if threads <= 1:
-        kernel(*arguments)
-        return
-    if _helpers is None or _helpers._max_workers != threads - 1:
-        _helpers = ThreadPoolExecutor(threads - 1, thread_name_prefix="prefill-cpu-kernels")
-    running = [_helpers.submit(kernel, *arguments) for _ in range(threads - 1)]
-    kernel(*arguments)
-    for future in running:
-        future.result()
+def threads_for(shared: bool) -> int:
+    """A kernel call's thread count: torch's (0, OpenMP's default) where the work is worth sharing, else 1."""
+    return 0 if shared else 1
 
 
 def _cache_dir() -> Path:

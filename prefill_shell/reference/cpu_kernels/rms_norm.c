@@ -5,11 +5,12 @@
  * passes over the rows; this reads each row once and writes it once. The mean sums in another order than
  * torch's reduction, so a row's scale can differ in its last float32 bit.
  *
- * Rows are claimed `ROWS` at a time from a shared counter by every caller (the Python side runs it on its
- * threads; ctypes drops the GIL), so the thread count changes no bit.
+ * Rows are claimed `ROWS` at a time from a shared counter by `threads` OpenMP threads (torch's), so the
+ * thread count changes no bit.
  */
 #include <immintrin.h>
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 
 #define ROWS 32
@@ -30,7 +31,7 @@ static inline __m512 load_bf16(const uint16_t *p, __mmask16 m) {
 
 static inline __mmask16 lanes(int64_t left) { return left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u); }
 
-void rms_norm_bf16(norm_args *a) {
+static void claim_rows(norm_args *a) {
     for (;;) {
         int64_t first = __atomic_fetch_add(&a->next, 1, __ATOMIC_RELAXED) * ROWS;
         if (first >= a->rows) return;
@@ -54,4 +55,13 @@ void rms_norm_bf16(norm_args *a) {
             }
         }
     }
+}
+
+void rms_norm_bf16(norm_args *a, int threads) {
+    if (threads == 1) { /* no parallel region: a team of one would make libgomp re-form torch's next team */
+        claim_rows(a);
+        return;
+    }
+#pragma omp parallel num_threads(threads > 0 ? threads : omp_get_max_threads())
+    claim_rows(a);
 }

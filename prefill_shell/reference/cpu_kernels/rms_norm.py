@@ -19,7 +19,7 @@ from prefill_shell.reference.cpu_kernels.library import (
     NormArgs,
     kernel_dtypes,
     kernel_library,
-    on_all_threads,
+    threads_for,
 )
 
 __all__ = ["rms_norm_rows"]
@@ -41,6 +41,5 @@ def rms_norm_rows(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Te
     rows, cols = x.shape
     out = torch.empty(rows, cols, dtype=torch.bfloat16)
     args = NormArgs(x.data_ptr(), x.stride(0), weight.data_ptr(), out.data_ptr(), rows, cols, eps, 0)
-    threads = None if rows * cols >= SHARED_ELEMENTS else 1
-    on_all_threads(kernel_library().rms_norm_bf16, ctypes.byref(args), threads=threads)
+    kernel_library().rms_norm_bf16(ctypes.byref(args), threads_for(rows * cols >= SHARED_ELEMENTS))
     return out

@@ -7,9 +7,10 @@
  * to the pool's slot for t (block slots[t] / bs, offset slots[t] % bs; -1 writes nothing), whose layout is
  * [blocks, Hkv, bs, D].
  *
- * Tokens are claimed `TOKENS` at a time from a shared counter by every caller, as in flash.c.
+ * Tokens are claimed `TOKENS` at a time from a shared counter by `threads` OpenMP threads, as in flash.c.
  */
 #include <immintrin.h>
+#include <omp.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -54,7 +55,7 @@ static void rotate_f32(const float *x, const float *c, const float *s, float *ou
 }
 
 /* Head size a multiple of 32 (two 16-lane halves); esize 2: bfloat16, 4: float32. */
-void rope_write(rope_args *a, int esize) {
+static void claim_tokens(rope_args *a, int esize) {
     int64_t heads = a->H + a->Hkv, D = a->D, row = D * esize;
     for (;;) {
         int64_t first = __atomic_fetch_add(&a->next, 1, __ATOMIC_RELAXED) * TOKENS;
@@ -83,4 +84,13 @@ void rope_write(rope_args *a, int esize) {
             }
         }
     }
+}
+
+void rope_write(rope_args *a, int esize, int threads) {
+    if (threads == 1) { /* no parallel region, as in rms_norm.c */
+        claim_tokens(a, esize);
+        return;
+    }
+#pragma omp parallel num_threads(threads > 0 ? threads : omp_get_max_threads())
+    claim_tokens(a, esize);
 }

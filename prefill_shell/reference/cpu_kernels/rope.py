@@ -23,7 +23,7 @@ from prefill_shell.reference.cpu_kernels.library import (
     RopeArgs,
     kernel_dtypes,
     kernel_library,
-    on_all_threads,
+    threads_for,
 )
 from prefill_shell.reference.pools.kv_cache import PagedKVCache
 
@@ -37,7 +37,7 @@ class RopeStep:
         self.cos, self.sin, self.slots = cos, sin, slots
         self.heads, self.kv_heads = heads, kv_heads
         tokens, dim = cos.shape
-        self.threads = 1 if tokens * (heads + 2 * kv_heads) * dim < SHARED_ELEMENTS else None
+        self.threads = threads_for(tokens * (heads + 2 * kv_heads) * dim >= SHARED_ELEMENTS)
 
     def __call__(
         self, kv: PagedKVCache, layer: int, qk: torch.Tensor, v: torch.Tensor
@@ -59,7 +59,7 @@ class RopeStep:
             pool_k=pool_k.data_ptr(), pool_v=pool_v.data_ptr(), slots=self.slots.data_ptr(), bs=kv.block_size,
             T=tokens, H=self.heads, Hkv=self.kv_heads, D=dim, next=0,
         )  # fmt: skip
-        on_all_threads(kernel_library().rope_write, ctypes.byref(args), dtype.itemsize, threads=self.threads)
+        kernel_library().rope_write(ctypes.byref(args), dtype.itemsize, self.threads)
         return out[:, : self.heads], out[:, self.heads :], v
 
     def pool_size(self, block_size: int, dim: int) -> int:
