@@ -23,6 +23,7 @@ ATTENTION = (
     "aten::index_copy_",  # padded K/V writes
     "aten::tril",  # chunk masks (padded path)
     "aten::triu_",  # segment masks (packed path)
+    "prefill::flash_attention",  # the CPU kernel of packed steps (prefill_shell/reference/cpu_kernels)
 )
 NORMS_ROTARY = (
     "aten::rms_norm",
@@ -39,6 +40,8 @@ NORMS_ROTARY = (
     "aten::silu",
     "aten::silu_",
     "aten::embedding",
+    "prefill::rms_norm",  # the CPU kernels (prefill_shell/reference/cpu_kernels)
+    "prefill::rope_write",
 )
 
 

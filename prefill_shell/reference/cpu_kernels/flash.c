@@ -148,34 +148,71 @@ static inline int64_t row_offset(const item_rows *it, int64_t r, int64_t st, int
 
 /* ------------------------------------------------------------------ packing */
 
+/* Transposes a 16 x 16 tile of 32-bit words in place: r[i] holds row i, then column i. */
+static inline void transpose16(__m512i r[16]) {
+    __m512i t[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; i++) { /* r[4i + j], 128-bit lane L: column 4L + j of rows 4i .. 4i + 3 */
+        r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    __m512i c[16];
+    for (int j = 0; j < 4; j++) {
+        __m512i a = _mm512_shuffle_i32x4(r[j], r[4 + j], 0x88), b = _mm512_shuffle_i32x4(r[j], r[4 + j], 0xdd);
+        __m512i e = _mm512_shuffle_i32x4(r[8 + j], r[12 + j], 0x88), f = _mm512_shuffle_i32x4(r[8 + j], r[12 + j], 0xdd);
+        c[j] = _mm512_shuffle_i32x4(a, e, 0x88);
+        c[8 + j] = _mm512_shuffle_i32x4(a, e, 0xdd);
+        c[4 + j] = _mm512_shuffle_i32x4(b, f, 0x88);
+        c[12 + j] = _mm512_shuffle_i32x4(b, f, 0xdd);
+    }
+    for (int i = 0; i < 16; i++) r[i] = c[i];
+}
+
 /* bfloat16, per KV head and block: keys as uint32 [D/2][BK], word (d2, n) = key n's elements 2*d2 and
  * 2*d2 + 1 (vdpbf16ps's pairs); values as uint32 [BK/2][D], word (k2, d) = element d of keys 2*k2 and
- * 2*k2 + 1. float32: keys as [D][BK] (transposed), values as [BK][D]. Zero past the segment's last key. */
+ * 2*k2 + 1. float32: keys as [D][BK] (transposed), values as [BK][D]. Zero past the segment's last key.
+ * Keys are transposed 16 x 16 words at a time (bfloat16 pairs and float32 values are both 32-bit words). */
 static void pack_block(const flash_args *a, const flash_segment *s, int64_t local, void *kp, void *vp, int bf16) {
     int64_t nb = nblocks(s), hk = local / nb, b = local % nb, D = a->D, n_keys = s->start + s->length;
-    int64_t at = s->packed_at + local;
-    if (bf16) {
-        uint32_t *kb = (uint32_t *)kp + at * (D / 2) * BK, *vb = (uint32_t *)vp + at * (BK / 2) * D;
-        for (int64_t n = 0; n < BK; n++) {
-            int64_t j = b * BK + n;
-            const uint32_t *row = j < n_keys ? (const uint32_t *)key_row(a, s, 0, j, hk, 2) : NULL;
-            for (int64_t d2 = 0; d2 < D / 2; d2++) kb[d2 * BK + n] = row ? row[d2] : 0u;
+    int64_t at = s->packed_at + local, esize = bf16 ? 2 : 4, words = bf16 ? D / 2 : D;
+    uint32_t *kb = (uint32_t *)kp + at * words * BK;
+    const char *rows[BK];
+    for (int64_t n = 0; n < BK; n++) rows[n] = b * BK + n < n_keys ? key_row(a, s, 0, b * BK + n, hk, esize) : NULL;
+    for (int64_t n0 = 0; n0 < BK; n0 += 16)
+        for (int64_t w0 = 0; w0 < words; w0 += 16) {
+            __m512i r[16];
+            for (int i = 0; i < 16; i++)
+                r[i] = rows[n0 + i] ? _mm512_loadu_si512((const uint32_t *)rows[n0 + i] + w0) : _mm512_setzero_si512();
+            transpose16(r);
+            for (int i = 0; i < 16; i++) _mm512_storeu_si512(kb + (w0 + i) * BK + n0, r[i]);
         }
+    if (bf16) {
+        uint32_t *vb = (uint32_t *)vp + at * (BK / 2) * D;
+        /* element i of the even row, then of the odd row, for i in a half of 16 (bit 5 picks the odd row) */
+        uint16_t lo[32], hi[32];
+        for (int i = 0; i < 16; i++) lo[2 * i] = i, lo[2 * i + 1] = 32 + i, hi[2 * i] = 16 + i, hi[2 * i + 1] = 48 + i;
+        __m512i pick_lo = _mm512_loadu_si512(lo), pick_hi = _mm512_loadu_si512(hi);
         for (int64_t k2 = 0; k2 < BK / 2; k2++) {
             int64_t j = b * BK + 2 * k2;
             const uint16_t *even = j < n_keys ? (const uint16_t *)key_row(a, s, 1, j, hk, 2) : NULL;
             const uint16_t *odd = j + 1 < n_keys ? (const uint16_t *)key_row(a, s, 1, j + 1, hk, 2) : NULL;
-            for (int64_t d = 0; d < D; d++)
-                vb[k2 * D + d] = (even ? even[d] : 0u) | ((odd ? (uint32_t)odd[d] : 0u) << 16);
+            for (int64_t d = 0; d < D; d += 32) {
+                __m512i e = even ? _mm512_loadu_si512(even + d) : _mm512_setzero_si512();
+                __m512i o = odd ? _mm512_loadu_si512(odd + d) : _mm512_setzero_si512();
+                _mm512_storeu_si512(vb + k2 * D + d, _mm512_permutex2var_epi16(e, pick_lo, o));
+                _mm512_storeu_si512(vb + k2 * D + d + 16, _mm512_permutex2var_epi16(e, pick_hi, o));
+            }
         }
         return;
     }
-    float *kb = (float *)kp + at * D * BK, *vb = (float *)vp + at * BK * D;
+    float *vb = (float *)vp + at * BK * D;
     for (int64_t n = 0; n < BK; n++) {
-        int64_t j = b * BK + n;
-        const float *krow = j < n_keys ? (const float *)key_row(a, s, 0, j, hk, 4) : NULL;
-        const float *vrow = j < n_keys ? (const float *)key_row(a, s, 1, j, hk, 4) : NULL;
-        for (int64_t d = 0; d < D; d++) kb[d * BK + n] = krow ? krow[d] : 0.0f;
+        const float *vrow = b * BK + n < n_keys ? (const float *)key_row(a, s, 1, b * BK + n, hk, 4) : NULL;
         if (vrow)
             memcpy(vb + n * D, vrow, sizeof(float) * D);
         else

@@ -34,6 +34,7 @@ from prefill_shell.reference.cpu_kernels.library import (
     FlashSegment,
     kernel_dtypes,
     kernel_library,
+    run_kernel,
     threads_for,
 )
 from prefill_shell.reference.pools.kv_cache import PagedKVCache
@@ -104,7 +105,8 @@ class FlashStep:
             packed=self.packed, items=self.items, next_pack=0, next_item=0,
         )  # fmt: skip
         bf16 = int(self.dtype == torch.bfloat16)
-        kernel_library().flash_run(ctypes.byref(args), self._kp.data_ptr(), self._vp.data_ptr(), bf16, self.threads)
+        pointers = (ctypes.byref(args), self._kp.data_ptr(), self._vp.data_ptr(), bf16, self.threads)
+        run_kernel("prefill::flash_attention", kernel_library().flash_run, *pointers)
         return out
 
 

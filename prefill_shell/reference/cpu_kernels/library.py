@@ -42,6 +42,7 @@ __all__ = [
     "SHARED_ELEMENTS",
     "kernel_dtypes",
     "kernel_library",
+    "run_kernel",
     "threads_for",
 ]
 
@@ -192,6 +193,16 @@ def kernel_library() -> ctypes.CDLL | None:
     for kernel in (library.flash_run, library.rms_norm_bf16, library.rope_write):
         kernel.restype = None
     return library
+
+
+def run_kernel(name: str, kernel, *arguments) -> None:
+    """``kernel(*arguments)``, named ``name`` in a running ``torch.profiler`` trace (ctypes calls are no torch op,
+    so ``benchmarks/_profile.py`` would count them as host work)."""
+    if torch.autograd._profiler_enabled():
+        with torch.profiler.record_function(name):
+            kernel(*arguments)
+    else:
+        kernel(*arguments)
 
 
 def threads_for(shared: bool) -> int:

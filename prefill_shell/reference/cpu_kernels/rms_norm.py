@@ -19,6 +19,7 @@ from prefill_shell.reference.cpu_kernels.library import (
     NormArgs,
     kernel_dtypes,
     kernel_library,
+    run_kernel,
     threads_for,
 )
 
@@ -41,5 +42,6 @@ def rms_norm_rows(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Te
     rows, cols = x.shape
     out = torch.empty(rows, cols, dtype=torch.bfloat16)
     args = NormArgs(x.data_ptr(), x.stride(0), weight.data_ptr(), out.data_ptr(), rows, cols, eps, 0)
-    kernel_library().rms_norm_bf16(ctypes.byref(args), threads_for(rows * cols >= SHARED_ELEMENTS))
+    threads = threads_for(rows * cols >= SHARED_ELEMENTS)
+    run_kernel("prefill::rms_norm", kernel_library().rms_norm_bf16, ctypes.byref(args), threads)
     return out

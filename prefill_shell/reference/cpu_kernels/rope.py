@@ -23,6 +23,7 @@ from prefill_shell.reference.cpu_kernels.library import (
     RopeArgs,
     kernel_dtypes,
     kernel_library,
+    run_kernel,
     threads_for,
 )
 from prefill_shell.reference.pools.kv_cache import PagedKVCache
@@ -59,7 +60,7 @@ class RopeStep:
             pool_k=pool_k.data_ptr(), pool_v=pool_v.data_ptr(), slots=self.slots.data_ptr(), bs=kv.block_size,
             T=tokens, H=self.heads, Hkv=self.kv_heads, D=dim, next=0,
         )  # fmt: skip
-        kernel_library().rope_write(ctypes.byref(args), dtype.itemsize, self.threads)
+        run_kernel("prefill::rope_write", kernel_library().rope_write, ctypes.byref(args), dtype.itemsize, self.threads)
         return out[:, : self.heads], out[:, self.heads :], v
 
     def pool_size(self, block_size: int, dim: int) -> int:
