@@ -198,3 +198,21 @@ def test_the_kernels_share_torchs_openmp_runtime():
     ours = ctypes.cast(kernels.omp_get_max_threads, ctypes.c_void_p).value
     theirs = ctypes.cast(ctypes.CDLL(torch_gomp.pop()).omp_get_max_threads, ctypes.c_void_p).value
     assert ours == theirs
+
+
+def test_an_unwritable_kernel_cache_leaves_torchs_ops(monkeypatch, tmp_path):
+    """Where the library cannot be built (its cache directory is a file here), there is no library, a warning
+    says why, and no dtype runs the kernels: the model keeps torch's ops rather than failing."""
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    monkeypatch.setenv("PREFILL_KERNEL_CACHE", str(blocker / "kernels"))
+    library.kernel_library.cache_clear()
+    library.kernel_dtypes.cache_clear()
+    try:
+        with pytest.warns(RuntimeWarning, match="the model keeps torch's ops"):
+            assert library.kernel_library() is None
+        assert library.kernel_dtypes() == frozenset()
+    finally:
+        monkeypatch.undo()
+        library.kernel_library.cache_clear()
+        library.kernel_dtypes.cache_clear()

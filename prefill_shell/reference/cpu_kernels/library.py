@@ -175,17 +175,21 @@ def kernel_library() -> ctypes.CDLL | None:
         return None
     key = hashlib.sha256("\0".join((*(s.read_text() for s in SOURCES), *flags, version)).encode()).hexdigest()[:16]
     target = _cache_dir() / f"kernels-{key}.so"
-    if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-            built = Path(tmp) / target.name
-            command = [compiler, *flags, *map(str, SOURCES), "-o", str(built), "-lm"]
-            run = subprocess.run(command, capture_output=True, text=True)
-            if run.returncode != 0:
-                warnings.warn(f"building the CPU kernels failed: {run.stderr[-2000:]}", RuntimeWarning, stacklevel=2)
-                return None
-            os.replace(built, target)
-    library = ctypes.CDLL(str(target))
+    try:
+        if not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+                built = Path(tmp) / target.name
+                command = [compiler, *flags, *map(str, SOURCES), "-o", str(built), "-lm"]
+                run = subprocess.run(command, capture_output=True, text=True)
+                if run.returncode != 0:
+                    warnings.warn(f"building the CPU kernels failed: {run.stderr[-2000:]}", RuntimeWarning, 2)
+                    return None
+                os.replace(built, target)
+        library = ctypes.CDLL(str(target))
+    except OSError as err:  # an unwritable cache, a library the loader refuses
+        warnings.warn(f"the CPU kernels at {target}: {err}; the model keeps torch's ops", RuntimeWarning, 2)
+        return None
     pointer, void_p, int_ = ctypes.POINTER, ctypes.c_void_p, ctypes.c_int
     library.flash_run.argtypes = [pointer(FlashArgs), void_p, void_p, int_, int_]
     library.rms_norm_bf16.argtypes = [pointer(NormArgs), int_]
