@@ -29,6 +29,9 @@ plain form should come back.
   multiply fused as oneDNN's post-op up to 256 rows, oneDNN's plain GEMM
   then ``mul_`` past them) vs the other of the two (key ``other``), where
   the dtype is prepacked.
+* ``shared_prefix_*`` and ``cached_attention_*`` below time torch's SDPA
+  path, which a packed step takes where ``reference/cpu_kernels`` does not
+  apply (no AVX-512, CUDA, ``PREFILL_CPU_KERNELS=torch``).
 * ``shared_prefix_{chat16,documents16}_<dtype>``: one layer's attention
   of 16 cached segments behind one shared prefix at SmolLM2's heads, as
   ``segment_reads`` runs it (short chat turns of 18-30 tokens behind 160:

