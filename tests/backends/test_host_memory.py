@@ -21,11 +21,12 @@ from prefill_shell.backends.torch_backend import TorchBackend
 kept = keep_freed_host_memory() if sys.argv[1] == "direct" else (TorchBackend(), keep_freed_host_memory())[1]
 for _ in range(2):
     torch.ones(16 << 20)  # 64 MiB, freed at once: the heap settles
-before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(5):
-    torch.ones(16 << 20)  # the same size again: a step's activations, step after step
-faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 5
-print(json.dumps({"kept": kept, "faults": faults}))
+faults = []
+for _ in range(7):  # the same size again: a step's activations, step after step
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    torch.ones(16 << 20)
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(json.dumps({"kept": kept, "faults": sorted(faults)[3]}))  # the median: the kernel may reclaim a page any time
 """
 
 
@@ -42,8 +43,9 @@ def child(how: str, **env: str) -> dict:
 
 
 def test_freed_blocks_serve_the_next_step_without_page_faults():
-    """64 MiB allocated and freed five times: under a hundred page faults each once kept (the TorchBackend on
-    the CPU keeps them), thousands each where malloc maps fresh pages (PREFILL_HOST_MALLOC=system)."""
+    """64 MiB allocated and freed seven times: the median call takes under a hundred page faults once kept (the
+    TorchBackend on the CPU keeps them), thousands where malloc maps fresh pages (PREFILL_HOST_MALLOC=system).
+    The median, since the machine's memory reclaim may take back an idle page between two calls."""
     kept = child("backend")
     system = child("direct", **{host_memory.SETTING: "system"})
     assert kept["kept"] is True and system["kept"] is False
