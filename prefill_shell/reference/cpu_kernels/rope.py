@@ -38,6 +38,7 @@ class RopeStep:
         self.cos, self.sin, self.slots = cos, sin, slots
         self.heads, self.kv_heads = heads, kv_heads
         tokens, dim = cos.shape
+        self.highest_slot = int(slots.max()) if len(slots) else -1  # read once per step, not per layer
         self.threads = threads_for(tokens * (heads + 2 * kv_heads) * dim >= SHARED_ELEMENTS)
 
     def __call__(
@@ -51,8 +52,9 @@ class RopeStep:
             if tuple(x.shape) != (tokens, heads, dim) or x.dtype != dtype or x.stride()[1:] != (dim, 1):
                 raise ValueError(f"{name} is {x.dtype} {tuple(x.shape)} strides {x.stride()}, the step needs {dtype}")
         pool_k, pool_v = kv.keys[layer], kv.values[layer]
-        if pool_k.dtype != dtype or pool_k.numel() < self.pool_size(kv.block_size, dim):
-            raise ValueError(f"the pool's layer {layer} ({pool_k.dtype} {tuple(pool_k.shape)}) is not the step's")
+        for pool in (pool_k, pool_v):
+            if pool.dtype != dtype or pool.numel() < self.pool_size(kv.block_size, dim):
+                raise ValueError(f"the pool's layer {layer} ({pool.dtype} {tuple(pool.shape)}) is not the step's")
         out = torch.empty(tokens, self.heads + self.kv_heads, dim, dtype=dtype)
         args = RopeArgs(
             qk=qk.data_ptr(), qk_st=qk.stride(0), v=v.data_ptr(), v_st=v.stride(0),
@@ -65,7 +67,7 @@ class RopeStep:
 
     def pool_size(self, block_size: int, dim: int) -> int:
         """Elements a pool layer must hold for the step's highest slot."""
-        highest = int(self.slots.max()) if len(self.slots) else -1
+        highest = self.highest_slot
         return (highest // block_size + 1) * self.kv_heads * block_size * dim if highest >= 0 else 0
 
 
