@@ -21,6 +21,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "vector_math.h"
+
 #define BK 64   /* keys per packed block: four 16-lane vectors */
 #define TILE 4  /* query rows per micro-tile */
 
@@ -70,25 +72,6 @@ static inline const char *key_row(const flash_args *a, const flash_segment *s, i
     if (values) return (const char *)a->v + (t * a->v_st + hk * a->v_sh) * esize;
     return (const char *)a->k + (t * a->k_st + hk * a->k_sh) * esize;
 }
-/* e^x in float32 for x <= 0 (-inf gives ~0; callers zero masked lanes themselves): Cody-Waite range
- * reduction by ln 2, then a degree-7 Taylor polynomial on |f| <= ln(2)/2 (error below 1e-8 relative). */
-static inline __m512 exp_ps(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 f = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-    f = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), f);
-    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 720.0f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 120.0f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 24.0f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 6.0f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
-}
-
 /* Lanes of keys j0 .. j0 + 15 that query position `limit` (its last visible key) may see. */
 static inline __mmask16 visible(int64_t j0, int64_t limit) {
     int64_t n = limit - j0 + 1;

@@ -1,4 +1,5 @@
-"""Builds the CPU kernels (``flash.c``, ``rms_norm.c``, ``rope.c``) once per machine into one library, and loads it.
+"""Builds the CPU kernels (``flash.c``, ``rms_norm.c``, ``rope.c``, with ``vector_math.h``) once per machine into
+one library, and loads it.
 
 The library is compiled on first use with the system C compiler (``cc``,
 or ``$CC``) for the AVX-512 features the kernel uses, into
@@ -47,6 +48,8 @@ __all__ = [
 ]
 
 SOURCES = tuple(Path(__file__).with_name(name) for name in ("flash.c", "rms_norm.c", "rope.c"))
+HEADERS = (Path(__file__).with_name("vector_math.h"),)
+"""Included by the sources: part of the build's key, not of its command line."""
 FLAGS = (
     "-O3",
     "-shared",
@@ -144,8 +147,7 @@ SHARED_ELEMENTS = 1 << 19
 
 @functools.cache
 def kernel_dtypes() -> frozenset[torch.dtype]:
-    """The dtypes this CPU runs the kernels at: float32 with AVX-512, bfloat16 with AVX512-BF16 too (the
-    RMSNorm kernel is bfloat16's only)."""
+    """The dtypes this CPU runs the kernels at: float32 with AVX-512, bfloat16 with AVX512-BF16 too."""
     if os.environ.get(SETTING, "auto") == "torch":
         return frozenset()
     if torch.backends.cpu.get_cpu_capability() not in ("AVX512",):
@@ -160,7 +162,7 @@ def kernel_dtypes() -> frozenset[torch.dtype]:
 def kernel_library() -> ctypes.CDLL | None:
     """The loaded library, built first where needed; None (with a warning) where it cannot be built."""
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    missing = [str(source) for source in SOURCES if not source.exists()]
+    missing = [str(source) for source in (*SOURCES, *HEADERS) if not source.exists()]
     if missing:
         warnings.warn(f"{missing} missing: the model keeps torch's ops", RuntimeWarning, stacklevel=2)
         return None
@@ -173,7 +175,8 @@ def kernel_library() -> ctypes.CDLL | None:
     except (OSError, subprocess.CalledProcessError) as err:
         warnings.warn(f"{compiler} --version failed ({err}): the model keeps torch's ops", RuntimeWarning, 2)
         return None
-    key = hashlib.sha256("\0".join((*(s.read_text() for s in SOURCES), *flags, version)).encode()).hexdigest()[:16]
+    texts = (path.read_text() for path in (*SOURCES, *HEADERS))
+    key = hashlib.sha256("\0".join((*texts, *flags, version)).encode()).hexdigest()[:16]
     target = _cache_dir() / f"kernels-{key}.so"
     try:
         if not target.exists():
@@ -192,9 +195,9 @@ def kernel_library() -> ctypes.CDLL | None:
         return None
     pointer, void_p, int_ = ctypes.POINTER, ctypes.c_void_p, ctypes.c_int
     library.flash_run.argtypes = [pointer(FlashArgs), void_p, void_p, int_, int_]
-    library.rms_norm_bf16.argtypes = [pointer(NormArgs), int_]
+    library.rms_norm_rows.argtypes = [pointer(NormArgs), int_, int_]
     library.rope_write.argtypes = [pointer(RopeArgs), int_, int_]
-    for kernel in (library.flash_run, library.rms_norm_bf16, library.rope_write):
+    for kernel in (library.flash_run, library.rms_norm_rows, library.rope_write):
         kernel.restype = None
     return library
 

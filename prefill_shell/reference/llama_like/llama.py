@@ -165,12 +165,12 @@ def rope_inv_freq(spec: LlamaSpec) -> torch.Tensor:
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last dimension; ``weight`` is ``[D]`` or broadcasts over ``x`` (one per head)."""
-    if x.dtype == torch.float32 and weight.dim() == 1:
-        return F.rms_norm(x, (x.shape[-1],), weight, eps)  # one fused kernel
-    if x.dtype == torch.bfloat16 and weight.dim() == 1 and x.device.type == "cpu":
+    if weight.dim() == 1 and x.device.type == "cpu":
         fused = rms_norm_rows(x, weight, eps)  # one pass, HF's roundings (reference/cpu_kernels); None: not here
         if fused is not None:
             return fused
+    if x.dtype == torch.float32 and weight.dim() == 1:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)  # torch's own: fewer passes than the expression below
     # At half precision HF's bits: normalise in float32, round to the model dtype, then scale
     # (F.rms_norm would scale before rounding). In place where HF allocates: same ops, two fewer passes.
     x32 = x.float()
