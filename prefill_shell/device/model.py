@@ -16,12 +16,15 @@ import torch
 
 __all__ = [
     "PACKED_CAPABILITY",
+    "SEGMENT_ENDS_CAPABILITY",
+    "SegmentEndsPrefillModel",
     "GroupedPrefillModel",
     "ModelSpec",
     "PackedPrefillModel",
     "PrefillModel",
     "model_difference",
     "supports_packed",
+    "supports_segment_ends",
 ]
 
 
@@ -183,6 +186,42 @@ class GroupedPrefillModel(PrefillModel, Protocol):
 def supports_packed(model: object) -> bool:
     """Whether ``model`` declares it runs packed steps."""
     return getattr(model, PACKED_CAPABILITY, False) is True
+
+
+SEGMENT_ENDS_CAPABILITY = "segment_ends"
+"""The optional packed-model capability: a model with ``segment_ends = True`` also takes
+``forward_packed(..., kv, ends_only=True)``, which computes only each segment's last token's row of the
+``[1, T, hidden]`` output (the others are zero) while still writing every token's K/V in every layer. The
+runtime asks for it where nothing reads a step's other rows: no prompt log-probs and no pooled states, so only
+the last tokens the postprocessor samples from (``LAST_TOKEN_INDEX``, each row's last token, which ends a segment).
+The last layer then skips ``o_proj`` and its MLP for every other token."""
+
+
+@runtime_checkable
+class SegmentEndsPrefillModel(PackedPrefillModel, Protocol):
+    """A ``PackedPrefillModel`` that computes a packed step's segment ends alone on request
+    (``segment_ends = True``; ``SEGMENT_ENDS_CAPABILITY`` says how)."""
+
+    segment_ends: bool
+
+    def forward_packed(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        write_slots: torch.Tensor,
+        segments: torch.Tensor,
+        prefix_table: torch.Tensor,
+        kv: Any,
+        *,
+        ends_only: bool = False,
+    ) -> torch.Tensor:
+        """``PackedPrefillModel.forward_packed``; ``ends_only``: each segment's last row only, the others zero."""
+        ...
+
+
+def supports_segment_ends(model: object) -> bool:
+    """Whether ``model`` declares ``forward_packed(..., ends_only=True)``."""
+    return supports_packed(model) and getattr(model, SEGMENT_ENDS_CAPABILITY, False) is True
 
 
 CHUNKED_WAVES_CAPABILITY = "chunked_waves"

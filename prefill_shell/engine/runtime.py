@@ -36,6 +36,7 @@ from prefill_core.calls.call_plan import CallContext, plan_call
 from prefill_core.values.errors import CleanupError, PrefillInputError, PrefillStateError
 from prefill_core.values.sampling import refuse_per_row_extras
 from prefill_shell.device.ledger import DeviceTensor
+from prefill_shell.device.model import supports_segment_ends
 from prefill_shell.device.notes import add_note
 from prefill_shell.engine.batch_builder import build_batch, check_token_ids
 from prefill_shell.engine.call import PrefillCall, PrefillEntry
@@ -102,6 +103,11 @@ class PrefillRuntime(PrefillEntry):
         self._stager = PrefillInputStager(self.backend)
         self._postprocessor = PrefillPostprocessor(self.backend, self._run_lm_head, config.policy.max_logprobs)
         self._eager = EagerSteps(self.backend, self._stager, self._run_body)
+        # Where no hook reads a step's hidden rows (prompt log-probs, pooled states), a packed step needs only
+        # its segments' last tokens: a model that says it can (device.model.SEGMENT_ENDS_CAPABILITY) skips the
+        # rest of its last layer.
+        ends = supports_segment_ends(config.model)
+        self._eager_ends = EagerSteps(self.backend, self._stager, self._run_body_ends) if ends else self._eager
         self._loop = PrefillStepLoop(self._postprocessor, self._release_handles)
         self._traces = PrefillTraceLifecycle(
             self.backend,
@@ -130,6 +136,13 @@ class PrefillRuntime(PrefillEntry):
     # them (invoke, compile, capture) enters torch.inference_mode once.
     def _run_body(self, step: DeviceStep) -> Any:
         name, args = body_call(step)  # the protocol method of the step's kind (steps/call_steps.py)
+        return getattr(self.config.model, name)(*args, self.config.kv)
+
+    def _run_body_ends(self, step: DeviceStep) -> Any:
+        """``_run_body``, a plain packed step computing its segments' last tokens only."""
+        name, args = body_call(step)
+        if name == "forward_packed":
+            return self.config.model.forward_packed(*args, self.config.kv, ends_only=True)
         return getattr(self.config.model, name)(*args, self.config.kv)
 
     def _run_lm_head(self, rows: Any) -> Any:
@@ -237,12 +250,13 @@ class PrefillRuntime(PrefillEntry):
         # A hybrid request's steps write through every KV group: its plan names them all (GroupedRequest).
         log = StepLog(getattr(batch.steps[index], "grouped", None) or prepared.request, finished)
         traced = replays(mode, self._traces.gap(prepared) is None)
-        runner, generation = self._traces.mode_for(prepared) if traced else (self._eager, 0)
         seeds = self._resolve_seeds(prepared)
         pieces = batch.prompt_steps[index] if batch.prompt_steps else None
         prompt_hook = None if pieces is None else self._prompt.hook(pieces, batch.prompt_entries)
         pool_hook = None if batch.pooled is None else batch.pooled.hook(index)
         on_hidden = _both(prompt_hook, pool_hook)
+        eager = self._eager if on_hidden is not None else self._eager_ends  # a hook reads every hidden row
+        runner, generation = self._traces.mode_for(prepared) if traced else (eager, 0)
         try:
             with torch.inference_mode():
                 signature = prepared.program_signature

@@ -12,7 +12,12 @@ import inspect
 import re
 
 from prefill_shell.device.contract import GROUPED_INPUTS, GROUPED_PACKED_INPUTS, PACKED_INPUTS
-from prefill_shell.device.model import GroupedPrefillModel, PackedPrefillModel, PrefillModel
+from prefill_shell.device.model import (
+    GroupedPrefillModel,
+    PackedPrefillModel,
+    PrefillModel,
+    SegmentEndsPrefillModel,
+)
 from prefill_shell.engine.steps import call_steps
 from prefill_shell.reference import random_llama
 from prefill_shell.reference.windows.hybrid import HybridLlama
@@ -24,15 +29,18 @@ def _params(protocol, name: str) -> list[str]:
 
 
 def test_the_shipped_models_implement_their_protocols():
-    """The reference Llama runs padded and packed steps; a HybridLlama padded and packed grouped steps."""
+    """The reference Llama runs padded and packed steps (segment ends alone on request); a HybridLlama padded and
+    packed grouped steps."""
     llama = random_llama(0, "tiny")
-    assert isinstance(llama, PrefillModel) and isinstance(llama, PackedPrefillModel)
+    assert isinstance(llama, PrefillModel) and isinstance(llama, SegmentEndsPrefillModel)
     assert not isinstance(llama, GroupedPrefillModel)
     hybrid = HybridLlama(llama, kit.attention_of(("sliding_attention",) * llama.spec.num_layers, 16, 16))
     assert isinstance(hybrid, GroupedPrefillModel)
-    for protocol, name in ((PackedPrefillModel, "forward_packed"), (GroupedPrefillModel, "forward_grouped")):
-        model = llama if protocol is PackedPrefillModel else hybrid
+    for protocol, name in ((SegmentEndsPrefillModel, "forward_packed"), (GroupedPrefillModel, "forward_grouped")):
+        model = llama if protocol is SegmentEndsPrefillModel else hybrid
         assert _params(protocol, name) == [p for p in inspect.signature(getattr(model, name)).parameters]
+    # the packed protocol's parameters come first, the keyword-only option after them
+    assert _params(SegmentEndsPrefillModel, "forward_packed")[:-1] == _params(PackedPrefillModel, "forward_packed")
 
 
 def test_every_forward_the_runtime_calls_is_declared_with_its_inputs():

@@ -39,6 +39,7 @@ from prefill_shell.reference.cpu_kernels.rms_norm import rms_norm_rows
 from prefill_shell.reference.cpu_kernels.rope import rope_step
 from prefill_shell.reference.llama_like.config import LayerAttention, LlamaSpec
 from prefill_shell.reference.llama_like.packed_attention import (
+    end_segments,
     packed_writes,
     segment_attention,
     segment_reads,
@@ -227,6 +228,7 @@ class PagedLlama:
     """
 
     packed_steps = True  # forward_packed: segments end to end (reference/llama_like/packed_attention.py)
+    segment_ends = True  # forward_packed(..., ends_only=True): the last layer past attention for segment ends only
     chunked_waves = True  # a chunked step's rows each read and write through their own table rows
 
     def __init__(self, config: LlamaSpec, weights: Mapping[str, torch.Tensor], device: torch.device | str = "cpu"):
@@ -380,8 +382,15 @@ class PagedLlama:
         segments: torch.Tensor,
         prefix_table: torch.Tensor,
         kv: PagedKVCache,
+        *,
+        ends_only: bool = False,
     ) -> torch.Tensor:
-        """One packed step; see ``PrefillModel.forward_packed``. Returns ``[1, T, hidden]``."""
+        """One packed step; see ``PrefillModel.forward_packed``. Returns ``[1, T, hidden]``.
+
+        ``ends_only`` (``device.model.SEGMENT_ENDS_CAPABILITY``): only each segment's last token's row is
+        computed, the others are zero. Every layer still writes every token's K/V; the last layer runs its
+        ``o_proj``, MLP and final norm on the segments' last tokens alone, the only rows a step's sampling reads.
+        """
         total = tokens.shape[0]
         cos = self._cos[positions].to(self.dtype)  # [T, D]
         sin = self._signed_sin[positions].to(self.dtype)
@@ -396,6 +405,14 @@ class PagedLlama:
             rope = rope_step(cos, sin, write_slots, kv, spec.num_heads, spec.num_kv_heads)
         reads = segment_reads(segments, prefix_table, kv.block_size, self.dtype) if flash is None else None
         writes = packed_writes(write_slots, kv.block_size) if rope is None else None
+        ends = (segments[:, 0] + segments[:, 1] - 1).to(torch.int64) if ends_only else None  # each segment's last
+        last_flash = None  # the last layer's attention for the ends alone, reading the step's own K/V from the pool
+        if ends is not None and flash is not None and bool((write_slots[ends] >= 0).all()):
+            end_table = end_segments(segments, prefix_table, write_slots, kv.block_size)
+            spec = self.spec
+            last_flash = flash_step(
+                *end_table, kv, spec.num_heads, spec.num_kv_heads, spec.head_dim, self.dtype, len(ends)
+            )
         residual = F.embedding(tokens, self._embed)  # [T, H]
         eps = self.config.rms_norm_eps
         for i, layer in enumerate(self._layers):
@@ -405,13 +422,27 @@ class PagedLlama:
             else:
                 q, k, v = _split_qkv(qkv, self.config, layer, cos[:, None], sin[:, None])  # token-major [T, heads, D]
                 write_packed(kv, i, k, v, writes)
-            if flash is not None:
-                attn = flash(kv, i, q, k, v)
+            if ends is not None and i == len(self._layers) - 1:  # no later layer reads the other rows
+                if last_flash is not None:
+                    attn = last_flash(kv, i, q[ends], k[ends], v[ends])  # the K/V above are in the pool by now
+                else:
+                    attn = self._packed_attention(kv, i, (q, k, v), flash, reads)[ends]
+                residual = residual[ends]
             else:
-                attn = segment_attention(kv, i, (q, k, v), reads, self._sdpa)  # [T, H, D]
+                attn = self._packed_attention(kv, i, (q, k, v), flash, reads)
             residual = layer.o.plus(attn.flatten(1), residual)
             residual = self._mlp(layer, _rms_norm(residual, layer.mlp_norm, eps), residual)
-        return _rms_norm(residual, self._final_norm, eps).view(1, total, -1)
+        hidden = _rms_norm(residual, self._final_norm, eps)
+        if ends is not None:
+            rows, hidden = hidden, hidden.new_zeros(total, hidden.shape[-1])
+            hidden[ends] = rows
+        return hidden.view(1, total, -1)
+
+    def _packed_attention(self, kv: PagedKVCache, layer: int, qkv: tuple, flash, reads) -> torch.Tensor:
+        """A packed step's attention of one layer, ``[T, H, D]``: the CPU kernel's step, or torch's per segment."""
+        if flash is not None:
+            return flash(kv, layer, *qkv)
+        return segment_attention(kv, layer, qkv, reads, self._sdpa)
 
     def _attention(
         self,

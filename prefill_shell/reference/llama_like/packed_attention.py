@@ -53,6 +53,7 @@ from prefill_shell.reference.pools.kv_cache import PagedKVCache
 
 __all__ = [
     "ONE_CALL_KEYS",
+    "end_segments",
     "PackedWrites",
     "SHARED_PREFIX_LENGTH",
     "SHARED_PREFIX_PADDING",
@@ -273,3 +274,30 @@ def prefix_then_causal(
     joint = torch.logaddexp(lse_prefix, lse_own)
     merged = over_prefix * (lse_prefix - joint).exp_()[..., None] + over_own * (lse_own - joint).exp_()[..., None]
     return merged.to(q.dtype)
+
+
+def end_segments(
+    segments: torch.Tensor, prefix_table: torch.Tensor, write_slots: torch.Tensor, block_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each segment's last token as a segment of its own, once the step's K/V are in the pool.
+
+    Returns ``(segments, prefix_table)`` of a step whose token ``g`` is segment ``g``'s last token: offset
+    ``g``, length 1, start ``start + length - 1``, reading every earlier position of its row from the pool: the
+    blocks of its prefix table before ``start``, then the blocks this step writes for it (``write_slots``). Valid
+    only after every token's K/V of the layer is written (``PACKED_CAPABILITY``'s order) and for a segment
+    that writes its positions (one that does not is a re-run of length 1, whose prefix is all of it).
+    """
+    rows = segments.tolist()
+    slots = write_slots.tolist()
+    tables = []
+    for g, (offset, length, start) in enumerate(rows):
+        blocks = prefix_table[g, : ceil_div(start, block_size)].tolist()
+        for position in range(ceil_div(start, block_size) * block_size, start + length - 1, block_size):
+            blocks.append(slots[offset + position - start] // block_size)  # this step's block of that position
+        tables.append(blocks)
+    width = max(1, max(len(t) for t in tables))
+    table = torch.zeros(len(rows), width, dtype=prefix_table.dtype)
+    for g, blocks in enumerate(tables):
+        table[g, : len(blocks)] = torch.tensor(blocks, dtype=prefix_table.dtype)
+    ends = torch.tensor([(g, 1, start + length - 1) for g, (_, length, start) in enumerate(rows)], dtype=torch.int64)
+    return ends, table
