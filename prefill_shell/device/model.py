@@ -194,7 +194,7 @@ SEGMENT_ENDS_CAPABILITY = "segment_ends"
 ``[1, T, hidden]`` output (the others are zero) while still writing every token's K/V in every layer. The
 runtime asks for it where nothing reads a step's other rows: no prompt log-probs and no pooled states, so only
 the last tokens the postprocessor samples from (``LAST_TOKEN_INDEX``, each row's last token, which ends a segment).
-The last layer then skips ``o_proj`` and its MLP for every other token."""
+The last layer then runs its attention (where the model can), ``o_proj`` and MLP for the segment ends alone."""
 
 
 @runtime_checkable

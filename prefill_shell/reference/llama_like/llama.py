@@ -389,7 +389,8 @@ class PagedLlama:
 
         ``ends_only`` (``device.model.SEGMENT_ENDS_CAPABILITY``): only each segment's last token's row is
         computed, the others are zero. Every layer still writes every token's K/V; the last layer runs its
-        ``o_proj``, MLP and final norm on the segments' last tokens alone, the only rows a step's sampling reads.
+        attention (on the CPU kernel; elsewhere every query's, then the ends taken), ``o_proj``, MLP and final
+        norm for the segments' last tokens alone, the only rows a step's sampling reads.
         """
         total = tokens.shape[0]
         cos = self._cos[positions].to(self.dtype)  # [T, D]
