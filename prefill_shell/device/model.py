@@ -192,8 +192,9 @@ SEGMENT_ENDS_CAPABILITY = "segment_ends"
 """The optional packed-model capability: a model with ``segment_ends = True`` also takes
 ``forward_packed(..., kv, ends_only=True)``, which computes only each segment's last token's row of the
 ``[1, T, hidden]`` output (the others are zero) while still writing every token's K/V in every layer. The
-runtime asks for it where nothing reads a step's other rows: no prompt log-probs and no pooled states, so only
-the last tokens the postprocessor samples from (``LAST_TOKEN_INDEX``, each row's last token, which ends a segment).
+runtime asks for it where nothing reads a step's other rows: no prompt log-probs and no pooled state but LAST, so
+only the last tokens the postprocessor samples from (``LAST_TOKEN_INDEX``, each row's last token, which ends a
+segment) and LAST pooling reads.
 The last layer then runs its attention (where the model can), ``o_proj`` and MLP for the segment ends alone."""
 
 

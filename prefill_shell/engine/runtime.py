@@ -103,9 +103,9 @@ class PrefillRuntime(PrefillEntry):
         self._stager = PrefillInputStager(self.backend)
         self._postprocessor = PrefillPostprocessor(self.backend, self._run_lm_head, config.policy.max_logprobs)
         self._eager = EagerSteps(self.backend, self._stager, self._run_body)
-        # Where no hook reads a step's hidden rows (prompt log-probs, pooled states), a packed step needs only
-        # its segments' last tokens: a model that says it can (device.model.SEGMENT_ENDS_CAPABILITY) skips the
-        # rest of its last layer.
+        # Where no hook reads a step's hidden rows beyond its segments' last tokens (no prompt log-probs, no
+        # pooled state but LAST), a packed step needs only those: a model that says it can
+        # (device.model.SEGMENT_ENDS_CAPABILITY) skips the rest of its last layer.
         ends = supports_segment_ends(config.model)
         self._eager_ends = EagerSteps(self.backend, self._stager, self._run_body_ends) if ends else self._eager
         self._loop = PrefillStepLoop(self._postprocessor, self._release_handles)
@@ -255,7 +255,9 @@ class PrefillRuntime(PrefillEntry):
         prompt_hook = None if pieces is None else self._prompt.hook(pieces, batch.prompt_entries)
         pool_hook = None if batch.pooled is None else batch.pooled.hook(index)
         on_hidden = _both(prompt_hook, pool_hook)
-        eager = self._eager if on_hidden is not None else self._eager_ends  # a hook reads every hidden row
+        # Prompt log-probs read every row, a pooled state may; LAST pooling reads only the segment ends.
+        ends = prompt_hook is None and (pool_hook is None or batch.pooled.reads_ends_only(index))
+        eager = self._eager_ends if ends else self._eager
         runner, generation = self._traces.mode_for(prepared) if traced else (eager, 0)
         try:
             with torch.inference_mode():

@@ -74,9 +74,15 @@ class _Pick(NamedTuple):
 class PooledStates:
     """A prepared call's pooled rows: the picks of each (request, step) and each row's running pool."""
 
-    def __init__(self, picks: dict[tuple[int, int], list[_Pick]], types: dict[int, PoolingType]):
+    def __init__(
+        self,
+        picks: dict[tuple[int, int], list[_Pick]],
+        types: dict[int, PoolingType],
+        ends: frozenset[int] = frozenset(),
+    ):
         self._picks = picks
         self._types = types
+        self._ends = ends
         self._pools: dict[int, RowPool] = {}
         self.start()
 
@@ -100,6 +106,12 @@ class PooledStates:
                 self._pools[pick.row].add(flat[pick.first : pick.end])
 
         return on_hidden
+
+    def reads_ends_only(self, request: int) -> bool:
+        """Whether every hidden row request ``request`` pools is the last token of its step's segment (LAST
+        pooling, each row's last token): then a packed step may compute its segment ends alone
+        (``device.model.SEGMENT_ENDS_CAPABILITY``)."""
+        return request in self._ends
 
     def result(self, row: int) -> torch.Tensor | None:
         """Caller row ``row``'s pooled float32 vector, or None where the row asked for none."""
@@ -133,6 +145,7 @@ def pooled_states(
                 if seg.row in types:
                     runs[seg.row].append((seg.start, seg.length, (r, position, seg)))
     picks: dict[tuple[int, int], list[_Pick]] = defaultdict(list)
+    beyond_ends: set[int] = set()  # requests with a pooled row that is not the last token of its segment
     for row, row_runs in runs.items():
         row_runs.sort(key=lambda run: (run[2][0], run[2][1]))  # plan order is position order for one row
         length = max(start + n for start, n, _ in row_runs)
@@ -144,7 +157,10 @@ def pooled_states(
             r, s, seg = row_runs[index][2]
             offset = seg.offset - seg.start
             picks[(r, s)].append(_Pick(row, offset + first, offset + end))
-    return PooledStates(dict(picks), types)
+            if (first, end) != (seg.start + seg.length - 1, seg.start + seg.length):
+                beyond_ends.add(r)
+    ends = frozenset(r for r, _ in picks) - beyond_ends
+    return PooledStates(dict(picks), types, ends)
 
 
 def with_pooled(batch, results: list) -> list:

@@ -97,33 +97,52 @@ def _spy(model, seen: list):
 
 
 def test_the_runtime_asks_for_ends_only_where_nothing_reads_other_rows():
-    """A sampling call runs every packed step ends-only; a call with prompt log-probs or with every row pooled
-    (hooks that read every row) never does. Results equal those of the same model without the capability."""
+    """A sampling call, and a call pooling every row LAST, run every packed step ends-only; a call with prompt
+    log-probs never does, nor does a request pooling a row MEAN. Results (tokens, log-probs, pooled vectors)
+    equal those of the same model without the capability."""
     model = random_llama(0, "tiny")
     assert supports_segment_ends(model)
     seen: list[bool] = []
     _spy(model, seen)
     batch = Batch(model)
     args = (batch.tokens, batch.table, batch.lengths, batch.cached)
-    seen.clear()
-    greedy = batch.runtime.prefill(*args, sampling=SamplingParams.greedy(num_logprobs=3))
-    assert seen and all(seen)
-    seen.clear()
-    batch.runtime.prefill(*args, sampling=SamplingParams.greedy(prompt_logprobs=1))
-    assert seen and not any(seen)
-    seen.clear()
-    pooling = [PoolingType.MEAN if c == 0 else PoolingType.LAST for c in batch.cached]  # every request pools
-    batch.runtime.prefill(*args, pooling=pooling)
-    assert seen and not any(seen)
+    greedy = SamplingParams.greedy(num_logprobs=3)
+    mean = [PoolingType.MEAN if c == 0 else None for c in batch.cached]  # MEAN reads every position
+    last = [PoolingType.LAST] * len(batch.cached)
+
+    def run(ends: str, **kwargs):
+        """The call's results; ``ends``: which of its packed steps ran ends-only, "all", "none" or "some"."""
+        seen.clear()
+        results = batch.runtime.prefill(*args, **kwargs)
+        assert seen
+        assert {"all": all(seen), "none": not any(seen), "some": any(seen) and not all(seen)}[ends], seen
+        return results
+
+    ours = [
+        run("all", sampling=greedy),
+        run("none", sampling=SamplingParams.greedy(prompt_logprobs=1)),
+        run("some", pooling=mean),  # requests without a MEAN row need only their ends
+        run("all", pooling=last),
+    ]
 
     plain = random_llama(0, "tiny")
     plain.segment_ends = False
     reference = Batch(plain)
     assert reference.runtime._eager_ends is reference.runtime._eager
-    expected = reference.runtime.prefill(*args, sampling=SamplingParams.greedy(num_logprobs=3))
-    for got, want in zip(greedy, expected):
+    rt = reference.runtime
+    theirs = [
+        rt.prefill(*args, sampling=greedy),
+        rt.prefill(*args, sampling=SamplingParams.greedy(prompt_logprobs=1)),
+        rt.prefill(*args, pooling=mean),
+        rt.prefill(*args, pooling=last),
+    ]
+    for got, want in zip(ours[0] + ours[1], theirs[0] + theirs[1]):
         assert got.token == want.token
         assert [t for t, _ in got.top_logprobs] == [t for t, _ in want.top_logprobs]
         torch.testing.assert_close(
             torch.tensor([p for _, p in got.top_logprobs]), torch.tensor([p for _, p in want.top_logprobs])
         )
+    for got, want in zip(ours[2] + ours[3], theirs[2] + theirs[3]):
+        assert (got.pooled is None) == (want.pooled is None)
+        if got.pooled is not None:
+            torch.testing.assert_close(got.pooled, want.pooled, rtol=1e-5, atol=1e-5)
