@@ -13,6 +13,7 @@ public methods here.
 from __future__ import annotations
 
 import contextlib
+import functools
 import random
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -107,7 +108,8 @@ class PrefillRuntime(PrefillEntry):
         # pooled state but LAST), a packed step needs only those: a model that says it can
         # (device.model.SEGMENT_ENDS_CAPABILITY) skips the rest of its last layer.
         ends = supports_segment_ends(config.model)
-        self._eager_ends = EagerSteps(self.backend, self._stager, self._run_body_ends) if ends else self._eager
+        ends_body = functools.partial(self._run_body, ends_only=True)
+        self._eager_ends = EagerSteps(self.backend, self._stager, ends_body) if ends else self._eager
         self._loop = PrefillStepLoop(self._postprocessor, self._release_handles)
         self._traces = PrefillTraceLifecycle(
             self.backend,
@@ -134,16 +136,11 @@ class PrefillRuntime(PrefillEntry):
     # -- model-body boundaries (shared by eager and traced paths) ---------
     # Model calls run without autograd: every public entry point that reaches
     # them (invoke, compile, capture) enters torch.inference_mode once.
-    def _run_body(self, step: DeviceStep) -> Any:
+    def _run_body(self, step: DeviceStep, ends_only: bool = False) -> Any:
+        """The model body of ``step``; ``ends_only``: a plain packed step computes its segments' last rows alone."""
         name, args = body_call(step)  # the protocol method of the step's kind (steps/call_steps.py)
-        return getattr(self.config.model, name)(*args, self.config.kv)
-
-    def _run_body_ends(self, step: DeviceStep) -> Any:
-        """``_run_body``, a plain packed step computing its segments' last tokens only."""
-        name, args = body_call(step)
-        if name == "forward_packed":
-            return self.config.model.forward_packed(*args, self.config.kv, ends_only=True)
-        return getattr(self.config.model, name)(*args, self.config.kv)
+        options = {"ends_only": True} if ends_only and name == "forward_packed" else {}
+        return getattr(self.config.model, name)(*args, self.config.kv, **options)
 
     def _run_lm_head(self, rows: Any) -> Any:
         return self.config.model.lm_head(rows)
