@@ -71,8 +71,9 @@ alternating rounds (each timed call after 0.25 s idle, `SETTLE_S`, so the
 OpenMP threads of the system timed before have stopped spinning), medians;
 its tables are `vs_vllm_cpu` (`<dtype>.<case>.over_vllm` is our tokens/s
 over the faster vLLM engine's), `vs_vllm_cpu_profile` and
-`vs_vllm_cpu_tcmalloc` below. Commands, in the order they ran (the
-comparison and the profile on a quiet machine, after this round's last library change; the
+`vs_vllm_cpu_tcmalloc` below. Commands (the comparison on a quiet machine
+at this round's last commit; the profile, also quiet, at the commit that
+added segment-ends steps; the
 tcmalloc rows are an earlier round's, on a loaded one):
 
 ```sh
@@ -108,24 +109,24 @@ on every row but a few near-ties (top-2 gap 0 in bfloat16), none a clear
 disagreement.
 
 **Where this round stands** (table `vs_vllm_cpu`: one run, 5 alternating
-rounds of ours and both vLLM engines, nothing else running, at the commit
-that added segment-ends steps). Our tokens/s over vLLM's faster engine (its
-in-process one; its multi-process engine is 1.6-2.0x slower than that on 2
-cores, and slower than this runtime on every case), bfloat16: 1.03 (1 x 128),
-1.32 (32 x 128), 1.71 (1 x 4096), 1.38 (mixed), 1.52 (cached), 1.02 (SmolLM2
-1 x 512), 0.99 (SmolLM2 chat); float32: 1.15, 1.25, 1.23, 1.20, 1.27, 0.96,
-0.92. The issue's goals are met on the bench Llama's five cases at both
-dtypes and on SmolLM2 1 x 512 at bfloat16; not on SmolLM2's chat rows (goal
-1.2) nor on SmolLM2 1 x 512 at float32 (goal 1.0). Both engines pick the same
-greedy token on every row but 1-2 near-ties per bfloat16 bench case (top-2
-gap 0; no clear disagreement). Medians of 5 still move a row by several
-percent from run to run on this shared machine: a chat-only run at the
-commit before segment-ends steps (`--rounds 5 --dtype bfloat16 --cases
-smollm2_chat16 --engines inproc`, not stored) gave 0.91. The run before this
-round's two changes (3 rounds) gave bfloat16 1.06-1.33 and float32
-0.81-1.03. `probe_share` above 1 on the bench
-cases is not a faster GEMM: the workload's FLOPs count every token through
-every layer, and a segment-ends step skips most of the last one.
+rounds of ours and both vLLM engines, nothing else running, at the round's
+last commit). Our tokens/s over vLLM's faster engine (its in-process one;
+its multi-process engine is 1.2-2.0x slower than that on 2 cores, and slower
+than this runtime on every case), bfloat16: 1.54 (1 x 128), 1.27 (32 x 128),
+1.84 (1 x 4096), 1.37 (mixed), 1.54 (cached), 1.04 (SmolLM2 1 x 512), 1.04
+(SmolLM2 chat); float32: 1.04, 1.22, 1.27, 1.27, 1.27, 1.00, 0.93. The
+issue's goals are met on the bench Llama's five cases at both dtypes and on
+SmolLM2 1 x 512 (at float32 only just); not on SmolLM2's chat rows (goal
+1.2). Both engines pick the same greedy token on every row but 1-2 near-ties
+per bfloat16 bench case (top-2 gap 0; no clear disagreement). Medians of 5
+still move a row by several percent from run to run on this shared machine:
+the same run at the commit that added segment-ends steps gave bfloat16 1.03,
+1.32, 1.71, 1.38, 1.52, 1.02, 0.99 and float32 1.15, 1.25, 1.23, 1.20, 1.27,
+0.96, 0.92 (the code since differs only for LAST pooling). The run before
+this round's two changes (3 rounds) gave bfloat16 1.06-1.33 and float32
+0.81-1.03. `probe_share` above 1 on the bench cases is not a faster GEMM:
+the workload's FLOPs count every token through every layer, and a
+segment-ends step skips most of the last one.
 
 **What changed this round, and why** (each form beside the other in `host_forms`):
 
