@@ -18,6 +18,7 @@ from prefill_core.planning.packed import PackedRequest, PackedStep, plan_packed
 from prefill_core.planning.plan import plan_prefill
 from prefill_core.planning.prepared import PreparedPrefill, prepare_in_sub_batches, prepare_packed, prepare_prefill
 from prefill_core.planning.request import PrefillChunk, PrefillRequest, RequestKind, StepSegment
+from prefill_core.planning.shared_spans import SharedRun, SharedWrite, TokenAgreement, shared_runs
 from prefill_core.planning.signatures import PrefillProgramSignature, PrefillTraceSignature
 from prefill_core.values.errors import *  # noqa: F403 (the hierarchy is public API)
 from prefill_core.values.errors import __all__ as _error_names
@@ -50,6 +51,9 @@ __all__ = [
     "PageTableLayout",
     "PackedRequest",
     "PackedStep",
+    "SharedRun",
+    "SharedWrite",
+    "TokenAgreement",
     "PageTableView",
     "PrefillBatch",
     "PrefillChunk",
@@ -76,6 +80,7 @@ __all__ = [
     "manifest_for",
     "materialize_table",
     "plan_packed",
+    "shared_runs",
     "plans_packed",
     "replays",
     "plan_prefill",

@@ -20,7 +20,9 @@ Rules, in the order they decide:
    runs packed steps and the call will not replay (an eager call, or an
    ``auto`` call on a lane with nothing captured); a grouped call falls back
    to padded waves when one of its rows reads another's writes
-   (``group_packed``).
+   (``group_packed``). A packed plan without KV groups shares the positions
+   where rows begin alike (``planning.shared_spans``) when the context
+   carries the rows' ``agreement``.
 2. **Lane width**: a caller that chose no slots gets a lane as wide as the
    call. Packed steps have no waves to split, so one plan covers every
    row; padded waves split into sub-batches of ``lane_size`` consecutive
@@ -49,6 +51,7 @@ from prefill_core.kv_groups.group_packed import GroupedPackedRequest, prepare_gr
 from prefill_core.kv_groups.group_tables import GroupedRequest, group_dependencies, judged_groups, prepare_grouped
 from prefill_core.planning.block_order import order_by_dependencies, order_writers_first
 from prefill_core.planning.prepared import PreparedPrefill, prepare_packed, prepare_prefill
+from prefill_core.planning.shared_spans import TokenAgreement
 from prefill_core.planning.signatures import PrefillProgramSignature, PrefillTraceSignature
 from prefill_core.values.errors import PrefillInputError, TraceCoverageError, field_error
 from prefill_core.values.execution import ExecutionMode, plans_packed, replays
@@ -120,6 +123,10 @@ class CallContext:
     caller's never-written block; ``groups_share_blocks``: the groups' KV
     buffers are shared (vLLM's plan: one block-id space), else each layer has
     its own and one table may serve every group (``group_rules``).
+    ``agreement``: how far the call's rows' tokens agree, where the lane's
+    model takes shared writes (``planning.shared_spans``; None: no row shares
+    positions); ``read_from``: per row, the first position whose hidden state
+    a hook reads (prompt log-probs, MEAN or CLS pooling).
     """
 
     policy: PrefillPolicy
@@ -133,6 +140,8 @@ class CallContext:
     null_block: int | None = None
     max_position: int | None = None
     groups_share_blocks: bool = True
+    agreement: TokenAgreement | None = attrs.field(default=None, eq=False)
+    read_from: dict[int, int] | None = attrs.field(default=None, eq=False, hash=False)
 
 
 @attrs.frozen
@@ -261,7 +270,8 @@ def _shaped(batch: PrefillBatch, context: CallContext) -> tuple[PlanKind, tuple,
         rule = "the model has no KV groups: pass page_table alone"
         raise field_error(PrefillInputError, "call", "group_page_tables", "given", rule)
     if packed:
-        return PlanKind.PACKED, prepare_packed(batch, wide, layout, max_position=limit), ()
+        shared = {"agreement": context.agreement, "read_from": context.read_from}
+        return PlanKind.PACKED, prepare_packed(batch, wide, layout, max_position=limit, **shared), ()
     if wide is not policy:
         return PlanKind.PADDED, _padded_sub_batches(batch, context), ()
     return PlanKind.PADDED, prepare_prefill(batch, policy, layout, max_position=limit), ()

@@ -139,7 +139,7 @@ def prepare_grouped_packed(
         if not rows:
             continue
         pending: list[PackedStep] = []
-        for segments, ending in _pack(planning, rows, budget):
+        for segments, ending in _pack(planning, rows, budget, {}):
             pending.append(PackedStep(tuple(segments)))
             if ending:
                 request = _request(planning, pending, ending, budget, layout.block_size)

@@ -27,6 +27,11 @@ both declare they can run them; ttnn keeps padded waves (``plan.py``).
    model writes every segment's K/V of a layer before any segment's
    attention reads the pool, as vLLM's flattened pass does, so a reader in
    the writer's last step reads the writer's fresh K/V.
+6. Where the lane's model takes shared writes and the caller's tokens are
+   known (``TokenAgreement``), a row that begins with the same tokens as an
+   earlier row over the same cached blocks computes only what follows the
+   agreement (``shared_spans``); the earlier row's step writes the shared
+   positions' K/V into both rows' slots (``PackedStep.shared``).
 
 Identity: a packed program is named by its variant, output rows, token
 budget, sampling path and log-probs (``packed_signature``). A step's token
@@ -43,6 +48,7 @@ from prefill_core.inputs.batch import PrefillBatch
 from prefill_core.inputs.validate import check_inputs
 from prefill_core.planning.block_order import row_dependencies, rows_writers_first
 from prefill_core.planning.request import RequestKind, StepSegment
+from prefill_core.planning.shared_spans import SharedRun, SharedWrite, TokenAgreement, shared_runs
 from prefill_core.planning.signatures import PrefillProgramSignature
 from prefill_core.values.errors import BlockDependencyCycleError
 from prefill_core.values.intmath import ceil_div
@@ -61,21 +67,27 @@ __all__ = [
 
 @attrs.frozen
 class PackedStep:
-    """One model-body step: its segments, end to end."""
+    """One model-body step: its segments, end to end, and the shared writes of their K/V (rule 6)."""
 
     segments: tuple[StepSegment, ...]
+    shared: tuple[SharedWrite, ...] = ()
 
     @property
     def tokens(self) -> int:
         return sum(segment.length for segment in self.segments)
 
     def written_blocks(self, blocks_of: dict[int, tuple[int, ...]], block_size: int) -> dict[int, tuple[int, ...]]:
-        """Per caller row with a segment here, the blocks this step writes for it (``blocks_of``: rows' blocks)."""
+        """Per caller row with a segment or a shared write here, the blocks this step writes for it
+        (``blocks_of``: rows' blocks)."""
         written: dict[int, tuple[int, ...]] = {}
+        spans = [(w.row, w.start, w.end) for w in self.shared]  # a row's shared positions precede its own
+        spans += [(s.row, s.start, s.end) for s in self.segments if s.writes]
+        for row, start, end in sorted(spans):
+            # A packed step writes only owed positions, so it writes every block they touch (rule 1).
+            blocks = blocks_of[row][start // block_size : ceil_div(end, block_size)]
+            written[row] = tuple(dict.fromkeys(written.get(row, ()) + blocks))
         for s in self.segments:
-            # A packed segment computes only owed positions, so it writes every block they touch (rule 1).
-            blocks = blocks_of[s.row][s.start // block_size : ceil_div(s.end, block_size)] if s.writes else ()
-            written[s.row] = written.get(s.row, ()) + blocks
+            written.setdefault(s.row, ())
         return written
 
 
@@ -153,12 +165,17 @@ def owed_positions(length: int, cached: int) -> tuple[int, int, bool]:
     return cached, length - cached, True
 
 
-def _pack(batch: PrefillBatch, rows: list[int], budget: int) -> list[tuple[list[StepSegment], list[int]]]:
-    """Steps as ``(segments, rows ending in the step)``, rows in the given order (rule 2)."""
+def _pack(
+    batch: PrefillBatch, rows: list[int], budget: int, first: dict[int, int]
+) -> list[tuple[list[StepSegment], list[int]]]:
+    """Steps as ``(segments, rows ending in the step)``, rows in the given order (rule 2); ``first``: where a
+    row that takes shared positions starts computing (rule 6)."""
     steps: list[tuple[list[StepSegment], list[int]]] = [([], [])]
     used = 0
     for row in rows:
         start, left, writes = owed_positions(batch.lengths[row], batch.cached[row])
+        if row in first:
+            start, left = first[row], batch.lengths[row] - first[row]
         while left:
             if used == budget:
                 steps.append(([], []))
@@ -170,9 +187,20 @@ def _pack(batch: PrefillBatch, rows: list[int], budget: int) -> list[tuple[list[
     return steps
 
 
+def _shared_writes(segments: list[StepSegment], runs: dict[int, list[tuple[int, SharedRun]]]) -> tuple:
+    """The shared writes of one step: each run's positions its source computes in ``segments`` (rule 6)."""
+    found = []
+    for s in segments:
+        for row, run in runs.get(s.row, ()):
+            start, end = max(run.start, s.start), min(run.end, s.end)
+            if start < end:
+                found.append(SharedWrite(s.row, row, start, end - start))
+    return tuple(found)
+
+
 def _request(batch: PrefillBatch, steps: list[PackedStep], ending: list[int], budget: int, bs: int) -> PackedRequest:
     final = {s.row: s.offset + s.length - 1 for s in steps[-1].segments if s.row in set(ending)}
-    rows = sorted({s.row for step in steps for s in step.segments})
+    rows = sorted({s.row for step in steps for s in step.segments} | {w.row for step in steps for w in step.shared})
     return PackedRequest(
         source_rows=tuple(ending),
         slots=tuple(batch.slots[r] for r in ending),
@@ -189,18 +217,34 @@ def _request(batch: PrefillBatch, steps: list[PackedStep], ending: list[int], bu
 
 
 def plan_packed(
-    batch: PrefillBatch, policy: PrefillPolicy, layout: PageTableLayout, *, max_position: int | None = None
+    batch: PrefillBatch,
+    policy: PrefillPolicy,
+    layout: PageTableLayout,
+    *,
+    max_position: int | None = None,
+    agreement: TokenAgreement | None = None,
+    read_from: dict[int, int] | None = None,
 ) -> tuple[PackedRequest, ...]:
-    """Plans ``batch`` as packed steps; raises a ``PrefillInputError`` subclass on any bad input."""
+    """Plans ``batch`` as packed steps; raises a ``PrefillInputError`` subclass on any bad input.
+
+    ``agreement``: how far the caller's rows agree, where the model takes shared writes (rule 6; None: every
+    row computes all it owes); ``read_from``: per row, the first position whose hidden state a hook reads.
+    """
     check_inputs(batch, policy, layout, max_position=max_position)
     budget = policy.max_chunk_length
     requests: list[PackedRequest] = []
     for rows in _row_groups(batch, layout.block_size):
         if not rows:
             continue
+        taken = {} if agreement is None else shared_runs(batch, rows, layout.block_size, agreement, read_from)
+        by_source: dict[int, list[tuple[int, SharedRun]]] = {}
+        for row, row_runs in taken.items():
+            for run in row_runs:
+                by_source.setdefault(run.source, []).append((row, run))
+        first = {row: row_runs[-1].end for row, row_runs in taken.items()}
         pending: list[PackedStep] = []
-        for segments, ending in _pack(batch, rows, budget):
-            pending.append(PackedStep(tuple(segments)))
+        for segments, ending in _pack(batch, rows, budget, first):
+            pending.append(PackedStep(tuple(segments), _shared_writes(segments, by_source)))
             if ending:  # rule 3: a request ends with the first step where a row ends
                 requests.append(_request(batch, pending, ending, budget, layout.block_size))
                 pending = []

@@ -14,6 +14,7 @@ from prefill_core.planning.block_order import order_writers_first
 from prefill_core.planning.packed import PackedRequest, packed_signature, plan_packed
 from prefill_core.planning.plan import plan_prefill
 from prefill_core.planning.request import PrefillRequest
+from prefill_core.planning.shared_spans import TokenAgreement
 from prefill_core.planning.signatures import (
     PrefillProgramSignature,
     PrefillTraceSignature,
@@ -114,14 +115,18 @@ def prepare_packed(
     *,
     max_position: int | None = None,
     whole_call_lane: bool = False,
+    agreement: TokenAgreement | None = None,
+    read_from: dict[int, int] | None = None,
 ) -> tuple[PreparedPrefill, ...]:
     """``plan_packed`` with each request's sampling path and program identity (no trace: eager only).
 
     ``whole_call_lane``: the caller chose no slots, so a call wider than a
     lane is still one packed plan (packed steps have no waves to split).
+    ``agreement`` and ``read_from``: shared spans (``plan_packed``, rule 6).
     """
     if whole_call_lane and len(batch) > policy.lane_size:
         policy = attrs.evolve(policy, lane_size=len(batch))
-    requests = plan_packed(batch, policy, layout, max_position=max_position)
+    limits = {"max_position": max_position, "agreement": agreement, "read_from": read_from}
+    requests = plan_packed(batch, policy, layout, **limits)
     paths = [_sampling_path(request, policy) for request in requests]
     return tuple(PreparedPrefill(r, path, packed_signature(r, path), None) for r, path in zip(requests, paths))
