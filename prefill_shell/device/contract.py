@@ -33,7 +33,8 @@ temperature         postprocess input   float64   B          device sampling T p
                                                              ttnn stages it as the 1/T its sampler reads
 packed_*            body input          int64     T / G, .   packed steps only (``PACKED_INPUTS``): tokens,
                                                              positions, write slots, segments, prefix
-                                                             tables; staged by the torch backend only
+                                                             tables, and (token, slot) shared writes
+                                                             where a step has some; torch backend only
 group_*             body input          int32/64  K, ...     hybrid models: each KV group's tables,
                                                              padded (``GROUPED_INPUTS``) or packed
                                                              (``GROUP_PACKED_TABLES``, torch only); ttnn
@@ -105,6 +106,7 @@ __all__ = [
     "PACKED_SEGMENTS",
     "PACKED_PREFIX_TABLE",
     "PACKED_INPUTS",
+    "PACKED_SHARED_WRITES",
     "BODY_INPUTS",
     "GROUPED_INPUTS",
     "GROUPED_PACKED_INPUTS",
@@ -245,6 +247,16 @@ PACKED_PREFIX_TABLE = TensorSpec(
 )
 PACKED_INPUTS = (PACKED_TOKENS, PACKED_POSITIONS, PACKED_WRITE_SLOTS, PACKED_SEGMENTS, PACKED_PREFIX_TABLE)
 """What a packed step's body reads (eager only: never persistent, never traced)."""
+PACKED_SHARED_WRITES = TensorSpec(
+    "packed_shared_writes",
+    Stage.BODY_INPUT,
+    torch.int64,
+    ("N", "2"),
+    "(token, slot): a step token's K/V also written to that slot (shared spans); only where a step has some",
+    _PACKED_BACKENDS,
+)
+"""Staged beside ``PACKED_INPUTS`` for a step with shared writes, passed as ``forward_packed(..., shared_writes=)``
+(``device.model.SHARED_WRITES_CAPABILITY``)."""
 
 _GROUPED_BACKENDS = ("torch", "ttnn")  # padded hybrid steps: ttnn stages them too (tt/staging.py)
 _GROUPED_PACKED_BACKENDS = ("torch",)  # packed steps: eager torch only
@@ -315,6 +327,7 @@ SAMPLING_INPUTS = (TOP_K, TOP_P, TEMPERATURE)
 ALL_SPECS = (
     *STEP_INPUTS,
     *PACKED_INPUTS,
+    PACKED_SHARED_WRITES,
     *GROUP_PACKED_TABLES,
     *SAMPLING_INPUTS,
     HIDDEN,

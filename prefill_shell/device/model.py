@@ -17,7 +17,9 @@ import torch
 __all__ = [
     "PACKED_CAPABILITY",
     "SEGMENT_ENDS_CAPABILITY",
+    "SHARED_WRITES_CAPABILITY",
     "SegmentEndsPrefillModel",
+    "SharedWritesPrefillModel",
     "GroupedPrefillModel",
     "ModelSpec",
     "PackedPrefillModel",
@@ -25,6 +27,7 @@ __all__ = [
     "model_difference",
     "supports_packed",
     "supports_segment_ends",
+    "supports_shared_writes",
 ]
 
 
@@ -223,6 +226,43 @@ class SegmentEndsPrefillModel(PackedPrefillModel, Protocol):
 def supports_segment_ends(model: object) -> bool:
     """Whether ``model`` declares ``forward_packed(..., ends_only=True)``."""
     return supports_packed(model) and getattr(model, SEGMENT_ENDS_CAPABILITY, False) is True
+
+
+SHARED_WRITES_CAPABILITY = "shared_writes"
+"""The optional packed-model capability: a model with ``shared_writes = True`` also takes
+``forward_packed(..., kv, shared_writes=pairs)``, ``pairs`` an ``[N, 2]`` int64 tensor of ``(token, slot)``
+(``contract.PACKED_SHARED_WRITES``): in every layer, the K/V the step computes for its token ``token`` (an index
+into the step's tokens) is written into pool slot ``slot`` too, before any attention of that layer reads the
+pool. The runtime then plans shared spans (``prefill_core.planning.shared_spans``): a row that begins with the
+same tokens as an earlier row over the same cached blocks takes those positions' K/V this way instead of
+computing them."""
+
+
+@runtime_checkable
+class SharedWritesPrefillModel(PackedPrefillModel, Protocol):
+    """A ``PackedPrefillModel`` that writes a step's K/V into more slots on request (``shared_writes = True``;
+    ``SHARED_WRITES_CAPABILITY`` says how)."""
+
+    shared_writes: bool
+
+    def forward_packed(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        write_slots: torch.Tensor,
+        segments: torch.Tensor,
+        prefix_table: torch.Tensor,
+        kv: Any,
+        *,
+        shared_writes: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``PackedPrefillModel.forward_packed``; ``shared_writes``: ``(token, slot)`` pairs also written."""
+        ...
+
+
+def supports_shared_writes(model: object) -> bool:
+    """Whether ``model`` declares ``forward_packed(..., shared_writes=pairs)``."""
+    return supports_packed(model) and getattr(model, SHARED_WRITES_CAPABILITY, False) is True
 
 
 CHUNKED_WAVES_CAPABILITY = "chunked_waves"

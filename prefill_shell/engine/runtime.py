@@ -35,9 +35,10 @@ from prefill_core import (
 )
 from prefill_core.calls.call_plan import CallContext, plan_call
 from prefill_core.values.errors import CleanupError, PrefillInputError, PrefillStateError
+from prefill_core.values.pooling import PoolingType
 from prefill_core.values.sampling import refuse_per_row_extras
 from prefill_shell.device.ledger import DeviceTensor
-from prefill_shell.device.model import supports_segment_ends
+from prefill_shell.device.model import supports_segment_ends, supports_shared_writes
 from prefill_shell.device.notes import add_note
 from prefill_shell.engine.batch_builder import build_batch, check_token_ids
 from prefill_shell.engine.call import PrefillCall, PrefillEntry
@@ -58,6 +59,7 @@ from prefill_shell.engine.steps.prompt_logprobs import (
     requested_spans,
 )
 from prefill_shell.engine.steps.step_loop import EagerSteps, PrefillStepLoop
+from prefill_shell.engine.steps.token_agreement import MatrixAgreement
 from prefill_shell.engine.steps.trace import CapturedTrace, PrefillTraceLifecycle, require_coverage, warmup_step
 
 __all__ = ["PrefillRuntime", "PreparedBatch"]  # PreparedBatch re-exported: prepare returns it
@@ -110,6 +112,9 @@ class PrefillRuntime(PrefillEntry):
         ends = supports_segment_ends(config.model)
         ends_body = functools.partial(self._run_body, ends_only=True)
         self._eager_ends = EagerSteps(self.backend, self._stager, ends_body) if ends else self._eager
+        # A model that writes a step's K/V into more slots (device.model.SHARED_WRITES_CAPABILITY) lets the plan
+        # compute once the positions where rows begin alike (prefill_core.planning.shared_spans).
+        self._shares_spans = config.packed_steps and supports_shared_writes(config.model)
         self._loop = PrefillStepLoop(self._postprocessor, self._release_handles)
         self._traces = PrefillTraceLifecycle(
             self.backend,
@@ -138,8 +143,9 @@ class PrefillRuntime(PrefillEntry):
     # them (invoke, compile, capture) enters torch.inference_mode once.
     def _run_body(self, step: DeviceStep, ends_only: bool = False) -> Any:
         """The model body of ``step``; ``ends_only``: a plain packed step computes its segments' last rows alone."""
-        name, args = body_call(step)  # the protocol method of the step's kind (steps/call_steps.py)
-        options = {"ends_only": True} if ends_only and name == "forward_packed" else {}
+        name, args, options = body_call(step)  # the protocol method of the step's kind (steps/call_steps.py)
+        if ends_only and name == "forward_packed":
+            options["ends_only"] = True
         return getattr(self.config.model, name)(*args, self.config.kv, **options)
 
     def _run_lm_head(self, rows: Any) -> Any:
@@ -200,9 +206,12 @@ class PrefillRuntime(PrefillEntry):
         context = self.call_context(
             call.mode, slots_chosen=call.slots is not None, group_tables=groups, null_block=call.null_block
         )
+        spans = requested_spans(batch)
+        if self._shares_spans and len(batch) > 1:  # rows that begin alike compute those positions once
+            agreement = MatrixAgreement(matrix, batch.lengths)
+            context = attrs.evolve(context, agreement=agreement, read_from=_read_from(spans, call.pooling))
         plan = plan_call(batch, attrs.evolve(context, groups_share_blocks=shared))
         requests, steps = plan.prepared, call_steps(plan, matrix, table, config.model.spec.hidden_size)
-        spans = requested_spans(batch)
         prompt = tuple(prompt_steps(matrix, spans, p.request, s) for p, s in zip(requests, steps)) if spans else ()
         pooled = None if call.pooling is None else pooled_states(requests, steps, call.pooling, len(batch))
         return PreparedBatch(requests, steps, len(batch), self, config.layout, prompt, plan=plan, pooled=pooled)
@@ -530,6 +539,17 @@ class PrefillRuntime(PrefillEntry):
     def _check_open(self) -> None:
         if self._closed:
             raise PrefillStateError("this PrefillRuntime was closed; build a new one")
+
+
+def _read_from(spans: dict, pooling: Sequence | None) -> dict[int, int]:
+    """Per row, the first position whose hidden state a hook reads: its prompt log-probs' first position, 0
+    for MEAN or CLS pooling (``PoolingType.reads_every_position``); rows read at their last token only are
+    absent (the planner's ``read_from``)."""
+    read_from = {row: span.start for row, span in spans.items()}
+    for row, kind in enumerate(pooling or ()):
+        if isinstance(kind, PoolingType) and kind.reads_every_position:
+            read_from[row] = 0
+    return read_from
 
 
 def _both(first: Callable[[Any, int], None] | None, second: Callable[[Any, int], None] | None):

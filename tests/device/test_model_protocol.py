@@ -17,6 +17,8 @@ from prefill_shell.device.model import (
     PackedPrefillModel,
     PrefillModel,
     SegmentEndsPrefillModel,
+    SharedWritesPrefillModel,
+    supports_shared_writes,
 )
 from prefill_shell.engine.steps import call_steps
 from prefill_shell.reference import random_llama
@@ -33,14 +35,19 @@ def test_the_shipped_models_implement_their_protocols():
     packed grouped steps."""
     llama = random_llama(0, "tiny")
     assert isinstance(llama, PrefillModel) and isinstance(llama, SegmentEndsPrefillModel)
+    assert isinstance(llama, SharedWritesPrefillModel) and supports_shared_writes(llama)
     assert not isinstance(llama, GroupedPrefillModel)
     hybrid = HybridLlama(llama, kit.attention_of(("sliding_attention",) * llama.spec.num_layers, 16, 16))
-    assert isinstance(hybrid, GroupedPrefillModel)
-    for protocol, name in ((SegmentEndsPrefillModel, "forward_packed"), (GroupedPrefillModel, "forward_grouped")):
-        model = llama if protocol is SegmentEndsPrefillModel else hybrid
-        assert _params(protocol, name) == [p for p in inspect.signature(getattr(model, name)).parameters]
-    # the packed protocol's parameters come first, the keyword-only option after them
-    assert _params(SegmentEndsPrefillModel, "forward_packed")[:-1] == _params(PackedPrefillModel, "forward_packed")
+    assert isinstance(hybrid, GroupedPrefillModel) and not supports_shared_writes(hybrid)
+    assert _params(GroupedPrefillModel, "forward_grouped") == list(inspect.signature(hybrid.forward_grouped).parameters)
+    # the packed protocol's parameters come first, then each capability's keyword-only option, and no other
+    packed = _params(PackedPrefillModel, "forward_packed")
+    options = []
+    for protocol in (SegmentEndsPrefillModel, SharedWritesPrefillModel):
+        declared = _params(protocol, "forward_packed")
+        assert declared[:-1] == packed
+        options.append(declared[-1])
+    assert list(inspect.signature(llama.forward_packed).parameters) == packed + options
 
 
 def test_every_forward_the_runtime_calls_is_declared_with_its_inputs():

@@ -44,6 +44,7 @@ from prefill_shell.device.contract import (
     PACKED_INPUTS,
     PACKED_POSITIONS,
     PACKED_SEGMENTS,
+    PACKED_SHARED_WRITES,
     PACKED_TOKENS,
     READ_TABLE,
     body_geometry,
@@ -139,16 +140,19 @@ def call_steps(plan: CallPlan, matrix: torch.Tensor, table: torch.Tensor, hidden
     return tuple(build_host_steps(matrix, p.request, table) for p in plan.prepared)
 
 
-def body_call(step) -> tuple[str, list]:
-    """The model protocol method (``device.model``) a staged step of each kind runs, and its arguments before
-    the pool: the other half of ``call_steps``, so a step kind's builder and its model call sit together."""
+def body_call(step) -> tuple[str, list, dict]:
+    """The model protocol method (``device.model``) a staged step of each kind runs, its arguments before the
+    pool and its keyword options: the other half of ``call_steps``, so a step kind's builder and its model
+    call sit together."""
     if step.kind is RequestKind.PACKED and GROUP_WRITE_SLOTS in step:  # a hybrid model's packed step
-        return "forward_packed_grouped", [step[spec].value for spec in GROUPED_PACKED_INPUTS]
+        return "forward_packed_grouped", [step[spec].value for spec in GROUPED_PACKED_INPUTS], {}
     if step.kind is RequestKind.PACKED:  # segments end to end (prefill_core.planning.packed)
-        return "forward_packed", [step[spec].value for spec in PACKED_INPUTS]
+        shared = step.get(PACKED_SHARED_WRITES)  # only a model with the capability gets plans that have them
+        options = {} if shared is None else {"shared_writes": shared.value}
+        return "forward_packed", [step[spec].value for spec in PACKED_INPUTS], options
     if GROUP_FILL_TABLES in step:  # a hybrid model's padded step: each KV group's tables
         tables = [None if spec not in step else step[spec].value for spec in GROUPED_INPUTS]
-        return "forward_grouped", [step[INPUT_TOKENS].value, step[CHUNK_START].value, *tables]
+        return "forward_grouped", [step[INPUT_TOKENS].value, step[CHUNK_START].value, *tables], {}
     read = step.get(READ_TABLE)
     tables = [step[FILL_TABLE].value, None if read is None else read.value]
-    return "forward_hidden", [step[INPUT_TOKENS].value, step[CHUNK_START].value, *tables]
+    return "forward_hidden", [step[INPUT_TOKENS].value, step[CHUNK_START].value, *tables], {}

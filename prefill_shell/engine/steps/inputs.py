@@ -30,6 +30,7 @@ from prefill_shell.device.contract import (
     INPUT_TOKENS,
     LAST_TOKEN_INDEX,
     PACKED_INPUTS,
+    PACKED_SHARED_WRITES,
     READ_TABLE,
     SLOTS,
     TensorSpec,
@@ -285,7 +286,7 @@ class PrefillInputStager:
         last-token index is the postprocessor's, staged once for the final step.
         """
         handles = DeviceStep(step.kind)
-        for spec in (*BODY_INPUTS, *PACKED_INPUTS, *GROUP_PACKED_TABLES):
+        for spec in (*BODY_INPUTS, *PACKED_INPUTS, PACKED_SHARED_WRITES, *GROUP_PACKED_TABLES):
             host = step.get(spec)
             if host is not None:
                 handles[spec] = self.backend.upload(host, spec, Ownership.INVOCATION)

@@ -6,7 +6,10 @@ own row's page table, ``-1`` for a fully cached row's re-run), the segment
 table ``(offset, length, start)`` and each segment's prefix table (its row's
 blocks before ``start``, filler 0 past them). ``LAST_TOKEN_INDEX`` holds, on
 the final step, each source row's last token as an index into the step's
-tokens (zeros before it: non-final outputs are never read).
+tokens (zeros before it: non-final outputs are never read). A step with shared
+writes (``prefill_core.planning.shared_spans``) also holds
+``PACKED_SHARED_WRITES``: per shared position, the step token that computes it
+and the taker's slot for it.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from prefill_shell.device.contract import (
     PACKED_POSITIONS,
     PACKED_PREFIX_TABLE,
     PACKED_SEGMENTS,
+    PACKED_SHARED_WRITES,
     PACKED_TOKENS,
     PACKED_WRITE_SLOTS,
 )
@@ -35,6 +39,17 @@ def _prefix_table(step: PackedStep, page_table: torch.Tensor, bs: int) -> torch.
     return table
 
 
+def _shared_writes(step: PackedStep, page_table: torch.Tensor, bs: int) -> torch.Tensor:
+    """``[N, 2]`` (token, slot): each shared position's index in the step's tokens, and the taker's slot for it."""
+    offsets = {s.row: s.offset - s.start for s in step.segments}  # a row has one segment per step
+    pairs = []
+    for write in step.shared:
+        span = torch.arange(write.start, write.end)
+        blocks = page_table[write.row, span // bs].to(torch.int64)
+        pairs.append(torch.stack([span + offsets[write.source], blocks * bs + span % bs], dim=1))
+    return torch.cat(pairs)
+
+
 def _host_step(
     tokens: torch.Tensor, page_table: torch.Tensor, step: PackedStep, index: int, bs: int, last: list[int]
 ) -> HostStep:
@@ -49,7 +64,8 @@ def _host_step(
         else:
             slots.append(torch.full((segment.length,), -1, dtype=torch.int64))
     table = [(s.offset, s.length, s.start) for s in step.segments]
-    values = {
+    values = {} if not step.shared else {PACKED_SHARED_WRITES: _shared_writes(step, page_table, bs)}
+    values |= {
         PACKED_TOKENS: torch.cat(ids).to(torch.int64),
         PACKED_POSITIONS: torch.cat(positions),
         PACKED_WRITE_SLOTS: torch.cat(slots),

@@ -43,6 +43,7 @@ from prefill_shell.reference.llama_like.packed_attention import (
     packed_writes,
     segment_attention,
     segment_reads,
+    shared_packed_writes,
     write_packed,
 )
 from prefill_shell.reference.llama_like.projection import Projection, prepacks
@@ -229,6 +230,7 @@ class PagedLlama:
 
     packed_steps = True  # forward_packed: segments end to end (reference/llama_like/packed_attention.py)
     segment_ends = True  # forward_packed(..., ends_only=True): the last layer past attention for segment ends only
+    shared_writes = True  # forward_packed(..., shared_writes=pairs): a step's K/V written into more slots too
     chunked_waves = True  # a chunked step's rows each read and write through their own table rows
 
     def __init__(self, config: LlamaSpec, weights: Mapping[str, torch.Tensor], device: torch.device | str = "cpu"):
@@ -384,8 +386,12 @@ class PagedLlama:
         kv: PagedKVCache,
         *,
         ends_only: bool = False,
+        shared_writes: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """One packed step; see ``PrefillModel.forward_packed``. Returns ``[1, T, hidden]``.
+
+        ``shared_writes`` (``device.model.SHARED_WRITES_CAPABILITY``): ``[N, 2]`` (token, slot) pairs; each
+        layer writes those tokens' K/V into those slots too, right after the step's own writes.
 
         ``ends_only`` (``device.model.SEGMENT_ENDS_CAPABILITY``): only each segment's last token's row is
         computed, the others are zero. Every layer still writes every token's K/V; the last layer runs its
@@ -406,6 +412,7 @@ class PagedLlama:
             rope = rope_step(cos, sin, write_slots, kv, spec.num_heads, spec.num_kv_heads)
         reads = segment_reads(segments, prefix_table, kv.block_size, self.dtype) if flash is None else None
         writes = packed_writes(write_slots, kv.block_size) if rope is None else None
+        shared = None if shared_writes is None else shared_packed_writes(shared_writes, kv.block_size)
         ends = (segments[:, 0] + segments[:, 1] - 1).to(torch.int64) if ends_only else None  # each segment's last
         last_flash = None  # the last layer's attention for the ends alone, reading the step's own K/V from the pool
         if ends is not None and flash is not None and bool((write_slots[ends] >= 0).all()):
@@ -423,6 +430,8 @@ class PagedLlama:
             else:
                 q, k, v = _split_qkv(qkv, self.config, layer, cos[:, None], sin[:, None])  # token-major [T, heads, D]
                 write_packed(kv, i, k, v, writes)
+            if shared is not None:  # before this layer's attention reads the pool
+                write_packed(kv, i, k, v, shared)
             if ends is not None and i == len(self._layers) - 1:  # no later layer reads the other rows
                 if last_flash is not None:
                     attn = last_flash(kv, i, q[ends], k[ends], v[ends])  # the K/V above are in the pool by now

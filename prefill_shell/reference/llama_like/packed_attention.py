@@ -63,6 +63,7 @@ __all__ = [
     "prefix_then_causal",
     "segment_attention",
     "segment_reads",
+    "shared_packed_writes",
     "write_packed",
 ]
 
@@ -205,6 +206,12 @@ def packed_writes(write_slots: torch.Tensor, block_size: int) -> PackedWrites:
         return PackedWrites(None, write_slots // block_size, write_slots % block_size)
     tokens = torch.nonzero(write_slots >= 0).flatten()
     slots = write_slots[tokens]
+    return PackedWrites(tokens, slots // block_size, slots % block_size)
+
+
+def shared_packed_writes(pairs: torch.Tensor, block_size: int) -> PackedWrites:
+    """A step's shared writes (``[N, 2]`` token, slot: ``contract.PACKED_SHARED_WRITES``) as ``PackedWrites``."""
+    tokens, slots = pairs[:, 0].contiguous(), pairs[:, 1]
     return PackedWrites(tokens, slots // block_size, slots % block_size)
 
 
