@@ -150,12 +150,14 @@ class PackedRequest:
 
     @property
     def real_tokens(self) -> int:
-        """Positions this request's steps compute: every one is a real token."""
-        return sum(step.tokens for step in self.steps)
+        """Prompt positions this request's steps fill: those they compute (every one a real token) and those
+        shared writes fill (rule 6)."""
+        return self.computed_tokens + sum(w.length for step in self.steps for w in step.shared)
 
     @property
     def computed_tokens(self) -> int:
-        return self.real_tokens
+        """Positions this request's steps compute."""
+        return sum(step.tokens for step in self.steps)
 
 
 def owed_positions(length: int, cached: int) -> tuple[int, int, bool]:

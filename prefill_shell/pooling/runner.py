@@ -200,11 +200,11 @@ class PoolingRunner:
                 runtime.prefill(tokens, table, lengths, mode=mode)
                 self.computed_tokens += sum(lengths)
             cached = effective_cached(sub_rows, laid.cached)
-            self.computed_tokens += sum(laid.lengths) - sum(cached)
             types = [r.pooling_type for r in sub_rows]
             call = pooled_call(
                 runtime, laid.tokens, laid.page_table, list(laid.lengths), list(cached), types, mode=mode
             )
+            self.computed_tokens += call.computed
             for j, i in enumerate(members):
                 pooled[i] = call.pooled[j]
                 if want_logits:

@@ -61,3 +61,21 @@ def test_a_row_the_mask_empties_is_named():
     mask[1] = 0
     with pytest.raises(InvalidPoolingError, match="row 1: attention_mask keeps no token"):
         RuntimePoolingModel(runner).forward(tokens, mask)
+
+
+def test_rows_that_begin_alike_compute_their_shared_positions_once():
+    """LAST-pooled rows that begin alike (a query before each document, duplicates) share those positions:
+    ``computed_tokens`` counts what the plans computed, and the vectors equal one-row-at-a-time runs'."""
+    model = random_llama(5, "tiny")
+    gen = torch.Generator().manual_seed(1)
+    query = torch.randint(1, 256, (21,), generator=gen).tolist()
+    prompts = [query + torch.randint(1, 256, (n,), generator=gen).tolist() for n in (5, 9)] + [query, query]
+    pooler = PoolerConfig(hidden_size=64, pooling_type=PoolingType.LAST)
+    runner = PoolingRunner(model, pooler, block_size=16)
+    together = runner.run(prompts)
+    # 16 query tokens in a shared block (the runner's prefix call), 5 more computed once, then each row's own
+    # tokens: 5 and 9 past the query, and the duplicates' last tokens.
+    assert runner.computed_tokens == 16 + 5 + 5 + 9 + 1 + 1
+    alone = PoolingRunner(model, pooler, block_size=16)
+    for prompt, vector in zip(prompts, together):
+        torch.testing.assert_close(vector, alone.run([prompt])[0], rtol=1e-5, atol=1e-5)

@@ -206,6 +206,7 @@ def test_written_blocks_name_each_shared_writes_blocks_and_computed_tokens_drop_
                 assert set(want) <= set(blocks[w.row])
     owed = sum(max(n - c, 1) for n, c in zip(case.batch.lengths, case.batch.cached))
     assert sum(r.computed_tokens for r in requests) == owed - shared
+    assert sum(r.real_tokens for r in requests) == owed
 
 
 @given(shared_cases())
