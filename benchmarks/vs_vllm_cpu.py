@@ -15,7 +15,11 @@ the three, rotating who goes first, each timed call after ``SETTLE_S`` idle; fig
 are ``prefill_throughput.py``'s (the bench Llama, random seeded, saved as an
 HF folder both load) and ``_smollm2_throughput.py``'s (SmolLM2 dequantized
 from its GGUF into one float32 HF folder both load). ``<dtype>.<case>.over_vllm``
-is this runtime's tokens/s over the faster vLLM engine's. Before timing, one
+is this runtime's tokens/s over the faster vLLM engine's, both counting the
+tokens the prompts hold past their cached prefixes; where rows begin alike past
+those prefixes (the chat rows' uncached system-prompt tail) our plan computes
+those positions once (``prefill_core.planning.shared_spans``), so each
+engine's ``<dtype>.<case>.*computed_tokens`` says what it computed. Before timing, one
 call of each reports per row whether both engines pick the same greedy
 token; a disagreement whose top-2 logit gap is below ``NEAR_TIE`` in either
 engine is counted as a near-tie, the others as clear disagreements.
@@ -185,10 +189,25 @@ class Case:
         self.block, self.vllm_block = block, vllm_block
         self.ours, self.ours_greedy, self.prime_rows = runtime_call, greedy_call, prime_rows
         self.owed = [len(r) - c for r, c in zip(rows, cached)]
+        self.computed = list(self.owed)  # positions our plan computes per row (``computed_per_row``)
 
     @property
     def prefix_caching(self) -> bool:
         return any(self.cached)
+
+
+def computed_per_row(runtime, *call) -> list[int]:
+    """Positions our plan of ``call`` computes per row: fewer than the row owes where it shares positions with an
+    earlier row (``prefill_core.planning.shared_spans``), so our FLOPs and the table's note count these."""
+    batch = runtime.prepare(*call)
+    counts = [0] * batch.num_rows
+    for prepared in batch.requests:
+        request = prepared.request
+        for index in range(request.num_chunks):
+            for segment in request.segments(index):
+                counts[segment.row] += segment.length
+    runtime.cleanup()
+    return counts
 
 
 def _greedy(n: int) -> list[SamplingParams]:
@@ -220,6 +239,7 @@ def bench_cases(names: list[str], quick: bool, dtype: str, folder: Path) -> list
 
         prime = [rows[i][:c] for i, c in enumerate(cached) if c]
         out.append(Case(name, model, rows, cached, CACHED_BLOCK, call, check, prime, CACHED_BLOCK))
+        out[-1].computed = computed_per_row(ours.runtime, tokens, ours.table, ours.lengths, ours.cached)
     return out
 
 
@@ -251,6 +271,7 @@ def smollm2_cases(names: list[str], dtype: str, folder: Path, gguf: Path) -> lis
             return r.prefill(b.tokens, b.page_table, b.lengths, sampling=_greedy(1))
 
         out.append(Case("smollm2_1x512", model, [ids], [0], BLOCK, call, check, [], BLOCK))
+        out[-1].computed = computed_per_row(runtime, single.tokens, single.page_table, single.lengths)
     if "smollm2_chat16" in wanted:
         # The rows of _smollm2_throughput.ChatCase (which also builds a transformers model, not needed here).
         chats = [
@@ -270,6 +291,7 @@ def smollm2_cases(names: list[str], dtype: str, folder: Path, gguf: Path) -> lis
 
         prime = [list(ids[0][:shared])]
         out.append(Case("smollm2_chat16", model, ids, [shared] * len(ids), BLOCK, call, check, prime, BLOCK))
+        out[-1].computed = computed_per_row(runtime, batch.tokens, batch.page_table, batch.lengths, batch.cached)
     return out
 
 
@@ -362,16 +384,20 @@ def _one_case(case, folder, dtype, rounds, engines, metrics, units, rows, probe_
     max_len = min(spec.max_position_embeddings, max(len(r) for r in case.rows) + 64)
     max_len = max(max_len, 4096 + 64) if spec.max_position_embeddings > 4160 else max_len
     probe = MatmulProbe(spec, case.model.dtype)
-    print(f"\n{dtype} {case.name}: {len(case.rows)} rows, {sum(case.owed)} tokens computed")
+    print(
+        f"\n{dtype} {case.name}: {len(case.rows)} rows, {sum(case.owed)} tokens past the cached prefixes; "
+        f"ours computes {sum(case.computed)} of them"
+    )
     names_by_engine = {}
     for engine in engines:
         names_by_engine[engine.kind], _ = _load(engine, folder, dtype, case, max_len)
     # Agreement, and the warm-up of every engine on this case.
-    check = {}
+    check, vllm_computed = {}, {}
     for engine in engines:
         theirs = _vllm_call(engine, names_by_engine[engine.kind], case, logprobs=2)
         check[engine.kind] = agreement(case, theirs, dtype)
         cached_hits = theirs["cached_tokens"]
+        vllm_computed[engine.kind] = sum(len(r) for r in case.rows) - sum(cached_hits)
         if case.prefix_caching:
             print(
                 f"  vLLM {engine.kind} cached tokens per row {sum(cached_hits)} "
@@ -405,8 +431,10 @@ def _one_case(case, folder, dtype, rounds, engines, metrics, units, rows, probe_
     units[f"{key}.over_vllm"] = "x"
     metrics[f"{key}.ours_ms"] = med["ours"] * 1e3
     metrics[f"{key}.ours_tok_s"] = tokens / med["ours"]
-    metrics[f"{key}.ours_probe_share"] = flops / med["ours"] / rate
+    metrics[f"{key}.ours_probe_share"] = workload_flops(spec, case.computed) / med["ours"] / rate
+    metrics[f"{key}.ours_computed_tokens"] = sum(case.computed)
     units.update({f"{key}.ours_ms": "ms", f"{key}.ours_tok_s": "tokens/s", f"{key}.ours_probe_share": "fraction"})
+    units[f"{key}.ours_computed_tokens"] = "tokens"
     for engine in engines:
         k = engine.kind
         info = engine.loaded[names_by_engine[k]]
@@ -414,6 +442,8 @@ def _one_case(case, folder, dtype, rounds, engines, metrics, units, rows, probe_
         metrics[f"{key}.vllm_{k}_tok_s"] = tokens / med[k]
         metrics[f"{key}.vllm_{k}_probe_share"] = flops / med[k] / rate
         metrics[f"{key}.over_vllm_{k}"] = med[k] / med["ours"]
+        metrics[f"{key}.vllm_{k}_computed_tokens"] = vllm_computed[k]
+        units[f"{key}.vllm_{k}_computed_tokens"] = "tokens"
         for field in ("agree", "near_tie", "clear_disagree"):
             metrics[f"{key}.greedy_{field}_{k}"] = check[k][field]
             units[f"{key}.greedy_{field}_{k}"] = "rows"

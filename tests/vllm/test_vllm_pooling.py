@@ -89,9 +89,14 @@ def _waves(seed: int) -> list[list[str]]:
 
 
 def _close(ours: torch.Tensor, theirs: torch.Tensor) -> None:
+    """Within ``RTOL`` of the largest magnitude of ``theirs``, or of 1 where that is smaller: a cross-encoder's one
+    raw logit (0.1 on random weights) comes from hidden states of scale 1, whose float32 rounding moves it by a
+    few 1e-6 whenever the summation order changes (rows sharing a span take its K/V from another row, so their
+    attention blocks its keys differently: ``prefill_core.planning.shared_spans``)."""
     assert ours.shape == theirs.shape, (ours.shape, theirs.shape)
     ours, theirs = ours.float(), theirs.float()
-    assert relative_error(ours, theirs) <= RTOL, (relative_error(ours, theirs), ours[:4], theirs[:4])
+    error = float((ours - theirs).abs().max()) / max(float(theirs.abs().max()), 1.0)
+    assert error <= RTOL, (error, relative_error(ours, theirs), ours[:4], theirs[:4])
     cosine = float(torch.nn.functional.cosine_similarity(ours, theirs, dim=0))
     assert cosine >= 1 - RTOL, cosine
 
