@@ -73,7 +73,7 @@ its tables are `vs_vllm_cpu` (`<dtype>.<case>.over_vllm` is our tokens/s
 over the faster vLLM engine's), `vs_vllm_cpu_profile` and
 `vs_vllm_cpu_tcmalloc` below. Commands (the comparison on a quiet machine
 at this round's last commit; the profile, also quiet, at the commit that
-added segment-ends steps; the
+added shared spans' benchmark counts; the
 tcmalloc rows are an earlier round's, on a loaded one):
 
 ```sh
@@ -111,25 +111,40 @@ disagreement.
 **Where this round stands** (table `vs_vllm_cpu`: one run, 5 alternating
 rounds of ours and both vLLM engines, nothing else running, at the round's
 last commit). Our tokens/s over vLLM's faster engine (its in-process one;
-its multi-process engine is 1.2-2.0x slower than that on 2 cores, and slower
-than this runtime on every case), bfloat16: 1.54 (1 x 128), 1.27 (32 x 128),
-1.84 (1 x 4096), 1.37 (mixed), 1.54 (cached), 1.04 (SmolLM2 1 x 512), 1.04
-(SmolLM2 chat); float32: 1.04, 1.22, 1.27, 1.27, 1.27, 1.00, 0.93. The
-issue's goals are met on the bench Llama's five cases at both dtypes and on
-SmolLM2 1 x 512 (at float32 only just); not on SmolLM2's chat rows (goal
-1.2). Both engines pick the same greedy token on every row but 1-2 near-ties
-per bfloat16 bench case (top-2 gap 0; no clear disagreement). Medians of 5
-still move a row by several percent from run to run on this shared machine:
-the same run at the commit that added segment-ends steps gave bfloat16 1.03,
-1.32, 1.71, 1.38, 1.52, 1.02, 0.99 and float32 1.15, 1.25, 1.23, 1.20, 1.27,
-0.96, 0.92 (the code since differs only for LAST pooling). The run before
-this round's two changes (3 rounds) gave bfloat16 1.06-1.33 and float32
-0.81-1.03. `probe_share` above 1 on the bench cases is not a faster GEMM:
-the workload's FLOPs count every token through every layer, and a
-segment-ends step skips most of the last one.
+its multi-process engine is 1.6-2.0x slower than that on 2 cores, and slower
+than this runtime on every case), bfloat16: 1.01 (1 x 128), 1.27 (32 x 128),
+1.86 (1 x 4096), 1.39 (mixed), 1.57 (cached), 1.08 (SmolLM2 1 x 512), 1.81
+(SmolLM2 chat); float32: 1.20, 1.24, 1.27, 1.22, 1.25, 1.02, 1.58. Every
+goal of the issue is met in this run at both dtypes (>= 1.0 uncached, >= 1.2
+mixed, cached and chat), bfloat16 1 x 128 and SmolLM2 1 x 512 only just.
+Both engines pick the same greedy token on every row but 1-2 near-ties per
+bfloat16 bench case (top-2 gap 0; no clear disagreement). Tokens/s count,
+for both engines, the tokens the prompts hold past their cached prefixes;
+on SmolLM2's chat rows we compute 205 of those 379 and vLLM all 379
+(`<dtype>.<case>.*computed_tokens`): the 16 rows share 11 system-prompt
+tokens past the last whole cached block, and our plan computes them once
+(shared spans, below). Medians of 5 still move a row by several percent
+from run to run on this shared machine: bfloat16 1 x 128 gave 1.54 and 1.03
+in the last round's runs, with the same code for it. The last round's last
+run, before shared spans, gave bfloat16 1.04 and float32 0.93 on the chat
+rows, and 1.04 / 1.00 on SmolLM2 1 x 512. `probe_share` above 1 on the
+bench cases is not a faster GEMM: the workload's FLOPs count every computed
+token through every layer, and a segment-ends step skips most of the last
+one.
 
 **What changed this round, and why** (each form beside the other in `host_forms`):
 
+- Shared spans: rows that read one cached prefix through the same blocks
+  and then hold the same tokens have the same K/V there, so our packed plan
+  computes each such position once, in the first row holding it, and that
+  row's step writes its K/V into the other rows' slots too
+  (`prefill_core/planning/shared_spans.py`, `forward_packed(...,
+  shared_writes=)`, `docs/planning.md`). Chat rows over a system prompt
+  whose tail does not fill a block, vLLM's `n > 1` samples of one prompt,
+  lm-eval's choices after one context and a reranker's query before each
+  document all send such rows; vLLM computes every row's own copy. On
+  SmolLM2's chat rows: 165 vs 260 ms in a same-process A/B at bfloat16,
+  tokens equal.
 - Segment-ends steps: a packed step's sampling reads one hidden row per
   row (its last token), so where no hook reads more (no prompt log-probs,
   no pooled states) the reference Llama runs its last layer past
@@ -164,24 +179,27 @@ named `prefill::*` in the trace, vLLM's inside its in-process engine;
 bfloat16, the `--quick` sizes: 8 x 128 and the mixed case at 8 rows;
 profiler overhead included; table `vs_vllm_cpu_profile`):
 
-- Matmuls: ours 0.053 vs vLLM's 0.059 s (8 x 128), 0.274 vs 0.316 s
-  (mixed), 0.208 vs 0.194 s (SmolLM2 chat); 64-74% of both engines' time.
-  Both are oneDNN on prepacked weights; on the bench Llama ours do less
-  work (segment ends), on SmolLM2 the same work 7% slower, where ours run
-  SwiGLU's activation and the residual adds inside the GEMM calls and
-  vLLM runs plain GEMMs and compiles the rest.
-- Attention: ours 0.004 vs 0.007 s, 0.061 vs 0.134 s, 0.029 vs 0.042 s.
-- Norms, rotary and other ops: ours 0.006-0.022 s against vLLM's compiled
-  region's 0.006-0.033 s.
-- Host work: 0.007-0.021 s of ours (Python between ops, planning and
-  staging; 4-9%) against 0.006-0.009 s of vLLM's.
-- What stands between SmolLM2's chat rows and 1.2: matmuls are 73% of our
-  time and run at vLLM's rate or a little under, so the rest (27%) would
-  have to vanish. Two forms tried this round and not kept, each a
-  same-process A/B, not stored: one fused gate | up GEMM with a one-pass
-  SiLU-and-multiply kernel (vLLM's form) gained 1-3.5% on SmolLM2 and lost
-  1-2.5% on the 4096-token steps; prefetching the next weights from inside
-  the attention kernel slowed attention and left the GEMMs as they were.
+- Matmuls: ours 0.051 vs vLLM's 0.056 s (8 x 128), 0.266 vs 0.323 s
+  (mixed), 0.116 vs 0.201 s (SmolLM2 chat); 63-76% of both engines' time.
+  Both are oneDNN on prepacked weights; ours do less work: segment ends on
+  the bench Llama, and on SmolLM2's chat rows 205 of the 379 positions
+  (shared spans). On the same work (SmolLM2, the profile before shared
+  spans) ours ran 7% slower, where ours run SwiGLU's activation and the
+  residual adds inside the GEMM calls and vLLM runs plain GEMMs and
+  compiles the rest.
+- Attention: ours 0.004 vs 0.007 s, 0.065 vs 0.137 s, 0.023 vs 0.041 s.
+- Norms, rotary and other ops: ours 0.005-0.018 s against vLLM's compiled
+  region's 0.006-0.037 s.
+- Host work: 0.006-0.016 s of ours (Python between ops, planning and
+  staging; 3-9%) against 0.004-0.006 s of vLLM's.
+- Where SmolLM2's single rows stand (1 x 512: 1.08 bfloat16, 1.02
+  float32): no row shares anything there, and matmuls were 73% of our time
+  on SmolLM2 (before shared spans), at vLLM's rate or a little under. Two
+  forms tried and not kept, each a same-process A/B, not stored: one fused
+  gate | up GEMM with a one-pass SiLU-and-multiply kernel (vLLM's form)
+  gained 1-3.5% on SmolLM2 and lost 1-2.5% on the 4096-token steps;
+  prefetching the next weights from inside the attention kernel slowed
+  attention and left the GEMMs as they were.
 - Contention: another busy process on the 2 cores slows both engines by
   several times; every figure above is from a quiet machine.
 
