@@ -49,6 +49,13 @@ def test_scores_equal_transformers_and_contexts_run_once(tiny_model, oracle, kit
     assert scorer.pool.available == scorer.pool.size  # every block went back
     no_reuse = sum(len(c) + len(x) for c, x in pairs)
     assert scorer.positions_computed < no_reuse
+    if not traced:  # packed steps: every context once (its whole blocks cached, its tail a shared span of its first
+        # pair), then each pair's continuation, and each later pair's last context token, which scores its first
+        contexts: dict[tuple, list] = {}
+        for context, continuation in pairs:
+            contexts.setdefault(tuple(context), []).append(continuation)
+        once = sum(len(c) + sum(map(len, xs)) + len(xs) - 1 for c, xs in contexts.items())
+        assert scorer.positions_computed == once
 
 
 def test_a_greedy_continuation_is_greedy(tiny_model, oracle, kit):
