@@ -179,3 +179,28 @@ def test_prompt_logprobs_rows_compute_what_they_score():
             continue
         assert a[0] == b[0]
         assert a[1] == pytest.approx(b[1], abs=1e-4)
+
+
+def test_a_failure_in_a_step_with_shared_writes_names_the_takers_blocks():
+    """The model raises on the first step that carries shared writes: the error's ``partial_writes`` names, for
+    each row taking positions in it, the blocks those positions lie in (a prefix cache must drop them)."""
+    model = random_llama(0, "tiny")
+    batch = Batch(model, POLICY)
+    prepared = batch.runtime.prepare(batch.tokens, batch.table, batch.lengths, batch.cached, mode="eager")
+    steps = [step for p in prepared.requests for step in p.request.steps]
+    failing = next(i for i, step in enumerate(steps) if step.shared)
+    inner, calls = model.forward_packed, []
+
+    def forward_packed(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == failing + 1:
+            raise RuntimeError("injected failure in the step with shared writes")
+        return inner(*args, **kwargs)
+
+    model.forward_packed = forward_packed
+    with pytest.raises(RuntimeError, match="injected") as info:
+        batch.call()
+    written = info.value.partial_writes
+    for w in steps[failing].shared:
+        blocks = batch.table[w.row, w.start // BS : ceil_div(w.end, BS)].tolist()
+        assert set(blocks) <= set(written[w.row]), (w, written)
