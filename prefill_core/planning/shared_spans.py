@@ -16,14 +16,19 @@ row that holds it, and writes its K/V into the other rows' slots too (a
 Rules (``shared_runs``), over the rows of one packing run in pack order
 (``packed.py`` rule 2: one kind of output at a time):
 
-1. **Who may share.** A row whose cached prefix is block aligned and that
-   owes positions (``cached < length``). Rows share only with rows of the same
-   cached length and the same blocks for ``[0, cached)``: their cached K/V is
-   one memory.
-2. **Whose K/V.** A row takes position ``p`` from the earliest row before it
-   whose tokens agree with its own on ``[cached, p]``. That row computes
-   ``p`` itself: a row before it agreeing on ``[cached, p]`` would agree with
-   the taker too, and would be earlier.
+1. **Who may share.** A row that owes positions (``cached < length``) may
+   give its computed positions; a row whose cached prefix is also block
+   aligned may take. Row ``r`` may take from an earlier row ``q`` that
+   maps the same blocks for ``[0, cached_r)`` and owes from no later than
+   ``cached_r``: their K/V before ``cached_r`` is one memory, whether it was
+   cached before the call or ``q`` writes it in this call (a same-step
+   prefix hit, ``packed.py`` rule 5, as vLLM's scheduler sends rows that
+   arrive together).
+2. **Whose K/V.** Row ``r`` takes position ``p`` from the earliest such row
+   whose tokens agree with its own on ``[cached_r, p]``. Where that row
+   itself takes ``p``, its source is ``r``'s too (the K/V are equal all
+   along the chain), so every position comes from a row that computes it,
+   and that row is packed before ``r``.
 3. **What a row still computes.** Everything from its first position past
    the agreement on, and always its last token (its output) and every
    position whose hidden state a hook reads (``read_from``: prompt
@@ -86,12 +91,25 @@ class SharedWrite:
         return self.start + self.length
 
 
-def _sharing_key(batch: PrefillBatch, row: int, block_size: int) -> tuple | None:
-    """Rows with equal keys read one cached K/V (rule 1); None: the row shares with none."""
-    cached, length = batch.cached[row], batch.lengths[row]
-    if cached >= length or cached % block_size:
-        return None
-    return cached, tuple(batch.blocks[row][: cached // block_size])
+def _resolved(runs: tuple[SharedRun, ...], row: int, start: int, end: int) -> list[SharedRun]:
+    """``[start, end)`` of ``row`` by the row that computes each position: ``row``'s own ``runs`` where it
+    takes them, ``row`` past them (rule 2's chain)."""
+    found = [SharedRun(r.source, max(r.start, start), min(r.end, end)) for r in runs if r.start < end and start < r.end]
+    first = runs[-1].end if runs else start
+    if max(first, start) < end:
+        found.append(SharedRun(row, max(first, start), end))
+    return found
+
+
+def _merged(runs: list[SharedRun]) -> tuple[SharedRun, ...]:
+    """Adjacent runs of one source as one."""
+    merged: list[SharedRun] = []
+    for run in runs:
+        if merged and merged[-1].source == run.source and merged[-1].end == run.start:
+            merged[-1] = SharedRun(run.source, merged[-1].start, run.end)
+        else:
+            merged.append(run)
+    return tuple(merged)
 
 
 def shared_runs(
@@ -101,30 +119,33 @@ def shared_runs(
     agreement: TokenAgreement,
     read_from: Mapping[int, int] | None = None,
 ) -> dict[int, tuple[SharedRun, ...]]:
-    """Per row of ``rows`` (pack order) that takes any positions from earlier rows, its runs in position order
-    (rules 1-3); they tile ``[cached, first)``, where the row's own computation starts.
+    """Per row of ``rows`` (pack order) that takes any positions from earlier rows, its runs in position order,
+    each from the row computing it (rules 1-3); they tile ``[cached, first)``, where the row's own computation
+    starts.
 
     ``read_from``: per row, the first position whose hidden state a hook reads (none: only its last token's).
     """
     read_from = read_from or {}
-    earlier: dict[tuple, list[int]] = {}
+    givers: list[int] = []  # earlier rows that compute positions (rule 1)
     runs: dict[int, tuple[SharedRun, ...]] = {}
     for row in rows:
-        key = _sharing_key(batch, row, block_size)
-        if key is None:
-            continue
-        before = earlier.setdefault(key, [])
-        cached, length = key[0], batch.lengths[row]
+        cached, length = batch.cached[row], batch.lengths[row]
+        if cached >= length:
+            continue  # a fully cached row re-runs its last token and writes nothing
         limit = min(length - 1, read_from.get(row, length))
-        if before and limit > cached:
-            agreed = agreement.agreement(row, tuple(before), cached)
-            found, covered = [], cached
-            for source, count in zip(before, agreed):  # rule 2: the earliest row agreeing past ``covered``
+        if givers and cached % block_size == 0 and limit > cached:
+            width = cached // block_size
+            mine = batch.blocks[row][:width]
+            peers = [q for q in givers if batch.cached[q] <= cached and batch.blocks[q][:width] == mine]
+            agreed = agreement.agreement(row, tuple(peers), cached) if peers else ()
+            found: list[SharedRun] = []
+            covered = cached
+            for peer, count in zip(peers, agreed):  # rule 2: the earliest peer agreeing past ``covered``
                 reach = min(cached + int(count), limit)
                 if reach > covered:
-                    found.append(SharedRun(source, covered, reach))
+                    found += _resolved(runs.get(peer, ()), peer, covered, reach)
                     covered = reach
             if found:
-                runs[row] = tuple(found)
-        before.append(row)
+                runs[row] = _merged(found)
+        givers.append(row)
     return runs

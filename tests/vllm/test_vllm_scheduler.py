@@ -23,6 +23,7 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed here: `make test-vllm` builds the venv that has it")
 
+import attrs
 import torch
 from vllm.sampling_params import SamplingParams
 from vllm.v1.request import Request
@@ -55,7 +56,11 @@ WORKLOADS = {
     # four requests admitted by their first chunk and prefilled 16 tokens a step side by side in a pool two
     # of them fill: vLLM preempts the last running one when an earlier one cannot grow, and resumes it later
     "preemption": Workload(64, 16, "two", [[128, 120, 112, 104]], admit_by_first_chunk=True),
+    # packed steps: a prompt twice (vLLM's n = 2) and a third sharing its first 40 tokens, in one step, where
+    # shared spans compute what they share once (prefill_core.planning.shared_spans; hybrid models: not planned)
+    "shared-prompts": Workload(256, 0, "ample", [[70, 70, 60]]),
 }
+PACKED_WORKLOADS = {"shared-prompts"}
 
 
 def _pool_blocks(name: str, pool: str) -> int:
@@ -84,11 +89,14 @@ def _requests(workload: str, vocab: int):
         reqs = []
         for n in wave:
             tail = torch.randint(1, vocab, (max(n - 80, 0),), generator=gen)
-            prompt = (
-                torch.cat((shared, tail))[:n]
-                if workload == "prefix-hits"
-                else torch.randint(1, vocab, (n,), generator=gen)
-            )
+            if workload == "prefix-hits":
+                prompt = torch.cat((shared, tail))[:n]
+            elif workload == "shared-prompts":  # shared[:70] twice, then its first 40 tokens and 20 of its own
+                prompt = (
+                    shared[:n] if n == 70 else torch.cat((shared[:40], torch.randint(1, vocab, (20,), generator=gen)))
+                )
+            else:
+                prompt = torch.randint(1, vocab, (n,), generator=gen)
             params = SamplingParams(max_tokens=1)
             reqs.append(Request(f"r{count}", prompt.tolist(), params, None, block_hasher=hasher))
             count += 1
@@ -96,9 +104,9 @@ def _requests(workload: str, vocab: int):
     return waves
 
 
-def _facade_and_pool(name, model, kv_config):
+def _facade_and_pool(name, model, kv_config, policy=POLICY):
     facade = serving_facade(
-        model, TorchBackend(), max_seq_len=vllm_side.MAX_MODEL_LEN, max_batch_size=SEQS, policy=POLICY
+        model, TorchBackend(), max_seq_len=vllm_side.MAX_MODEL_LEN, max_batch_size=SEQS, policy=policy
     )
     spec = model.spec
     shape = (kv_config.num_blocks, spec.num_kv_heads, BLOCK, spec.head_dim)
@@ -125,7 +133,19 @@ def test_vllms_scheduler_through_the_facade_equals_transformers(name, workload, 
         per_request_tokens=work.per_request,
         reserve_full_prompt=not work.admit_by_first_chunk,
     )
-    facade, kv = _facade_and_pool(name, model, kv_config)
+    packed = workload in PACKED_WORKLOADS
+    policy = attrs.evolve(POLICY, packed_steps=True) if packed else POLICY
+    facade, kv = _facade_and_pool(name, model, kv_config, policy)
+    shared_writes = []
+    if packed and hasattr(model, "shared_writes"):  # count the positions shared writes fill
+        inner = model.forward_packed
+
+        def forward_packed(*args, shared_writes_=shared_writes, **kwargs):
+            pairs = kwargs.get("shared_writes")
+            shared_writes_.append(0 if pairs is None else len(pairs))
+            return inner(*args, **kwargs)
+
+        model.forward_packed = forward_packed
     groups = vllm_side.layer_groups(kv_config)
     planned = vllm_side.planned_bytes(kv_config)
     if isinstance(facade, HybridServingFacade):
@@ -148,6 +168,11 @@ def test_vllms_scheduler_through_the_facade_equals_transformers(name, workload, 
         assert stats.prefix_hit_tokens > 0
     if workload == "preemption":
         assert stats.preemptions > 0, "vLLM preempted nothing: the workload no longer tests resumption"
+    if packed and shared_writes and not enable_trace:
+        # vLLM's manager hands the duplicate and the third row the first row's whole blocks in the same step (64
+        # and 32 tokens cached, blocks the first row writes); past them the duplicate takes 64..68 and the third
+        # row 32..39 from the first row's step
+        assert sum(shared_writes) == 5 + 8, shared_writes
 
     buffers = len({*vllm_side.tensor_index_of(kv_config).values()})
     STATS[(name, workload, "traced" if enable_trace else "eager")] = dict(

@@ -78,16 +78,29 @@ def shared_cases(draw) -> SharedCase:
     readers = [i for i, t in enumerate(tokens) if shared and len(t) >= shared and t[:shared] == tuple(stem[:shared])]
     readers = [i for i in readers if draw(st.sampled_from([True, True, False]))] if len(readers) > 1 else []
     prefix = tuple(range(shared // BS)) if readers else ()
-    next_block, built = len(prefix), []
+    next_block, built, writers = len(prefix), [], []
     for i, t in enumerate(tokens):
+        sampling = draw(st.sampled_from([SamplingParams.greedy(), SamplingParams.greedy(), None]))
+        long_writers = [j for j in writers if built[j].length >= BS]
         if i in readers:
-            cached, own_from = shared, shared // BS
-            blocks = prefix + tuple(range(next_block, next_block + ceil_div(len(t), BS) - own_from))
+            cached = shared
+            blocks = prefix + tuple(range(next_block, next_block + ceil_div(len(t), BS) - shared // BS))
+        elif long_writers and draw(st.integers(0, 2)) == 0:
+            # A same-step prefix hit: the row reads an earlier row's first k blocks, which that row writes in
+            # this call, as its cached prefix (vLLM's scheduler caches a block as soon as it is allocated).
+            writer = built[draw(st.sampled_from(long_writers))]
+            cached = BS * draw(st.integers(1, writer.length // BS))
+            t = tokens[writer.slot][:cached] + (t[cached:] or (1,))
+            tokens[i] = t
+            blocks = writer.blocks[: cached // BS]
+            blocks += tuple(range(next_block, next_block + ceil_div(len(t), BS) - cached // BS))
+            sampling = writer.sampling  # one kind: a reader of the other kind's blocks may be a named cycle
         else:
             cached = draw(st.sampled_from([0, 0, 0, BS * (len(t) // BS // 2), len(t) // 2]))
             blocks = tuple(range(next_block, next_block + ceil_div(len(t), BS)))
-        next_block = max(next_block, blocks[-1] + 1) if len(blocks) > len(prefix) or i not in readers else next_block
-        sampling = draw(st.sampled_from([SamplingParams.greedy(), SamplingParams.greedy(), None]))
+            if cached == 0:
+                writers.append(i)
+        next_block = max([next_block, *(b + 1 for b in blocks)])
         built.append(PrefillRow(len(t), cached, i, blocks, sampling))
     read_from = {i: draw(st.integers(0, len(t))) for i, t in enumerate(tokens) if draw(st.integers(0, 4)) == 0}
     budget = draw(st.sampled_from([32, 64, 2048]))
@@ -106,9 +119,15 @@ def _steps(requests):
     return [step for request in requests for step in request.steps]
 
 
-def _key(case: SharedCase, row: int) -> tuple:
-    cached = case.batch.cached[row]
-    return cached, case.batch.blocks[row][: cached // BS]
+def _peer(case: SharedCase, q: int, row: int) -> bool:
+    """Rule 1: ``q`` may give ``row`` positions (their K/V before ``row``'s cached length is one memory)."""
+    b, cached = case.batch, case.batch.cached[row]
+    return (
+        b.cached[q] <= cached
+        and b.cached[q] < b.lengths[q]
+        and b.blocks[q][: cached // BS] == b.blocks[row][: cached // BS]
+        and (b.sampling[q] is None) == (b.sampling[row] is None)
+    )
 
 
 @given(shared_cases())
@@ -137,14 +156,13 @@ def test_each_owed_position_is_computed_or_written_once_and_every_row_computes_i
 
 @given(shared_cases())
 def test_a_shared_write_comes_from_a_row_with_the_same_cache_and_tokens_computing_it_in_that_step(case):
-    """Source and taker read the same cached blocks, hold the same tokens up to the write's end, and the source
-    computes those positions in the step holding the write (rules 1, 2 and 4)."""
+    """The source holds the taker's tokens from position 0 to the write's end, and computes those positions in
+    the step holding the write (rules 1, 2 and 4); the taker's cached prefix is block aligned."""
     for step in _steps(_plan(case)):
         for w in step.shared:
-            assert w.source != w.row and _key(case, w.source) == _key(case, w.row)
-            cached = case.batch.cached[w.row]
-            assert case.agree(w.source, w.row, cached) >= w.end - cached
-            assert case.batch.sampling[w.source] is None or case.batch.sampling[w.row] is not None
+            assert w.source != w.row and case.batch.cached[w.row] % BS == 0
+            assert case.tokens[w.source][: w.end] == case.tokens[w.row][: w.end]
+            assert (case.batch.sampling[w.source] is None) == (case.batch.sampling[w.row] is None)
             assert any(s.row == w.source and s.start <= w.start and w.end <= s.end for s in step.segments)
 
 
@@ -179,14 +197,7 @@ def test_no_row_computes_a_position_an_earlier_row_with_its_cache_already_holds(
         if cached == length or cached % BS:
             assert first[row] == (length - 1 if cached == length else cached)
             continue
-        kind = case.batch.sampling[row] is None
-        earlier = [
-            q
-            for q in order[:position]
-            if _key(case, q) == _key(case, row)
-            and (case.batch.sampling[q] is None) == kind
-            and case.batch.cached[q] < case.batch.lengths[q]
-        ]
+        earlier = [q for q in order[:position] if _peer(case, q, row)]
         reach = max((case.agree(row, q, cached) for q in earlier), default=0)
         assert first[row] == max(cached, min(cached + reach, length - 1, case.read_from.get(row, length)))
 
