@@ -29,9 +29,10 @@ both declare they can run them; ttnn keeps padded waves (``plan.py``).
    the writer's last step reads the writer's fresh K/V.
 6. Where the lane's model takes shared writes and the caller's tokens are
    known (``TokenAgreement``), a row that begins with the same tokens as an
-   earlier row over the same cached blocks computes only what follows the
-   agreement (``shared_spans``); the earlier row's step writes the shared
-   positions' K/V into both rows' slots (``PackedStep.shared``).
+   earlier row, over the same blocks before its cached length, computes
+   only what follows the agreement (``shared_spans`` rules 1-3); the step
+   computing the shared positions writes their K/V into the taker's slots
+   too (``PackedStep.shared``).
 
 Identity: a packed program is named by its variant, output rows, token
 budget, sampling path and log-probs (``packed_signature``). A step's token

@@ -234,8 +234,8 @@ SHARED_WRITES_CAPABILITY = "shared_writes"
 (``contract.PACKED_SHARED_WRITES``): in every layer, the K/V the step computes for its token ``token`` (an index
 into the step's tokens) is written into pool slot ``slot`` too, before any attention of that layer reads the
 pool. The runtime then plans shared spans (``prefill_core.planning.shared_spans``): a row that begins with the
-same tokens as an earlier row over the same cached blocks takes those positions' K/V this way instead of
-computing them."""
+same tokens as an earlier row, over the same blocks before its cached length, takes those positions' K/V this
+way instead of computing them."""
 
 
 @runtime_checkable

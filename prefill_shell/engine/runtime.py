@@ -337,7 +337,14 @@ class PrefillRuntime(PrefillEntry):
         call (``PrefillExecutor.invocations``: its registry and preflight);
         this runtime's own ``invocations`` by default.
         """
-        batch = self.prepare_call(call)
+        return self.run_prepared(self.prepare_call(call), call, invocations)
+
+    @exclusive
+    def run_prepared(
+        self, batch: PreparedBatch, call: PrefillCall, invocations=None
+    ) -> list[PrefillResult] | BatchResult:
+        """``run`` of a call ``prepare_call`` already planned (a caller that reads the plan first, as
+        ``pooling.pooled_call`` counts the positions it computes, plans it once)."""
         if call.batched:  # refused before anything runs: a batched result has no per-row extras
             for prepared in batch.requests:
                 refuse_per_row_extras(prepared.request.source_rows, prepared.request.sampling)

@@ -5,8 +5,8 @@ outputs (``PrefillCall.pooling``: a ``PoolingType`` per row): the runtime
 pools each row's final hidden states across the steps that compute it
 (``engine.steps.pooled_states``, the core's ``pooled_positions``), eager or
 replaying traces, and returns them as ``PrefillResult.pooled`` beside the
-row's last-token logits, and the positions its plan computes (planned once
-more beforehand to count them: rows that begin alike share some). Everything above it (applying the heads, rounds,
+row's last-token logits, and the positions its plan computes (rows that
+begin alike share some). Everything above it (applying the heads, rounds,
 prefix sharing) is the pooling layer's.
 """
 
@@ -34,7 +34,8 @@ def pooled_call(
 ) -> PooledCall:
     """Runs one call with every row pooled as ``types[row]`` says; results and the stacked vectors."""
     call = PrefillCall.of(tokens, page_table, lengths, cached, mode=mode, on_progress=on_progress, pooling=list(types))
-    computed = sum(p.request.computed_tokens for p in runtime.prepare_call(call).requests)  # planning only
-    results = runtime.run(call)
+    batch = runtime.prepare_call(call)
+    results = runtime.run_prepared(batch, call)
+    computed = sum(p.request.computed_tokens for p in batch.requests)
     pooled = torch.stack([r.pooled for r in results]) if results else torch.empty(0)
     return PooledCall(results, pooled, computed)
