@@ -111,13 +111,13 @@ disagreement.
 **Where this round stands** (table `vs_vllm_cpu`: one run, 5 alternating
 rounds of ours and both vLLM engines, nothing else running, at the round's
 last commit). Our tokens/s over vLLM's faster engine (its in-process one;
-its multi-process engine is 1.2-2.0x slower than that on 2 cores, and slower
-than this runtime on every case), bfloat16: 1.55 (1 x 128), 1.28 (32 x 128),
-1.74 (1 x 4096), 1.38 (mixed), 1.52 (cached), 1.04 (SmolLM2 1 x 512), 1.75
-(SmolLM2 chat); float32: 1.05, 1.19, 1.24, 1.26, 1.26, 0.98, 1.56. Every
+its multi-process engine is 1.6-2.1x slower than that on 2 cores, and slower
+than this runtime on every case), bfloat16: 1.18 (1 x 128), 1.23 (32 x 128),
+1.83 (1 x 4096), 1.37 (mixed), 1.55 (cached), 1.09 (SmolLM2 1 x 512), 1.66
+(SmolLM2 chat); float32: 1.12, 1.20, 1.24, 1.24, 1.29, 0.98, 1.54. Every
 goal of the issue is met at bfloat16 (>= 1.0 uncached, >= 1.2 mixed, cached
 and chat); at float32 every one but SmolLM2 1 x 512, which sits at parity
-(0.98 here, 1.02 and 1.00 in the two runs before). Both engines pick the
+(0.98 here and in the run before, 1.02 and 1.00 before that). Both engines pick the
 same greedy token on every row but 1-2 near-ties per bfloat16 bench case
 (top-2 gap 0; no clear disagreement). Tokens/s count, for both engines, the
 tokens the prompts hold past their cached prefixes; on SmolLM2's chat rows
@@ -125,9 +125,10 @@ we compute 205 of those 379 and vLLM all 379
 (`<dtype>.<case>.*computed_tokens`): the 16 rows share 11 system-prompt
 tokens past the last whole cached block, and our plan computes them once
 (shared spans, below). Medians of 5 still move a row by several percent
-from run to run on this shared machine: the same run at the commit that
-added shared spans' benchmark counts gave bfloat16 1.01, 1.27, 1.86, 1.39,
-1.57, 1.08, 1.81 and float32 1.20, 1.24, 1.27, 1.22, 1.25, 1.02, 1.58. The
+from run to run on this shared machine: the same run at the commit before
+the last (the code differs only in how the pooling runner counts positions)
+gave bfloat16 1.55, 1.28, 1.74, 1.38, 1.52, 1.04, 1.75 and float32 1.05,
+1.19, 1.24, 1.26, 1.26, 0.98, 1.56. The
 last round's last run, before shared spans, gave bfloat16 1.04 and float32
 0.93 on the chat rows. `probe_share` above 1 on the bench cases is not a
 faster GEMM: the workload's FLOPs count every computed token through every
@@ -145,9 +146,9 @@ layer, and a segment-ends step skips most of the last one.
   lm-eval's choices after one context and a reranker's query before each
   document all send such rows; vLLM computes every row's own copy. Beside
   the plain plan in one process (`python benchmarks/shared_spans.py`,
-  table `shared_spans`): SmolLM2's chat rows 148 vs 248 ms at bfloat16 and
-  266 vs 445 ms at float32 (205 vs 379 positions), one prompt four times
-  (vLLM's `n = 4`) 126 vs 428 ms and 233 vs 792 ms (187 vs 736), greedy
+  table `shared_spans`): SmolLM2's chat rows 152 vs 255 ms at bfloat16 and
+  301 vs 502 ms at float32 (205 vs 379 positions), one prompt four times
+  (vLLM's `n = 4`) 135 vs 443 ms and 269 vs 871 ms (187 vs 736), greedy
   tokens equal on every row. A row takes positions across same-step prefix
   hits too (it reads as cached the blocks an earlier row of the call
   writes), as vLLM's KV cache manager hands rows that arrive together.
@@ -185,20 +186,20 @@ named `prefill::*` in the trace, vLLM's inside its in-process engine;
 bfloat16, the `--quick` sizes: 8 x 128 and the mixed case at 8 rows;
 profiler overhead included; table `vs_vllm_cpu_profile`):
 
-- Matmuls: ours 0.048 vs vLLM's 0.059 s (8 x 128), 0.263 vs 0.312 s
-  (mixed), 0.110 vs 0.190 s (SmolLM2 chat); 64-76% of both engines' time.
+- Matmuls: ours 0.052 vs vLLM's 0.054 s (8 x 128), 0.267 vs 0.320 s
+  (mixed), 0.121 vs 0.201 s (SmolLM2 chat); 62-75% of both engines' time.
   Both are oneDNN on prepacked weights; ours do less work: segment ends on
   the bench Llama, and on SmolLM2's chat rows 205 of the 379 positions
   (shared spans). On the same work (SmolLM2, the profile before shared
   spans) ours ran 7% slower, where ours run SwiGLU's activation and the
   residual adds inside the GEMM calls and vLLM runs plain GEMMs and
   compiles the rest.
-- Attention: ours 0.003 vs 0.006 s, 0.058 vs 0.131 s, 0.017 vs 0.040 s.
-- Norms, rotary and other ops: ours 0.005-0.016 s against vLLM's compiled
-  region's 0.006-0.035 s.
-- Host work: 0.006-0.017 s of ours (Python between ops, planning and
-  staging; 3-11%) against 0.004-0.006 s of vLLM's.
-- Where SmolLM2's single rows stand (1 x 512: 1.04 bfloat16, 0.98
+- Attention: ours 0.003 vs 0.006 s, 0.062 vs 0.142 s, 0.022 vs 0.042 s.
+- Norms, rotary and other ops: ours 0.006-0.019 s against vLLM's compiled
+  region's 0.005-0.038 s.
+- Host work: 0.014-0.018 s of ours (Python between ops, planning and
+  staging; 4-18%) against 0.005-0.007 s of vLLM's.
+- Where SmolLM2's single rows stand (1 x 512: 1.09 bfloat16, 0.98
   float32): no row shares anything there, and matmuls were 73% of our time
   on SmolLM2 (before shared spans), at vLLM's rate or a little under. Two
   forms tried and not kept, each a same-process A/B, not stored: one fused
