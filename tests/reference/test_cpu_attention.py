@@ -113,11 +113,15 @@ def test_kernel_equals_attention_over_prefix_and_own_keys(layout, heads, kv_head
 @settings(max_examples=25, deadline=None)
 @given(
     segments=st.lists(st.tuples(st.integers(1, 150), st.integers(0, 200)), min_size=1, max_size=5),
+    heads=st.sampled_from([(4, 2), (9, 3), (6, 1), (5, 5)]),
     seed=st.integers(0, 2**16),
 )
-def test_kernel_on_any_segment_layout(segments, seed):
-    """Any lengths and starts (a start inside a block included), at float32."""
-    step = Step(segments, 4, 2, 64, torch.float32, seed, blocks=sum(math.ceil(s / BS) for _, s in segments) + 2)
+def test_kernel_on_any_segment_layout(segments, heads, seed):
+    """Any lengths and starts (a start inside a block included), at float32; head groups whose blocks of query
+    positions straddle key blocks (3 and 6 query heads a KV head), so a tile's last visible key falls anywhere
+    in the block it reads."""
+    blocks = sum(math.ceil(s / BS) for _, s in segments) + 2
+    step = Step(segments, *heads, 64, torch.float32, seed, blocks=blocks)
     torch.testing.assert_close(step.kernel().double(), step.expected(), rtol=1e-5, atol=1e-5)
 
 

@@ -11,7 +11,9 @@
  * no second pool competes with it for the cores): flash_pack lays each KV head's keys and values out once per call in blocks of BK keys, in
  * the order the dot-product instructions read them (bfloat16: pairs along the reduced dimension, as
  * vdpbf16ps takes them); flash_attend runs blocks of query positions (every query head of one KV head
- * together, so each packed block serves g * bq rows) with an online softmax in float32. Probabilities
+ * together, so each packed block serves g * bq rows) with an online softmax in float32. A tile of query rows
+ * reads a block only through its last row's last visible key, rounded up to 16 keys: on the diagonal a tile
+ * skips the chunks of keys none of its rows sees, and the blocks past its last row altogether. Probabilities
  * meet the values at the input precision and accumulate in float32, as torch's CPU flash kernel does.
  */
 #include <immintrin.h>
@@ -80,14 +82,16 @@ static inline __mmask16 visible(int64_t j0, int64_t limit) {
     return (__mmask16)((1u << n) - 1u);
 }
 
-/* One tile's softmax step over a block of scores s[r][0..63] (scaled here): updates the running max m and
- * sum l, returns each row's factor for its earlier output, and leaves the block's probabilities in s. */
-static inline void online_softmax(__m512 s[TILE][4], const int64_t limit[TILE], int64_t kb, float scale, float *m,
-                                  float *l, float alpha[TILE]) {
+/* One tile's softmax step over a block of scores s[r][0..16 nc - 1] (scaled here): updates the running max m and
+ * sum l, returns each row's factor for its earlier output, and leaves the block's probabilities in s (zero in
+ * the chunks from nc on). */
+static inline __attribute__((always_inline)) void online_softmax(__m512 s[TILE][4], const int64_t limit[TILE],
+                                                                 int64_t kb, float scale, float *m, float *l,
+                                                                 float alpha[TILE], int nc) {
     for (int r = 0; r < TILE; r++) {
         __mmask16 mask[4];
         __m512 best = _mm512_set1_ps(-INFINITY);
-        for (int c = 0; c < 4; c++) {
+        for (int c = 0; c < nc; c++) {
             mask[c] = visible(kb + 16 * c, limit[r]);
             s[r][c] = _mm512_mask_mul_ps(_mm512_set1_ps(-INFINITY), mask[c], s[r][c], _mm512_set1_ps(scale));
             best = _mm512_max_ps(best, s[r][c]);
@@ -95,10 +99,11 @@ static inline void online_softmax(__m512 s[TILE][4], const int64_t limit[TILE], 
         float m_new = fmaxf(m[r], _mm512_reduce_max_ps(best));
         __m512 shift = _mm512_set1_ps(m_new);
         __m512 sum = _mm512_setzero_ps();
-        for (int c = 0; c < 4; c++) {
+        for (int c = 0; c < nc; c++) {
             s[r][c] = _mm512_maskz_mov_ps(mask[c], exp_ps(_mm512_sub_ps(s[r][c], shift)));
             sum = _mm512_add_ps(sum, s[r][c]);
         }
+        for (int c = nc; c < 4; c++) s[r][c] = _mm512_setzero_ps(); /* chunks past every row's last key */
         alpha[r] = m[r] == -INFINITY ? 0.0f : expf(m[r] - m_new);
         l[r] = l[r] * alpha[r] + _mm512_reduce_add_ps(sum);
         m[r] = m_new;
@@ -218,18 +223,20 @@ static void flash_pack(flash_args *a, void *kp, void *vp, int bf16) {
 
 static inline __m512bh as_bh(__m512i x) { return (__m512bh)x; }
 
-/* Scores of TILE query rows against one packed key block. */
-static inline void qk_tile(const flash_args *a, const void *q[TILE], const void *kb, __m512 s[TILE][4], int bf16) {
+/* Scores of TILE query rows against the first nc chunks (16 keys each) of one packed key block; the chunks past
+ * them are left unset. */
+static inline __attribute__((always_inline)) void qk_tile(const flash_args *a, const void *q[TILE], const void *kb,
+                                                          __m512 s[TILE][4], int bf16, int nc) {
     for (int r = 0; r < TILE; r++)
-        for (int c = 0; c < 4; c++) s[r][c] = _mm512_setzero_ps();
+        for (int c = 0; c < nc; c++) s[r][c] = _mm512_setzero_ps();
     if (bf16) {
         const uint32_t *k = kb;
         for (int64_t d2 = 0; d2 < a->D / 2; d2++) {
             __m512bh kv[4];
-            for (int c = 0; c < 4; c++) kv[c] = as_bh(_mm512_loadu_si512(k + d2 * BK + 16 * c));
+            for (int c = 0; c < nc; c++) kv[c] = as_bh(_mm512_loadu_si512(k + d2 * BK + 16 * c));
             for (int r = 0; r < TILE; r++) {
                 __m512bh qq = as_bh(_mm512_set1_epi32((int)((const uint32_t *)q[r])[d2]));
-                for (int c = 0; c < 4; c++) s[r][c] = _mm512_dpbf16_ps(s[r][c], qq, kv[c]);
+                for (int c = 0; c < nc; c++) s[r][c] = _mm512_dpbf16_ps(s[r][c], qq, kv[c]);
             }
         }
         return;
@@ -237,18 +244,19 @@ static inline void qk_tile(const flash_args *a, const void *q[TILE], const void 
     const float *k = kb;
     for (int64_t d = 0; d < a->D; d++) {
         __m512 kv[4];
-        for (int c = 0; c < 4; c++) kv[c] = _mm512_loadu_ps(k + d * BK + 16 * c);
+        for (int c = 0; c < nc; c++) kv[c] = _mm512_loadu_ps(k + d * BK + 16 * c);
         for (int r = 0; r < TILE; r++) {
             __m512 qq = _mm512_set1_ps(((const float *)q[r])[d]);
-            for (int c = 0; c < 4; c++) s[r][c] = _mm512_fmadd_ps(qq, kv[c], s[r][c]);
+            for (int c = 0; c < nc; c++) s[r][c] = _mm512_fmadd_ps(qq, kv[c], s[r][c]);
         }
     }
 }
 
-/* out[r] = out[r] * alpha[r] + p[r] V over one packed value block, for `rows` rows (the rest compute nothing
- * that is kept). p: the tile's probabilities, left in s by online_softmax. */
-static inline void pv_tile(const flash_args *a, __m512 s[TILE][4], const float alpha[TILE], const void *vb,
-                           float *out, int rows, int bf16) {
+/* out[r] = out[r] * alpha[r] + p[r] V over the first 16 nc values of one packed value block, for `rows` rows (the
+ * rest compute nothing that is kept). p: the tile's probabilities, left in s by online_softmax. */
+static inline __attribute__((always_inline)) void pv_tile(const flash_args *a, __m512 s[TILE][4],
+                                                          const float alpha[TILE], const void *vb, float *out,
+                                                          int rows, int bf16, int nc) {
     int64_t D = a->D;
     uint16_t pb[TILE][BK] __attribute__((aligned(64)));
     float pf[TILE][BK] __attribute__((aligned(64)));
@@ -268,7 +276,7 @@ static inline void pv_tile(const flash_args *a, __m512 s[TILE][4], const float a
                                      : _mm512_setzero_ps();
         if (bf16) {
             const uint32_t *v = vb;
-            for (int64_t k2 = 0; k2 < BK / 2; k2++) {
+            for (int64_t k2 = 0; k2 < nc * 8; k2++) {
                 __m512bh vv[4];
                 for (int c = 0; c < 4; c++) vv[c] = as_bh(_mm512_loadu_si512(v + k2 * D + dv + 16 * c));
                 for (int r = 0; r < TILE; r++) {
@@ -278,7 +286,7 @@ static inline void pv_tile(const flash_args *a, __m512 s[TILE][4], const float a
             }
         } else {
             const float *v = vb;
-            for (int64_t k = 0; k < BK; k++) {
+            for (int64_t k = 0; k < nc * 16; k++) {
                 __m512 vv[4];
                 for (int c = 0; c < 4; c++) vv[c] = _mm512_loadu_ps(v + k * D + dv + 16 * c);
                 for (int r = 0; r < TILE; r++) {
@@ -294,6 +302,32 @@ static inline void pv_tile(const flash_args *a, __m512 s[TILE][4], const float a
 
 /* ------------------------------------------------------------------ attention */
 
+/* One tile against one block, over its first nc chunks of 16 keys (past them no row of the tile sees a key). */
+static inline __attribute__((always_inline)) void tile_block_n(const flash_args *a, const void *q[TILE],
+                                                               const int64_t limit[TILE], int64_t kb0,
+                                                               const void *kb, const void *vb, float *mt, float *lt,
+                                                               float *out, int rows, int bf16, int nc) {
+    __m512 sc[TILE][4];
+    float alpha[TILE];
+    qk_tile(a, q, kb, sc, bf16, nc);
+    online_softmax(sc, limit, kb0, a->scale, mt, lt, alpha, nc);
+    pv_tile(a, sc, alpha, vb, out, rows, bf16, nc);
+}
+
+/* A tile against the block on its diagonal, where even its last row sees fewer than 48 of the block's keys: a
+ * copy of the tile's work per chunk count, kept apart from the full blocks' (inlined there, the full blocks'
+ * loop ran slower). */
+static __attribute__((noinline)) void tile_block_part(const flash_args *a, const void *q[TILE],
+                                                      const int64_t limit[TILE], int64_t kb0, const void *kb,
+                                                      const void *vb, float *mt, float *lt, float *out, int rows,
+                                                      int bf16, int nc) {
+    switch (nc) {
+    case 1: tile_block_n(a, q, limit, kb0, kb, vb, mt, lt, out, rows, bf16, 1); break;
+    case 2: tile_block_n(a, q, limit, kb0, kb, vb, mt, lt, out, rows, bf16, 2); break;
+    default: tile_block_n(a, q, limit, kb0, kb, vb, mt, lt, out, rows, bf16, 3); break;
+    }
+}
+
 static void attend_item(const flash_args *a, const item_rows *it, const void *kp, const void *vp, float *out, float *m,
                         float *l, int bf16) {
     int64_t D = a->D, esize = bf16 ? 2 : 4;
@@ -307,20 +341,23 @@ static void attend_item(const flash_args *a, const item_rows *it, const void *kp
         const char *kb = (const char *)kp + at * block_words * 4, *vb = (const char *)vp + at * block_words * 4;
         for (int64_t r0 = 0; r0 < it->rows; r0 += TILE) {
             int rows = it->rows - r0 < TILE ? (int)(it->rows - r0) : TILE;
+            int64_t top = s->start + it->pos0 + (r0 + rows - 1) / it->g; /* the tile's last row sees furthest */
+            if (top < b * BK) continue; /* no row of this tile sees the block (a later tile may) */
             const void *q[TILE];
             int64_t limit[TILE];
-            float mt[TILE], lt[TILE], alpha[TILE];
+            float mt[TILE], lt[TILE];
             for (int r = 0; r < TILE; r++) {
                 int64_t rr = r < rows ? r0 + r : r0; /* a short tile repeats its first row, and keeps nothing of it */
                 q[r] = (const char *)a->q + row_offset(it, rr, a->q_st, a->q_sh) * esize;
                 limit[r] = s->start + it->pos0 + rr / it->g;
                 mt[r] = m[rr], lt[r] = l[rr];
             }
-            __m512 sc[TILE][4];
-            qk_tile(a, q, kb, sc, bf16);
-            online_softmax(sc, limit, b * BK, a->scale, mt, lt, alpha);
+            int nc = top - b * BK >= 3 * 16 ? 4 : (int)((top - b * BK) / 16) + 1;
+            if (nc == 4)
+                tile_block_n(a, q, limit, b * BK, kb, vb, mt, lt, out + r0 * D, rows, bf16, 4);
+            else
+                tile_block_part(a, q, limit, b * BK, kb, vb, mt, lt, out + r0 * D, rows, bf16, nc);
             for (int r = 0; r < rows; r++) m[r0 + r] = mt[r], l[r0 + r] = lt[r];
-            pv_tile(a, sc, alpha, vb, out + r0 * D, rows, bf16);
         }
     }
     for (int64_t r = 0; r < it->rows; r++) {
