@@ -44,6 +44,15 @@ plain form should come back.
   segment at a time (``segment_attention``, key ``torch_sdpa``): 32 prompts
   of 128 and 8 of 64-1024 at the bench Llama's heads (8 query, 4 K/V, 64
   wide), the chat and document steps of ``shared_prefix_*`` at SmolLM2's.
+* ``kernel_threads_{norm<N>,rope<N>,attention_<case>}_<dtype>``: a
+  ``reference/cpu_kernels`` call handed to torch's OpenMP threads from its
+  second work item on (``library.threads_for``) vs the same call on the
+  calling thread alone (key ``one_thread``): RMSNorm of ``N`` rows 576
+  wide, rotary and pool writes of ``N`` tokens at SmolLM2's heads, one
+  layer's attention of one prompt of 32 or 128 tokens (bench Llama heads)
+  and of 4 chat turns of 8 tokens behind 181 (SmolLM2's). Each call reads
+  the output of a GEMM run just before it, as in a step; only the kernel's
+  call is timed.
 * ``cached_attention_p<P>_s<S>_<dtype>``: one cached segment's attention at
   SmolLM2's heads (9 query, 3 K/V, 64 wide) over a prefix of ``P`` and its
   own ``S`` tokens, as ``segment_attention`` runs it on the CPU (one masked
@@ -65,8 +74,11 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._report import Metric, report
+from prefill_shell.reference.cpu_kernels import library
+from prefill_shell.reference.cpu_kernels import rms_norm as norm_module
 from prefill_shell.reference.cpu_kernels.flash import flash_step
 from prefill_shell.reference.cpu_kernels.library import kernel_dtypes
+from prefill_shell.reference.cpu_kernels.rope import rope_step
 from prefill_shell.reference.llama_like import packed_attention
 from prefill_shell.reference.llama_like.packed_attention import (
     ONE_CALL_KEYS,
@@ -237,6 +249,80 @@ def _packed_attention_case(heads: int, kv_heads: int, prefix: int, lengths: list
     return (lambda: step(kv, 0, *qkv)), (lambda: segment_attention(kv, 0, qkv, reads, sdpa)), "torch_sdpa"
 
 
+class _FromGemm:
+    """A GEMM of ``tokens`` rows out of 576 into ``width`` (``prepare``, untimed), then ``call`` on its output
+    (timed), as a step runs a kernel on what its last projection wrote, torch's threads still warm from it."""
+
+    def __init__(self, tokens: int, width: int, dtype: torch.dtype, call):
+        self.projection, self.x, self.call = (
+            Projection(_randn(width, 576).to(dtype)),
+            _randn(tokens, 576).to(dtype),
+            call,
+        )
+
+    def prepare(self):
+        return self.projection(self.x)
+
+
+def _from_gemm(tokens: int, width: int, dtype: torch.dtype, call) -> _FromGemm:
+    return _FromGemm(tokens, width, dtype, call)
+
+
+def _one_thread(module, call):
+    """``call`` with ``module.threads_for`` answering 1."""
+    module.threads_for = lambda items: 1
+    try:
+        return call()
+    finally:
+        module.threads_for = library.threads_for
+
+
+def _norm_threads_case(rows: int, dtype: torch.dtype) -> tuple:
+    weight = _randn(576).to(dtype)
+
+    def norm(x):
+        return norm_module.rms_norm_rows(x, weight, 1e-6)
+
+    shared = _from_gemm(rows, 576, dtype, norm)
+    return shared, _from_gemm(rows, 576, dtype, lambda x: _one_thread(norm_module, lambda: norm(x))), "one_thread"
+
+
+def _rope_threads_case(tokens: int, dtype: torch.dtype) -> tuple:
+    heads, kv_heads, dim, bs = 9, 3, 64, 16
+    kv = PagedKVCache(1, tokens // bs + 1, bs, kv_heads, dim, dtype=dtype)
+    cos, sin = _randn(tokens, dim).to(dtype), _randn(tokens, dim).to(dtype)
+    steps = [rope_step(cos, sin, torch.arange(tokens), kv, heads, kv_heads) for _ in range(2)]
+    steps[1].threads = 1
+
+    def rotate(step, qkv):
+        qk = qkv[:, : (heads + kv_heads) * dim].unflatten(-1, (heads + kv_heads, dim))
+        return step(kv, 0, qk, qkv[:, (heads + kv_heads) * dim :].unflatten(-1, (kv_heads, dim)))
+
+    width = (heads + 2 * kv_heads) * dim
+    return (*(_from_gemm(tokens, width, dtype, lambda x, s=s: rotate(s, x)) for s in steps), "one_thread")
+
+
+def _attention_threads_case(heads: int, kv_heads: int, prefix: int, lengths: list[int], dtype: torch.dtype):
+    dim, bs = 64, 16
+    width = max(-(-prefix // bs), 1)
+    kv = PagedKVCache(1, width, bs, kv_heads, dim, dtype=dtype)
+    kv.keys[0].copy_(_randn(*kv.keys[0].shape).to(dtype))
+    kv.values[0].copy_(_randn(*kv.values[0].shape).to(dtype))
+    offsets = [sum(lengths[:i]) for i in range(len(lengths))]
+    segments = torch.tensor([[o, n, prefix] for o, n in zip(offsets, lengths)])
+    table = torch.arange(width, dtype=torch.int32).expand(len(lengths), -1)
+    total = sum(lengths)
+    steps = [flash_step(segments, table, kv, heads, kv_heads, dim, dtype, total) for _ in range(2)]
+    steps[1].threads = 1
+
+    def attend(step, qkv):
+        q, k, v = qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
+        return step(kv, 0, q.unflatten(-1, (heads, dim)), *(t.unflatten(-1, (kv_heads, dim)) for t in (k, v)))
+
+    out = (heads + 2 * kv_heads) * dim
+    return (*(_from_gemm(total, out, dtype, lambda x, s=s: attend(s, x)) for s in steps), "one_thread")
+
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 CASES = {"inference_mode": (_mode_per_invocation, _mode_per_call)}
 GEMM_CASES = {  # name: (chosen, other, the other form's key)
@@ -286,6 +372,20 @@ OTHER_CASES.update(
 )
 
 
+KERNEL_CASES = {  # name: (chosen, other, the other form's key), each a _FromGemm
+    f"kernel_threads_{name}_{d}": case
+    for d, dtype in DTYPES.items()
+    if dtype in kernel_dtypes()
+    for name, case in (
+        *((f"norm{n}", _norm_threads_case(n, dtype)) for n in (64, 128, 512)),
+        *((f"rope{n}", _rope_threads_case(n, dtype)) for n in (32, 128, 512)),
+        ("attention_1x32", _attention_threads_case(8, 4, 0, [32], dtype)),
+        ("attention_1x128", _attention_threads_case(8, 4, 0, [128], dtype)),
+        ("attention_chat4x8", _attention_threads_case(9, 3, 181, [8] * 4, dtype)),
+    )
+}
+
+
 def _mean_us(fn, calls: int) -> float:
     start = time.perf_counter()
     for _ in range(calls):
@@ -293,15 +393,25 @@ def _mean_us(fn, calls: int) -> float:
     return (time.perf_counter() - start) / calls * 1e6
 
 
-def _interleaved(pair: tuple, r: int, n: int) -> tuple[float, float]:
+def _kernel_us(form: _FromGemm, calls: int) -> float:
+    total = 0.0
+    for _ in range(calls):
+        x = form.prepare()
+        start = time.perf_counter()
+        form.call(x)
+        total += time.perf_counter() - start
+    return total / calls * 1e6
+
+
+def _interleaved(pair: tuple, r: int, n: int, timer=_mean_us) -> tuple[float, float]:
     """``(first form us, second form us)``, alternating which runs first by round."""
     order = pair if r % 2 == 0 else pair[::-1]
-    times = [_mean_us(fn, n) for fn in order]
+    times = [timer(fn, n) for fn in order]
     return tuple(times) if r % 2 == 0 else tuple(times[::-1])
 
 
 def run(rounds: int, calls: int) -> list[Metric]:
-    samples = {name: ([], []) for name in (*CASES, *GEMM_CASES, *OTHER_CASES)}
+    samples = {name: ([], []) for name in (*CASES, *GEMM_CASES, *OTHER_CASES, *KERNEL_CASES)}
     for r in range(rounds):
         for name, (chosen, plain) in CASES.items():
             for bucket, us in zip(samples[name], _interleaved((chosen, plain), r, calls)):
@@ -312,10 +422,13 @@ def run(rounds: int, calls: int) -> list[Metric]:
         for name, (chosen, other, _) in OTHER_CASES.items():
             for bucket, us in zip(samples[name], _interleaved((chosen, other), r, max(1, calls // 100))):
                 bucket.append(us)
+        for name, (chosen, other, _) in KERNEL_CASES.items():  # the kernel alone, after its GEMM
+            for bucket, us in zip(samples[name], _interleaved((chosen, other), r, max(1, calls // 20), _kernel_us)):
+                bucket.append(us)
     metrics = []
     for name, (chosen, other) in samples.items():
         c, o = statistics.median(chosen), statistics.median(other)
-        label = {**GEMM_CASES, **OTHER_CASES}[name][2] if name not in CASES else "plain"
+        label = {**GEMM_CASES, **OTHER_CASES, **KERNEL_CASES}[name][2] if name not in CASES else "plain"
         metrics += [
             Metric(f"{name}.chosen_us", c, "us"),
             Metric(f"{name}.{label}_us", o, "us"),

@@ -8,8 +8,8 @@ import torch
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from prefill_shell.reference.cpu_kernels import library
-from prefill_shell.reference.cpu_kernels.library import SHARED_ELEMENTS
-from prefill_shell.reference.cpu_kernels.rms_norm import rms_norm_rows
+from prefill_shell.reference.cpu_kernels import rms_norm as norm_module
+from prefill_shell.reference.cpu_kernels.rms_norm import NORM_ROWS, rms_norm_rows
 
 pytestmark = pytest.mark.skipif(not library.kernel_dtypes(), reason="the CPU kernels do not run here")
 
@@ -51,7 +51,7 @@ def test_rows_equal_transformers_norm(dtype, rows, cols, scale):
 def test_strided_rows_and_threads(dtype):
     """Rows of a wider tensor (a stride past the width) normalise as the same rows copied out, on one thread
     or several (rows enough to be shared out)."""
-    wide = torch.randn(SHARED_ELEMENTS // 64, 300).to(dtype)
+    wide = torch.randn(NORM_ROWS * 4 + 5, 300).to(dtype)
     x, weight = wide[:, :256], torch.randn(256).to(dtype)
     threads = torch.get_num_threads()
     try:
@@ -76,3 +76,18 @@ def test_where_it_does_not_apply_it_is_none():
     assert rms_norm_rows(x, torch.ones(32), 1e-6) is None
     assert rms_norm_rows(x[None], weight, 1e-6) is None
     assert rms_norm_rows(torch.randn(64, 4).t(), torch.ones(4), 1e-6) is None
+
+
+@pytest.mark.parametrize("rows, threads", [(1, 1), (NORM_ROWS, 1), (NORM_ROWS + 1, 0), (NORM_ROWS * 9, 0)])
+def test_rows_are_shared_out_from_the_second_work_item(monkeypatch, rows, threads):
+    """One chunk of rows runs on the calling thread alone; two or more on torch's threads (0), the call's
+    result the same either way."""
+    seen = []
+    real = norm_module.run_kernel
+    monkeypatch.setattr(
+        norm_module, "run_kernel", lambda name, kernel, *args: (seen.append(args[-1]), real(name, kernel, *args))
+    )
+    x, weight = torch.randn(rows, 64), torch.randn(64)
+    got = rms_norm_rows(x, weight, 1e-6)
+    assert seen == [threads]
+    torch.testing.assert_close(got, hf_norm(x, weight, 1e-6), rtol=ROUNDING[torch.float32], atol=0)

@@ -10,7 +10,7 @@ import torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from prefill_shell.reference.cpu_kernels import library
-from prefill_shell.reference.cpu_kernels.rope import rope_step
+from prefill_shell.reference.cpu_kernels.rope import ROPE_TOKENS, rope_step
 from prefill_shell.reference.llama_like.rope import rope_inv_freq
 from prefill_shell.reference.pools.kv_cache import PagedKVCache
 
@@ -110,3 +110,12 @@ def test_where_it_does_not_apply_or_does_not_match():
         step(kv, 0, qk[:9], v)
     with pytest.raises(ValueError, match="v is torch.float32 \\(10, 2, 64\\) strides \\(1, 10, 20\\)"):
         step(kv, 0, qk, v.permute(2, 1, 0).contiguous().permute(2, 1, 0))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tokens, threads", [(1, 1), (ROPE_TOKENS, 1), (ROPE_TOKENS + 1, 0)])
+def test_tokens_are_shared_out_from_the_second_work_item(tokens, threads, dtype):
+    """A step of one chunk of tokens rotates on the calling thread alone; two chunks or more on torch's (0)."""
+    cos, _, signed_sin = tables(torch.arange(tokens), 64, dtype)
+    kv = PagedKVCache(1, tokens // BS + 1, BS, 2, 64, dtype=dtype)
+    assert rope_step(cos, signed_sin, torch.arange(tokens), kv, 4, 2).threads == threads

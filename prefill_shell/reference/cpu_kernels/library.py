@@ -40,7 +40,6 @@ __all__ = [
     "NormArgs",
     "RopeArgs",
     "SETTING",
-    "SHARED_ELEMENTS",
     "kernel_dtypes",
     "kernel_library",
     "run_kernel",
@@ -141,10 +140,6 @@ class RopeArgs(ctypes.Structure):
     ]
 
 
-SHARED_ELEMENTS = 1 << 19
-"""Element-wise kernels over fewer elements run on one thread: waking the others costs more than they save."""
-
-
 @functools.cache
 def kernel_dtypes() -> frozenset[torch.dtype]:
     """The dtypes this CPU runs the kernels at: float32 with AVX-512, bfloat16 with AVX512-BF16 too."""
@@ -212,9 +207,15 @@ def run_kernel(name: str, kernel, *arguments) -> None:
         kernel(*arguments)
 
 
-def threads_for(shared: bool) -> int:
-    """A kernel call's thread count: torch's (0, OpenMP's default) where the work is worth sharing, else 1."""
-    return 0 if shared else 1
+def threads_for(work_items: int) -> int:
+    """A kernel call's thread count: torch's (0, OpenMP's default) where it has two work items or more, else 1
+    (the calling thread alone, no parallel region).
+
+    However little the work, sharing it pays: the kernels run between a step's
+    GEMMs, while torch's OpenMP workers still spin from the last one, so the
+    others join at once (``benchmarks/host_forms.py``, rows ``kernel_threads_*``).
+    """
+    return 0 if work_items >= 2 else 1
 
 
 def _cache_dir() -> Path:

@@ -16,7 +16,6 @@ import ctypes
 import torch
 
 from prefill_shell.reference.cpu_kernels.library import (
-    SHARED_ELEMENTS,
     NormArgs,
     kernel_dtypes,
     kernel_library,
@@ -24,7 +23,10 @@ from prefill_shell.reference.cpu_kernels.library import (
     threads_for,
 )
 
-__all__ = ["rms_norm_rows"]
+__all__ = ["NORM_ROWS", "rms_norm_rows"]
+
+NORM_ROWS = 32
+"""Rows a thread claims at a time (``ROWS`` in ``rms_norm.c``): one work item."""
 
 
 def rms_norm_rows(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
@@ -42,7 +44,7 @@ def rms_norm_rows(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Te
     rows, cols = x.shape
     out = torch.empty(rows, cols, dtype=x.dtype)
     args = NormArgs(x.data_ptr(), x.stride(0), weight.data_ptr(), out.data_ptr(), rows, cols, eps, 0)
-    threads = threads_for(rows * cols >= SHARED_ELEMENTS)
+    threads = threads_for(-(-rows // NORM_ROWS))
     bf16 = int(x.dtype == torch.bfloat16)
     run_kernel("prefill::rms_norm", kernel_library().rms_norm_rows, ctypes.byref(args), bf16, threads)
     return out

@@ -19,7 +19,6 @@ import ctypes
 import torch
 
 from prefill_shell.reference.cpu_kernels.library import (
-    SHARED_ELEMENTS,
     RopeArgs,
     kernel_dtypes,
     kernel_library,
@@ -28,7 +27,10 @@ from prefill_shell.reference.cpu_kernels.library import (
 )
 from prefill_shell.reference.pools.kv_cache import PagedKVCache
 
-__all__ = ["RopeStep", "rope_step"]
+__all__ = ["ROPE_TOKENS", "RopeStep", "rope_step"]
+
+ROPE_TOKENS = 16
+"""Tokens a thread claims at a time (``TOKENS`` in ``rope.c``): one work item."""
 
 
 class RopeStep:
@@ -39,7 +41,7 @@ class RopeStep:
         self.heads, self.kv_heads = heads, kv_heads
         tokens, dim = cos.shape
         self.highest_slot = int(slots.max()) if len(slots) else -1  # read once per step, not per layer
-        self.threads = threads_for(tokens * (heads + 2 * kv_heads) * dim >= SHARED_ELEMENTS)
+        self.threads = threads_for(-(-tokens // ROPE_TOKENS))
 
     def __call__(
         self, kv: PagedKVCache, layer: int, qk: torch.Tensor, v: torch.Tensor
