@@ -45,9 +45,10 @@ plain form should come back.
   of 128 and 8 of 64-1024 at the bench Llama's heads (8 query, 4 K/V, 64
   wide), the chat and document steps of ``shared_prefix_*`` at SmolLM2's.
 * ``kernel_threads_{norm<N>,rope<N>,attention_<case>}_<dtype>``: a
-  ``reference/cpu_kernels`` call handed to torch's OpenMP threads from its
-  second work item on (``library.threads_for``) vs the same call on the
-  calling thread alone (key ``one_thread``): RMSNorm of ``N`` rows 576
+  ``reference/cpu_kernels`` call on the threads ``library.threads_for``
+  picks (torch's OpenMP threads from two work items and a floor of work
+  on, else the calling thread alone) vs the other of the two (key
+  ``other``): RMSNorm of ``N`` rows 576
   wide, rotary and pool writes of ``N`` tokens at SmolLM2's heads, one
   layer's attention of one prompt of 32 or 128 tokens (bench Llama heads)
   and of 4 chat turns of 8 tokens behind 181 (SmolLM2's). Each call reads
@@ -74,6 +75,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._report import Metric, report
+from prefill_shell.backends.host_memory import keep_freed_host_memory
 from prefill_shell.reference.cpu_kernels import library
 from prefill_shell.reference.cpu_kernels import rms_norm as norm_module
 from prefill_shell.reference.cpu_kernels.flash import flash_step
@@ -88,6 +90,8 @@ from prefill_shell.reference.llama_like.packed_attention import (
 )
 from prefill_shell.reference.llama_like.projection import PACKED_MAX_ROWS, Projection, prepacks
 from prefill_shell.reference.pools.kv_cache import PagedKVCache
+
+keep_freed_host_memory()  # as TorchBackend does on the CPU: freed activations' pages serve the next call
 
 
 def _mode_per_call() -> None:
@@ -268,9 +272,9 @@ def _from_gemm(tokens: int, width: int, dtype: torch.dtype, call) -> _FromGemm:
     return _FromGemm(tokens, width, dtype, call)
 
 
-def _one_thread(module, call):
-    """``call`` with ``module.threads_for`` answering 1."""
-    module.threads_for = lambda items: 1
+def _with_threads(module, threads: int, call):
+    """``call`` with ``module.threads_for`` answering ``threads``."""
+    module.threads_for = lambda *_: threads
     try:
         return call()
     finally:
@@ -283,8 +287,9 @@ def _norm_threads_case(rows: int, dtype: torch.dtype) -> tuple:
     def norm(x):
         return norm_module.rms_norm_rows(x, weight, 1e-6)
 
-    shared = _from_gemm(rows, 576, dtype, norm)
-    return shared, _from_gemm(rows, 576, dtype, lambda x: _one_thread(norm_module, lambda: norm(x))), "one_thread"
+    other = 1 - library.threads_for(-(-rows // norm_module.NORM_ROWS), rows * 576 >= library.SHARED_ELEMENTS)
+    chosen = _from_gemm(rows, 576, dtype, norm)
+    return chosen, _from_gemm(rows, 576, dtype, lambda x: _with_threads(norm_module, other, lambda: norm(x))), "other"
 
 
 def _rope_threads_case(tokens: int, dtype: torch.dtype) -> tuple:
@@ -292,14 +297,14 @@ def _rope_threads_case(tokens: int, dtype: torch.dtype) -> tuple:
     kv = PagedKVCache(1, tokens // bs + 1, bs, kv_heads, dim, dtype=dtype)
     cos, sin = _randn(tokens, dim).to(dtype), _randn(tokens, dim).to(dtype)
     steps = [rope_step(cos, sin, torch.arange(tokens), kv, heads, kv_heads) for _ in range(2)]
-    steps[1].threads = 1
+    steps[1].threads = 1 - steps[0].threads  # the other choice: 0 is torch's threads, 1 the calling thread
 
     def rotate(step, qkv):
         qk = qkv[:, : (heads + kv_heads) * dim].unflatten(-1, (heads + kv_heads, dim))
         return step(kv, 0, qk, qkv[:, (heads + kv_heads) * dim :].unflatten(-1, (kv_heads, dim)))
 
     width = (heads + 2 * kv_heads) * dim
-    return (*(_from_gemm(tokens, width, dtype, lambda x, s=s: rotate(s, x)) for s in steps), "one_thread")
+    return (*(_from_gemm(tokens, width, dtype, lambda x, s=s: rotate(s, x)) for s in steps), "other")
 
 
 def _attention_threads_case(heads: int, kv_heads: int, prefix: int, lengths: list[int], dtype: torch.dtype):
@@ -313,14 +318,14 @@ def _attention_threads_case(heads: int, kv_heads: int, prefix: int, lengths: lis
     table = torch.arange(width, dtype=torch.int32).expand(len(lengths), -1)
     total = sum(lengths)
     steps = [flash_step(segments, table, kv, heads, kv_heads, dim, dtype, total) for _ in range(2)]
-    steps[1].threads = 1
+    steps[1].threads = 1 - steps[0].threads
 
     def attend(step, qkv):
         q, k, v = qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
         return step(kv, 0, q.unflatten(-1, (heads, dim)), *(t.unflatten(-1, (kv_heads, dim)) for t in (k, v)))
 
     out = (heads + 2 * kv_heads) * dim
-    return (*(_from_gemm(total, out, dtype, lambda x, s=s: attend(s, x)) for s in steps), "one_thread")
+    return (*(_from_gemm(total, out, dtype, lambda x, s=s: attend(s, x)) for s in steps), "other")
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -423,7 +428,7 @@ def run(rounds: int, calls: int) -> list[Metric]:
             for bucket, us in zip(samples[name], _interleaved((chosen, other), r, max(1, calls // 100))):
                 bucket.append(us)
         for name, (chosen, other, _) in KERNEL_CASES.items():  # the kernel alone, after its GEMM
-            for bucket, us in zip(samples[name], _interleaved((chosen, other), r, max(1, calls // 20), _kernel_us)):
+            for bucket, us in zip(samples[name], _interleaved((chosen, other), r, max(1, calls // 2), _kernel_us)):
                 bucket.append(us)
     metrics = []
     for name, (chosen, other) in samples.items():

@@ -143,13 +143,12 @@ def test_threads_split_work_without_changing_a_bit(dtype):
 @NEEDS_F32
 @pytest.mark.parametrize(
     "segments, kv_heads, threads",
-    [([(3, 0)], 1, 1), ([(3, 0)], 2, 0), ([(3, 70)], 1, 0), ([(100, 0)], 1, 0), ([(1, 0), (1, 0)], 1, 0)],
+    [([(3, 0)], 1, 1), ([(3, 0)], 2, 1), ([(3, 70)], 1, 1), ([(100, 0)], 1, 0), ([(3, 400)], 4, 0)],
 )
-def test_work_is_shared_out_from_the_second_item(segments, kv_heads, threads):
-    """A step whose packing and attention are one item each runs on the calling thread alone; a second KV
-    head, a second key block, a second block of query positions or a second segment shares it out (0: torch's
-    threads), however little work that is."""
-    step = Step(segments, 2 * kv_heads, kv_heads, 64, torch.float32, blocks=8)
+def test_work_is_shared_out_from_two_items_and_enough_flops(segments, kv_heads, threads):
+    """A step whose packing and attention are one item each, or a few items of less than SHARED_FLOPS, runs on
+    the calling thread alone; more work in two items or more is shared out (0: torch's threads)."""
+    step = Step(segments, 2 * kv_heads, kv_heads, 64, torch.float32, blocks=32)
     total = sum(length for length, _ in segments)
     flash = flash_step(step.segment_table(), step.table, step.kv, 2 * kv_heads, kv_heads, 64, torch.float32, total)
     assert flash.threads == threads

@@ -78,16 +78,20 @@ def test_where_it_does_not_apply_it_is_none():
     assert rms_norm_rows(torch.randn(64, 4).t(), torch.ones(4), 1e-6) is None
 
 
-@pytest.mark.parametrize("rows, threads", [(1, 1), (NORM_ROWS, 1), (NORM_ROWS + 1, 0), (NORM_ROWS * 9, 0)])
-def test_rows_are_shared_out_from_the_second_work_item(monkeypatch, rows, threads):
-    """One chunk of rows runs on the calling thread alone; two or more on torch's threads (0), the call's
-    result the same either way."""
+@pytest.mark.parametrize(
+    "rows, cols, threads",
+    [(1, 64, 1), (NORM_ROWS, 4096, 1), (NORM_ROWS + 1, 64, 1), (NORM_ROWS + 1, 2048, 0), (NORM_ROWS * 9, 576, 0)],
+)
+def test_rows_are_shared_out_from_two_work_items_and_enough_elements(monkeypatch, rows, cols, threads):
+    """One chunk of rows, or two holding fewer than SHARED_ELEMENTS, run on the calling thread alone; more on
+    torch's threads (0), the call's result the same either way."""
+    assert (rows * cols >= library.SHARED_ELEMENTS) == (cols >= 576)  # the cases straddle the floor
     seen = []
     real = norm_module.run_kernel
     monkeypatch.setattr(
         norm_module, "run_kernel", lambda name, kernel, *args: (seen.append(args[-1]), real(name, kernel, *args))
     )
-    x, weight = torch.randn(rows, 64), torch.randn(64)
+    x, weight = torch.randn(rows, cols), torch.randn(cols)
     got = rms_norm_rows(x, weight, 1e-6)
     assert seen == [threads]
     torch.testing.assert_close(got, hf_norm(x, weight, 1e-6), rtol=ROUNDING[torch.float32], atol=0)

@@ -113,9 +113,13 @@ def test_where_it_does_not_apply_or_does_not_match():
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("tokens, threads", [(1, 1), (ROPE_TOKENS, 1), (ROPE_TOKENS + 1, 0)])
-def test_tokens_are_shared_out_from_the_second_work_item(tokens, threads, dtype):
-    """A step of one chunk of tokens rotates on the calling thread alone; two chunks or more on torch's (0)."""
+@pytest.mark.parametrize(
+    "tokens, heads, threads", [(1, 2, 1), (ROPE_TOKENS, 32, 1), (ROPE_TOKENS + 1, 2, 1), (ROPE_TOKENS + 1, 32, 0)]
+)
+def test_tokens_are_shared_out_from_two_work_items_and_enough_elements(tokens, heads, threads, dtype):
+    """One chunk of tokens, or two holding fewer than SHARED_ELEMENTS, rotate on the calling thread alone; more
+    on torch's threads (0)."""
+    assert (tokens * 3 * heads * 64 >= library.SHARED_ELEMENTS) == (heads == 32 and tokens > 1)
     cos, _, signed_sin = tables(torch.arange(tokens), 64, dtype)
-    kv = PagedKVCache(1, tokens // BS + 1, BS, 2, 64, dtype=dtype)
-    assert rope_step(cos, signed_sin, torch.arange(tokens), kv, 4, 2).threads == threads
+    kv = PagedKVCache(1, tokens // BS + 1, BS, heads, 64, dtype=dtype)
+    assert rope_step(cos, signed_sin, torch.arange(tokens), kv, heads, heads).threads == threads

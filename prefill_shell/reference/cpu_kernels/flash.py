@@ -39,10 +39,14 @@ from prefill_shell.reference.cpu_kernels.library import (
 )
 from prefill_shell.reference.pools.kv_cache import PagedKVCache
 
-__all__ = ["BLOCK_KEYS", "FlashStep", "QUERY_ROWS", "flash_step"]
+__all__ = ["BLOCK_KEYS", "FlashStep", "QUERY_ROWS", "SHARED_FLOPS", "flash_step"]
 
 BLOCK_KEYS = 64
 """Keys per packed block (``BK`` in ``flash.c``)."""
+
+SHARED_FLOPS = 2e6
+"""A step of less attention work (multiply-adds counted twice) runs on the calling thread: a parallel region
+costs more than sharing so little saves (``benchmarks/host_forms.py``, rows ``kernel_threads_attention_*``)."""
 
 QUERY_ROWS = 64
 """Query rows (positions times the query heads of one KV head) a work item aims at: each packed block it
@@ -58,14 +62,16 @@ class FlashStep:
         self.bq = max(1, QUERY_ROWS // groups)
         table = (FlashSegment * len(segments))()
         packed = items = blocks_at = 0
+        flops = 0.0
         for entry, (offset, length, start) in zip(table, segments):
             entry.offset, entry.length, entry.start = offset, length, start
             entry.blocks_at, entry.packed_at, entry.items_at = blocks_at, packed, items
             packed += kv_heads * ceil_div(start + length, BLOCK_KEYS)
             items += kv_heads * ceil_div(length, self.bq)
+            flops += 4.0 * heads * head_dim * length * (start + (length + 1) / 2)
             blocks_at += ceil_div(start, block_size)  # block_ids holds each cached segment's prefix blocks in turn
         self.table, self.packed, self.items = table, packed, items
-        self.threads = threads_for(max(packed, items))  # each phase's items are shared out
+        self.threads = threads_for(max(packed, items), flops >= SHARED_FLOPS)  # each phase's items shared out
         self.block_ids = block_ids
         self.pool_blocks = int(block_ids.max()) + 1 if len(block_ids) else 0  # the pool must hold every block read
         self.heads, self.kv_heads, self.head_dim, self.dtype = heads, kv_heads, head_dim, dtype

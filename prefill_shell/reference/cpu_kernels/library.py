@@ -40,6 +40,7 @@ __all__ = [
     "NormArgs",
     "RopeArgs",
     "SETTING",
+    "SHARED_ELEMENTS",
     "kernel_dtypes",
     "kernel_library",
     "run_kernel",
@@ -197,6 +198,12 @@ def kernel_library() -> ctypes.CDLL | None:
     return library
 
 
+SHARED_ELEMENTS = 1 << 16
+"""RMSNorm and rotary calls over fewer elements run on the calling thread: even with torch's workers spinning,
+a parallel region costs microseconds, more than sharing so little saves (``benchmarks/host_forms.py``, rows
+``kernel_threads_norm64_*`` and ``kernel_threads_rope32_*``)."""
+
+
 def run_kernel(name: str, kernel, *arguments) -> None:
     """``kernel(*arguments)``, named ``name`` in a running ``torch.profiler`` trace (ctypes calls are no torch op,
     so ``benchmarks/_profile.py`` would count them as host work)."""
@@ -207,15 +214,15 @@ def run_kernel(name: str, kernel, *arguments) -> None:
         kernel(*arguments)
 
 
-def threads_for(work_items: int) -> int:
-    """A kernel call's thread count: torch's (0, OpenMP's default) where it has two work items or more, else 1
-    (the calling thread alone, no parallel region).
+def threads_for(work_items: int, enough_work: bool) -> int:
+    """A kernel call's thread count: torch's (0, OpenMP's default) where it has two work items or more and enough
+    work (the caller's floor), else 1 (the calling thread alone, no parallel region).
 
-    However little the work, sharing it pays: the kernels run between a step's
-    GEMMs, while torch's OpenMP workers still spin from the last one, so the
-    others join at once (``benchmarks/host_forms.py``, rows ``kernel_threads_*``).
+    The floors are low: the kernels run between a step's GEMMs, while torch's
+    OpenMP workers still spin from the last one, so the others join at once
+    (``benchmarks/host_forms.py``, rows ``kernel_threads_*``).
     """
-    return 0 if work_items >= 2 else 1
+    return 0 if work_items >= 2 and enough_work else 1
 
 
 def _cache_dir() -> Path:

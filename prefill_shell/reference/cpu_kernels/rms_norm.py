@@ -16,6 +16,7 @@ import ctypes
 import torch
 
 from prefill_shell.reference.cpu_kernels.library import (
+    SHARED_ELEMENTS,
     NormArgs,
     kernel_dtypes,
     kernel_library,
@@ -44,7 +45,7 @@ def rms_norm_rows(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Te
     rows, cols = x.shape
     out = torch.empty(rows, cols, dtype=x.dtype)
     args = NormArgs(x.data_ptr(), x.stride(0), weight.data_ptr(), out.data_ptr(), rows, cols, eps, 0)
-    threads = threads_for(-(-rows // NORM_ROWS))
+    threads = threads_for(-(-rows // NORM_ROWS), rows * cols >= SHARED_ELEMENTS)
     bf16 = int(x.dtype == torch.bfloat16)
     run_kernel("prefill::rms_norm", kernel_library().rms_norm_rows, ctypes.byref(args), bf16, threads)
     return out

@@ -19,6 +19,7 @@ import ctypes
 import torch
 
 from prefill_shell.reference.cpu_kernels.library import (
+    SHARED_ELEMENTS,
     RopeArgs,
     kernel_dtypes,
     kernel_library,
@@ -41,7 +42,8 @@ class RopeStep:
         self.heads, self.kv_heads = heads, kv_heads
         tokens, dim = cos.shape
         self.highest_slot = int(slots.max()) if len(slots) else -1  # read once per step, not per layer
-        self.threads = threads_for(-(-tokens // ROPE_TOKENS))
+        elements = tokens * (heads + 2 * kv_heads) * dim
+        self.threads = threads_for(-(-tokens // ROPE_TOKENS), elements >= SHARED_ELEMENTS)
 
     def __call__(
         self, kv: PagedKVCache, layer: int, qk: torch.Tensor, v: torch.Tensor
