@@ -108,34 +108,48 @@ in-process engine keeps torch's 2 threads; both compile the model
 on every row but a few near-ties (top-2 gap 0 in bfloat16), none a clear
 disagreement.
 
-**Where this round stands** (table `vs_vllm_cpu`: one run, 5 alternating
+**Where this round stands** (table `vs_vllm_cpu`: one run, 11 alternating
 rounds of ours and both vLLM engines, nothing else running, at the round's
 last commit). Our tokens/s over vLLM's faster engine (its in-process one;
-its multi-process engine is 1.6-2.1x slower than that on 2 cores, and slower
-than this runtime on every case), bfloat16: 1.18 (1 x 128), 1.23 (32 x 128),
-1.83 (1 x 4096), 1.37 (mixed), 1.55 (cached), 1.09 (SmolLM2 1 x 512), 1.66
-(SmolLM2 chat); float32: 1.12, 1.20, 1.24, 1.24, 1.29, 0.98, 1.54. Every
-goal of the issue is met at bfloat16 (>= 1.0 uncached, >= 1.2 mixed, cached
-and chat); at float32 every one but SmolLM2 1 x 512, which sits at parity
-(0.98 here and in the run before, 1.02 and 1.00 before that). Both engines pick the
+its multi-process engine is 1.3-2.0x slower than that on 2 cores, and slower
+than this runtime on every case), bfloat16: 1.28 (1 x 128), 1.29 (32 x 128),
+1.86 (1 x 4096), 1.42 (mixed), 1.59 (cached), 1.03 (SmolLM2 1 x 512), 1.66
+(SmolLM2 chat); float32: 1.23, 1.25, 1.27, 1.24, 1.28, 1.02, 1.61. Every
+goal of the issue is met in this run at both dtypes (>= 1.0 uncached, >= 1.2
+mixed, cached and chat). SmolLM2 1 x 512 holds it by 2-3%, inside what a row
+moves between runs on this shared machine: the same run at the commit before
+the last (its kernels shared out even the smallest calls) gave 1.01 bfloat16
+and 0.96 float32 there, the last round's 1.09 and 0.98. Both engines pick the
 same greedy token on every row but 1-2 near-ties per bfloat16 bench case
 (top-2 gap 0; no clear disagreement). Tokens/s count, for both engines, the
 tokens the prompts hold past their cached prefixes; on SmolLM2's chat rows
 we compute 205 of those 379 and vLLM all 379
 (`<dtype>.<case>.*computed_tokens`): the 16 rows share 11 system-prompt
 tokens past the last whole cached block, and our plan computes them once
-(shared spans, below). Medians of 5 still move a row by several percent
-from run to run on this shared machine: the same run at the commit before
-the last (the code differs only in how the pooling runner counts positions)
-gave bfloat16 1.55, 1.28, 1.74, 1.38, 1.52, 1.04, 1.75 and float32 1.05,
-1.19, 1.24, 1.26, 1.26, 0.98, 1.56. The
-last round's last run, before shared spans, gave bfloat16 1.04 and float32
-0.93 on the chat rows. `probe_share` above 1 on the bench cases is not a
+(shared spans, below). `probe_share` above 1 on the bench cases is not a
 faster GEMM: the workload's FLOPs count every computed token through every
 layer, and a segment-ends step skips most of the last one.
 
 **What changed this round, and why** (each form beside the other in `host_forms`):
 
+- The attention kernel's tiles stop at their last row's last visible key,
+  rounded up to 16 keys: on the causal diagonal a tile skips the keys none
+  of its rows sees, output bit for bit the same. One layer's attention:
+  SmolLM2 1 x 512 float32 2.02 -> 1.84 ms, 32 x 128 6.78 -> 5.74 ms,
+  bfloat16 1.23 -> 1.13 and 4.49 -> 3.77 ms (same-process A/B, in the
+  commit's message).
+- The kernels (attention, RMSNorm, rotary) share a call out to torch's
+  threads from two work items and a few microseconds of work on
+  (`library.threads_for`); the floors were 8-16x higher, set when the
+  kernels had helper threads of their own. They run right after a GEMM,
+  while torch's workers still spin: whole calls 1.5-4% faster on 1 x 128,
+  SmolLM2 1 x 512 and chat, 32 x 128 tied (same-process A/B of sharing
+  every call against the old floors, in the commit's message; the floors
+  kept now leave those cases' calls shared but the last layer's
+  segment-end attention). `host_forms` rows `kernel_threads_*` time single
+  calls each way and do not settle it: they scatter 0.65-1.53 in the run
+  stored, and the same row swings from 0.64 to 1.21 between two runs;
+  only one prompt's attention of 128 tokens is faster shared in every run.
 - Shared spans: rows that read one cached prefix through the same blocks
   and then hold the same tokens have the same K/V there, so our packed plan
   computes each such position once, in the first row holding it, and that
@@ -146,9 +160,9 @@ layer, and a segment-ends step skips most of the last one.
   lm-eval's choices after one context and a reranker's query before each
   document all send such rows; vLLM computes every row's own copy. Beside
   the plain plan in one process (`python benchmarks/shared_spans.py`,
-  table `shared_spans`): SmolLM2's chat rows 152 vs 255 ms at bfloat16 and
-  301 vs 502 ms at float32 (205 vs 379 positions), one prompt four times
-  (vLLM's `n = 4`) 135 vs 443 ms and 269 vs 871 ms (187 vs 736), greedy
+  table `shared_spans`): SmolLM2's chat rows 169 vs 265 ms at bfloat16 and
+  297 vs 498 ms at float32 (205 vs 379 positions), one prompt four times
+  (vLLM's `n = 4`) 143 vs 451 ms and 238 vs 798 ms (187 vs 736), greedy
   tokens equal on every row. A row takes positions across same-step prefix
   hits too (it reads as cached the blocks an earlier row of the call
   writes), as vLLM's KV cache manager hands rows that arrive together.
@@ -186,27 +200,34 @@ named `prefill::*` in the trace, vLLM's inside its in-process engine;
 bfloat16, the `--quick` sizes: 8 x 128 and the mixed case at 8 rows;
 profiler overhead included; table `vs_vllm_cpu_profile`):
 
-- Matmuls: ours 0.052 vs vLLM's 0.054 s (8 x 128), 0.267 vs 0.320 s
-  (mixed), 0.121 vs 0.201 s (SmolLM2 chat); 62-75% of both engines' time.
+- Matmuls: ours 0.051 vs vLLM's 0.059 s (8 x 128), 0.269 vs 0.320 s
+  (mixed), 0.108 vs 0.190 s (SmolLM2 chat); 64-74% of both engines' time.
   Both are oneDNN on prepacked weights; ours do less work: segment ends on
   the bench Llama, and on SmolLM2's chat rows 205 of the 379 positions
   (shared spans). On the same work (SmolLM2, the profile before shared
   spans) ours ran 7% slower, where ours run SwiGLU's activation and the
   residual adds inside the GEMM calls and vLLM runs plain GEMMs and
   compiles the rest.
-- Attention: ours 0.003 vs 0.006 s, 0.062 vs 0.142 s, 0.022 vs 0.042 s.
+- Attention: ours 0.003 vs 0.006 s, 0.059 vs 0.134 s, 0.015 vs 0.040 s.
 - Norms, rotary and other ops: ours 0.006-0.019 s against vLLM's compiled
-  region's 0.005-0.038 s.
-- Host work: 0.014-0.018 s of ours (Python between ops, planning and
-  staging; 4-18%) against 0.005-0.007 s of vLLM's.
-- Where SmolLM2's single rows stand (1 x 512: 1.09 bfloat16, 0.98
-  float32): no row shares anything there, and matmuls were 73% of our time
-  on SmolLM2 (before shared spans), at vLLM's rate or a little under. Two
-  forms tried and not kept, each a same-process A/B, not stored: one fused
-  gate | up GEMM with a one-pass SiLU-and-multiply kernel (vLLM's form)
-  gained 1-3.5% on SmolLM2 and lost 1-2.5% on the 4096-token steps;
-  prefetching the next weights from inside the attention kernel slowed
-  attention and left the GEMMs as they were.
+  region's 0.007-0.031 s.
+- Host work: 0.007-0.015 s of ours (Python between ops, planning and
+  staging; 4-10%) against 0.004-0.007 s of vLLM's.
+- Where SmolLM2's single rows stand (1 x 512: 1.03 bfloat16, 1.02
+  float32): no row shares anything there. A float32 profile of that case
+  (`--profile --quick --dtype float32 --cases smollm2_1x512`, run while
+  looking, not stored) put matmuls at 0.509 s for us and 0.505 s for vLLM,
+  attention at 0.062 and 0.063 s, everything else at 0.045 and 0.051 s:
+  both engines' GEMMs run near this machine's plain oneDNN rate (about
+  220 GFLOP/s on 2 cores in isolation), ours on 3% fewer FLOPs (segment
+  ends) at about 3% less per FLOP. Forms tried and not kept, each a
+  same-process A/B, not stored: one fused gate | up GEMM with a one-pass
+  SiLU-and-multiply kernel (vLLM's form) gained 1-3.5% on SmolLM2 and lost
+  1-2.5% on the 4096-token steps; plain GEMMs with the residual added after
+  instead of oneDNN's add post-op tied (0.996, 0.998); weights packed for
+  512 or 128 rows instead of 1024 tied or lost; prefetching the next weights
+  from inside the attention kernel slowed attention and left the GEMMs as
+  they were.
 - Contention: another busy process on the 2 cores slows both engines by
   several times; every figure above is from a quiet machine.
 
