@@ -200,19 +200,25 @@ def _cached_attention_case(prefix: int, own: int, dtype: torch.dtype) -> tuple:
     return (one_call, two_calls) if prefix + own <= ONE_CALL_KEYS else (two_calls, one_call)
 
 
-def _shared_prefix_case(prefix: int, lengths: list[int], dtype: torch.dtype) -> tuple:
-    """Cached segments behind one shared prefix, one layer's attention at SmolLM2's heads: as
-    ``segment_reads`` groups them (``SHARED_PREFIX_LENGTH``) vs the other way (grouped where it does not
-    group, per segment where it does)."""
-    heads, kv_heads, dim, bs = 9, 3, 64, 16
-    width = -(-prefix // bs)
-    kv = PagedKVCache(1, width, bs, kv_heads, dim, dtype=dtype)
+def _segments_behind(prefix: int, lengths: list[int], kv_heads: int, dtype: torch.dtype) -> tuple:
+    """``(kv, segments, table, total)``: segments of ``lengths`` end to end, each behind the same ``prefix`` of
+    random K/V in one layer's pool (64 wide, blocks of 16)."""
+    width = max(-(-prefix // 16), 1)
+    kv = PagedKVCache(1, width, 16, kv_heads, 64, dtype=dtype)
     kv.keys[0].copy_(_randn(*kv.keys[0].shape).to(dtype))
     kv.values[0].copy_(_randn(*kv.values[0].shape).to(dtype))
     offsets = [sum(lengths[:i]) for i in range(len(lengths))]
     segments = torch.tensor([[o, n, prefix] for o, n in zip(offsets, lengths)])
     table = torch.arange(width, dtype=torch.int32).expand(len(lengths), -1)
-    total = sum(lengths)
+    return kv, segments, table, sum(lengths)
+
+
+def _shared_prefix_case(prefix: int, lengths: list[int], dtype: torch.dtype) -> tuple:
+    """Cached segments behind one shared prefix, one layer's attention at SmolLM2's heads: as
+    ``segment_reads`` groups them (``SHARED_PREFIX_LENGTH``) vs the other way (grouped where it does not
+    group, per segment where it does)."""
+    heads, kv_heads, dim, bs = 9, 3, 64, 16
+    kv, segments, table, total = _segments_behind(prefix, lengths, kv_heads, dtype)
     qkv = tuple(_randn(total, h, dim).to(dtype) for h in (heads, kv_heads, kv_heads))
     chosen_reads = segment_reads(segments, table, bs, dtype)
     grouped = any(r.padded is not None for r in chosen_reads.segments)
@@ -235,14 +241,7 @@ def _shared_prefix_case(prefix: int, lengths: list[int], dtype: torch.dtype) -> 
 def _packed_attention_case(heads: int, kv_heads: int, prefix: int, lengths: list[int], dtype: torch.dtype) -> tuple:
     """One layer's attention over a packed step: the CPU kernel's one call vs torch's SDPA per segment."""
     dim, bs = 64, 16
-    width = -(-prefix // bs)
-    kv = PagedKVCache(1, max(width, 1), bs, kv_heads, dim, dtype=dtype)
-    kv.keys[0].copy_(_randn(*kv.keys[0].shape).to(dtype))
-    kv.values[0].copy_(_randn(*kv.values[0].shape).to(dtype))
-    offsets = [sum(lengths[:i]) for i in range(len(lengths))]
-    segments = torch.tensor([[o, n, prefix] for o, n in zip(offsets, lengths)])
-    table = torch.arange(max(width, 1), dtype=torch.int32).expand(len(lengths), -1)
-    total = sum(lengths)
+    kv, segments, table, total = _segments_behind(prefix, lengths, kv_heads, dtype)
     qkv = tuple(_randn(total, h, dim).to(dtype) for h in (heads, kv_heads, kv_heads))
     step = flash_step(segments, table, kv, heads, kv_heads, dim, dtype, total)
     reads = segment_reads(segments, table, bs, dtype)
@@ -308,15 +307,8 @@ def _rope_threads_case(tokens: int, dtype: torch.dtype) -> tuple:
 
 
 def _attention_threads_case(heads: int, kv_heads: int, prefix: int, lengths: list[int], dtype: torch.dtype):
-    dim, bs = 64, 16
-    width = max(-(-prefix // bs), 1)
-    kv = PagedKVCache(1, width, bs, kv_heads, dim, dtype=dtype)
-    kv.keys[0].copy_(_randn(*kv.keys[0].shape).to(dtype))
-    kv.values[0].copy_(_randn(*kv.values[0].shape).to(dtype))
-    offsets = [sum(lengths[:i]) for i in range(len(lengths))]
-    segments = torch.tensor([[o, n, prefix] for o, n in zip(offsets, lengths)])
-    table = torch.arange(width, dtype=torch.int32).expand(len(lengths), -1)
-    total = sum(lengths)
+    dim = 64
+    kv, segments, table, total = _segments_behind(prefix, lengths, kv_heads, dtype)
     steps = [flash_step(segments, table, kv, heads, kv_heads, dim, dtype, total) for _ in range(2)]
     steps[1].threads = 1 - steps[0].threads
 

@@ -147,7 +147,7 @@ layer, and a segment-ends step skips most of the last one.
   every call against the old floors, in the commit's message; the floors
   kept now leave those cases' calls shared but the last layer's
   segment-end attention). `host_forms` rows `kernel_threads_*` time single
-  calls each way and do not settle it: they scatter 0.65-1.53 in the run
+  calls each way and do not settle it: they scatter 0.60-1.27 in the run
   stored, and the same row swings from 0.64 to 1.21 between two runs;
   only one prompt's attention of 128 tokens is faster shared in every run.
 - Shared spans: rows that read one cached prefix through the same blocks
