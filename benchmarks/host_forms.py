@@ -267,10 +267,6 @@ class _FromGemm:
         return self.projection(self.x)
 
 
-def _from_gemm(tokens: int, width: int, dtype: torch.dtype, call) -> _FromGemm:
-    return _FromGemm(tokens, width, dtype, call)
-
-
 def _with_threads(module, threads: int, call):
     """``call`` with ``module.threads_for`` answering ``threads``."""
     module.threads_for = lambda *_: threads
@@ -287,8 +283,8 @@ def _norm_threads_case(rows: int, dtype: torch.dtype) -> tuple:
         return norm_module.rms_norm_rows(x, weight, 1e-6)
 
     other = 1 - library.threads_for(-(-rows // norm_module.NORM_ROWS), rows * 576 >= library.SHARED_ELEMENTS)
-    chosen = _from_gemm(rows, 576, dtype, norm)
-    return chosen, _from_gemm(rows, 576, dtype, lambda x: _with_threads(norm_module, other, lambda: norm(x))), "other"
+    chosen = _FromGemm(rows, 576, dtype, norm)
+    return chosen, _FromGemm(rows, 576, dtype, lambda x: _with_threads(norm_module, other, lambda: norm(x))), "other"
 
 
 def _rope_threads_case(tokens: int, dtype: torch.dtype) -> tuple:
@@ -303,7 +299,7 @@ def _rope_threads_case(tokens: int, dtype: torch.dtype) -> tuple:
         return step(kv, 0, qk, qkv[:, (heads + kv_heads) * dim :].unflatten(-1, (kv_heads, dim)))
 
     width = (heads + 2 * kv_heads) * dim
-    return (*(_from_gemm(tokens, width, dtype, lambda x, s=s: rotate(s, x)) for s in steps), "other")
+    return (*(_FromGemm(tokens, width, dtype, lambda x, s=s: rotate(s, x)) for s in steps), "other")
 
 
 def _attention_threads_case(heads: int, kv_heads: int, prefix: int, lengths: list[int], dtype: torch.dtype):
@@ -317,7 +313,7 @@ def _attention_threads_case(heads: int, kv_heads: int, prefix: int, lengths: lis
         return step(kv, 0, q.unflatten(-1, (heads, dim)), *(t.unflatten(-1, (kv_heads, dim)) for t in (k, v)))
 
     out = (heads + 2 * kv_heads) * dim
-    return (*(_from_gemm(total, out, dtype, lambda x, s=s: attend(s, x)) for s in steps), "other")
+    return (*(_FromGemm(total, out, dtype, lambda x, s=s: attend(s, x)) for s in steps), "other")
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}

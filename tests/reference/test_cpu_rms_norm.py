@@ -3,6 +3,9 @@ on the same rows and weight, in float32 and bfloat16."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 import torch
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
@@ -95,3 +98,9 @@ def test_rows_are_shared_out_from_two_work_items_and_enough_elements(monkeypatch
     got = rms_norm_rows(x, weight, 1e-6)
     assert seen == [threads]
     torch.testing.assert_close(got, hf_norm(x, weight, 1e-6), rtol=ROUNDING[torch.float32], atol=0)
+
+
+def test_norm_rows_is_the_kernels_chunk():
+    """``NORM_ROWS`` (the work item ``threads_for`` counts) is the chunk ``rms_norm.c`` claims, ``ROWS``."""
+    source = Path(norm_module.__file__).with_name("rms_norm.c").read_text()
+    assert re.search(r"^#define ROWS (\d+)$", source, re.M).group(1) == str(NORM_ROWS)

@@ -4,12 +4,15 @@ transformers' own apply_rotary_pos_emb, and the pool slots it writes against the
 from __future__ import annotations
 
 import math
+import re
+from pathlib import Path
 
 import pytest
 import torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from prefill_shell.reference.cpu_kernels import library
+from prefill_shell.reference.cpu_kernels import rope as rope_module
 from prefill_shell.reference.cpu_kernels.rope import ROPE_TOKENS, rope_step
 from prefill_shell.reference.llama_like.rope import rope_inv_freq
 from prefill_shell.reference.pools.kv_cache import PagedKVCache
@@ -123,3 +126,9 @@ def test_tokens_are_shared_out_from_two_work_items_and_enough_elements(tokens, h
     cos, _, signed_sin = tables(torch.arange(tokens), 64, dtype)
     kv = PagedKVCache(1, tokens // BS + 1, BS, heads, 64, dtype=dtype)
     assert rope_step(cos, signed_sin, torch.arange(tokens), kv, heads, heads).threads == threads
+
+
+def test_rope_tokens_is_the_kernels_chunk():
+    """``ROPE_TOKENS`` (the work item ``threads_for`` counts) is the chunk ``rope.c`` claims, ``TOKENS``."""
+    source = Path(rope_module.__file__).with_name("rope.c").read_text()
+    assert re.search(r"^#define TOKENS (\d+)$", source, re.M).group(1) == str(ROPE_TOKENS)

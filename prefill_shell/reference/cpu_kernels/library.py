@@ -200,9 +200,8 @@ def kernel_library() -> ctypes.CDLL | None:
 
 SHARED_ELEMENTS = 1 << 16
 """RMSNorm and rotary calls over fewer elements run on the calling thread: even with torch's workers spinning,
-a parallel region costs microseconds, and under this sharing measured a tie at best (rotary of 32 tokens at
-SmolLM2's heads after its GEMM, 300 calls: 33 us alone, 32 us shared; ``benchmarks/host_forms.py`` rows
-``kernel_threads_*`` time calls on either side)."""
+a parallel region costs microseconds, and under this sharing measured a tie at best (``benchmarks/host_forms.py``
+rows ``kernel_threads_*`` time calls on either side)."""
 
 
 def run_kernel(name: str, kernel, *arguments) -> None:
@@ -221,8 +220,6 @@ def threads_for(work_items: int, enough_work: bool) -> int:
 
     The floors are low: the kernels run between a step's GEMMs, while torch's
     OpenMP workers still spin from the last one, so the others join at once.
-    Whole calls ran 1.5-4% faster sharing every call than under floors 8-16x
-    these (SmolLM2 1 x 512 and chat, bench 1 x 128; same-process A/B).
     """
     return 0 if work_items >= 2 and enough_work else 1
 
